@@ -1,0 +1,101 @@
+"""What every command shares: the Hydra entry, run ids, and exit code 2 for user mistakes.
+
+User mistakes (a typo in an override, a wrong type, a layout that breaks a rule) end with one
+message on stderr and exit status 2, never a traceback. Crashes of the engine keep exit 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import sys
+import time
+import typing
+from collections.abc import Callable
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from launcher.config import Config, register_configs
+
+USAGE_ERROR = 2
+_task_started = False
+
+
+def run_id() -> str:
+    """A run name every rank of one job agrees on without talking to the others."""
+    if "TORCHELASTIC_RUN_ID" in os.environ and os.environ["TORCHELASTIC_RUN_ID"] != "none":
+        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
+    if "SLURM_JOB_ID" in os.environ:
+        return f"slurm-{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_STEP_ID', '0')}"
+    return time.strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def on_cuda(device_type: str, dtype: str) -> str:
+    """`${on_cuda:${hardware.device_type},bf16}`: bf16 on CUDA, fp32 elsewhere."""
+    return dtype if str(device_type).endswith("cuda") else "fp32"
+
+
+def fail(message: str) -> None:
+    """Report a user mistake and exit 2."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+    sys.exit(USAGE_ERROR)
+
+
+def to_config(dcfg: DictConfig) -> Config:
+    """The composed DictConfig as the typed dataclass tree the planner works on.
+
+    Also refuses keys the schema lacks that were added with `+key=value` (Hydra lets those
+    through a structured config).
+    """
+    extra = unknown_keys(dcfg, Config)
+    if extra:
+        fail(f"unknown config key(s): {', '.join(extra)} (see `python -m launcher.train --cfg job`)")
+    try:
+        return OmegaConf.to_object(dcfg)
+    except OmegaConfBaseException as e:
+        fail(f"config: {e}")
+
+
+def unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> list[str]:
+    """Dotted keys of `node` that the dataclass `schema` does not declare."""
+    hints = typing.get_type_hints(schema)
+    found = []
+    for key in node:
+        if key not in hints:
+            found.append(f"{prefix}{key}")
+        elif dataclasses.is_dataclass(hints[key]) and isinstance(node[key], DictConfig):
+            found += unknown_keys(node[key], hints[key], f"{prefix}{key}.")
+    return found
+
+
+def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
+    """Wrap a Hydra task so that composition errors (raised before it starts) exit 2."""
+    import hydra
+
+    register_configs()
+    if not OmegaConf.has_resolver("run_id"):
+        OmegaConf.register_new_resolver("run_id", run_id)
+        OmegaConf.register_new_resolver("on_cuda", on_cuda)
+
+    @functools.wraps(task)
+    def started(dcfg: DictConfig) -> None:
+        global _task_started
+        _task_started = True
+        task(dcfg)
+
+    conf_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
+    main = hydra.main(config_path=conf_dir, config_name="config", version_base=None)(started)
+
+    def entry() -> None:
+        try:
+            main()
+        except SystemExit as e:
+            # Hydra reports a bad override or config with exit 1 before the task runs.
+            if e.code == 1 and not _task_started:
+                sys.exit(USAGE_ERROR)
+            raise
+
+    return entry

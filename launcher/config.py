@@ -1,0 +1,157 @@
+"""Typed schema of a run. YAML under conf/ and recipes/ only composes and overrides these.
+
+Every group is a dataclass registered in Hydra's ConfigStore, so an unknown key or a value of the
+wrong type is an error at composition time, before any planning or process group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hydra.core.config_store import ConfigStore
+
+
+class DType(str, Enum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class DeviceType(str, Enum):
+    cpu = "cpu"
+    cuda = "cuda"
+
+
+class WandbMode(str, Enum):
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+@dataclass
+class ModelConfig:
+    name: str = "llama3_debug"
+    family: str = "llama"
+    dim: int = 256
+    n_layers: int = 4
+    n_heads: int = 8
+    n_kv_heads: int = 4
+    head_dim: int | None = None  # None: dim // n_heads
+    ffn_dim: int = 768
+    vocab_size: int = 320
+    max_seq_len: int = 2048
+    rope_theta: float = 500000.0
+    # Llama 3 "llama3" RoPE frequency scaling; factor 1.0 turns it off.
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_seq_len: int = 8192
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    # True: fused scaled-dot-product attention (no score matrices saved for backward).
+    flash_attention: bool = True
+
+
+@dataclass
+class HardwareConfig:
+    name: str = "cpu"
+    nodes: int = 1
+    devices_per_node: int = 2
+    device_type: DeviceType = DeviceType.cpu
+    memory_gib: float = 8.0  # per device
+    peak_tflops: float = 0.1  # dense peak of the compute dtype, per device
+    intra_node_gbps: float = 100.0  # GB/s per device inside a node
+    inter_node_gbps: float = 10.0  # GB/s per device across nodes
+
+
+@dataclass
+class ParallelConfig:
+    """Degrees, one per axis. Their product is the world size."""
+
+    dp_replicate: int = 1
+    dp_shard: int = -1  # -1: whatever is left of nodes x devices_per_node
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+
+
+@dataclass
+class DataParallelConfig:
+    """How the data-parallel axis holds model states (ZeRO stage over the dp_shard group).
+
+    0: DDP (replicated), 1: optimizer states sharded, 2: + gradients sharded (parameters kept
+    unsharded between forward and backward), 3: FSDP (parameters sharded too). With
+    dp_replicate > 1 the states are replicated across dp_replicate (HSDP for stages 2 and 3).
+    """
+
+    name: str = "fsdp"
+    zero_stage: int = 3
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "fp32"
+    compute_dtype: DType = DType.fp32  # matmuls and activations
+    param_dtype: DType = DType.fp32  # unsharded parameters used by forward/backward
+    grad_dtype: DType = DType.fp32  # gradient reduction
+    master_dtype: DType = DType.fp32  # the copy the optimizer updates
+    optimizer_dtype: DType = DType.fp32  # Adam moments
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200
+    seed: int = 0
+    global_batch_size: int = 16  # sequences per optimizer step
+    micro_batch_size: int = 4  # sequences per forward/backward on one data-parallel rank
+    seq_len: int = 128
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    min_lr: float = 3e-4
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 turns clipping off
+    eval_interval: int = 50  # 0 turns evaluation off
+    eval_batches: int = 4  # global batches of the held-out split per evaluation
+
+
+@dataclass
+class DataConfig:
+    # None: the embedded default corpus (Python's documentation, byte-level tokens).
+    # Otherwise a token file written by `python -m launcher.prepare`.
+    path: str | None = None
+    val_fraction: float = 0.05  # tail of the token stream held out for evaluation
+
+
+@dataclass
+class WandbConfig:
+    mode: WandbMode = WandbMode.online  # online falls back to offline without an API key
+    project: str = "llm-launcher"
+    entity: str | None = None
+
+
+@dataclass
+class LoggingConfig:
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    log_interval: int = 1  # steps between progress lines
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data_parallel: DataParallelConfig = field(default_factory=DataParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+
+def register_configs() -> None:
+    """Register the schema; conf/config.yaml names it first in its defaults list."""
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)

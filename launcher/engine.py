@@ -1,0 +1,150 @@
+"""The training loop: one loop for every model family and layout.
+
+Receives a validated Plan; builds the model identically on every rank (same seed), applies the
+layout, then trains: micro-batches with gradient accumulation, global-norm clipping, AdamW with
+warmup + cosine, periodic eval on the held-out split, metrics from the rank that holds the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from launcher import distributed
+from launcher.data import Batches, load_tokens, split
+from launcher.metrics import MetricsLogger
+from launcher.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
+from launcher.parallel import parallelize
+from launcher.parallel.data_parallel import DTYPES, grad_sync
+from launcher.plan import Plan
+from models import MODELS
+
+# Testing hook for failure handling: "RANK:STEP" raises on that rank at that step.
+FAULT_ENV = "LAUNCHER_FAULT_INJECT"
+
+
+def build_model(cfg, seed: int) -> torch.nn.Module:
+    """The family's model from config, initialised from `seed` (identical on every rank)."""
+    model_cls, args_cls = MODELS[cfg.model.family]
+    fields = {f.name for f in dataclasses.fields(args_cls)}
+    args = args_cls(**{k: v for k, v in vars(cfg.model).items() if k in fields})
+    model = model_cls(args)
+    model.init_weights(seed)
+    return model.to(DTYPES[cfg.precision.master_dtype.value])
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in fp32; logits (B, S, V), targets (B, S)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def check_fault(rank: int, step: int) -> None:
+    spec = os.environ.get(FAULT_ENV)
+    if spec and spec == f"{rank}:{step}":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step} ({FAULT_ENV}={spec})")
+
+
+@record
+def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
+    """Train the planned layout; every rank calls this."""
+    d = distributed.init(cfg.hardware.device_type.value, plan.degrees)
+    train(cfg, plan, run_dir, dcfg, d)
+    # Only after a clean finish: the model (DDP's reducer, FSDP's hooks) is gone by now, and
+    # every rank leaves together. After a crash the launcher ends the other ranks instead.
+    distributed.shutdown()
+
+
+def train(cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist) -> None:
+    t = cfg.train
+    torch.manual_seed(t.seed)
+    if d.device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+    model = parallelize(build_model(cfg, t.seed).to(d.device), plan, d)
+    optimizer = build_optimizer(model, plan, d)
+    params = [p for p in model.parameters() if p.requires_grad]
+    # FSDP casts to param_dtype itself; replicated models compute under autocast instead.
+    autocast = cfg.precision.compute_dtype != cfg.precision.master_dtype and not hasattr(
+        model, "reshard"
+    )
+    compute_dtype = DTYPES[cfg.precision.compute_dtype.value]
+
+    tokens, _ = load_tokens(cfg.data.path)
+    train_split, val_split = split(tokens, t.seq_len, cfg.data.val_fraction)
+    dp_rank, dp = d.dp_rank, plan.dp
+    train_batches = Batches(
+        train_split, t.global_batch_size, t.micro_batch_size, dp_rank, dp, t.seed, shuffle=True
+    )
+    val_batches = Batches(
+        val_split, t.global_batch_size, t.micro_batch_size, dp_rank, dp, t.seed, shuffle=False
+    )
+
+    def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(d.device.type, dtype=compute_dtype, enabled=autocast):
+            return loss_fn(model(x.to(d.device)), y.to(d.device))
+
+    @torch.no_grad()
+    def evaluate() -> float:
+        model.eval()
+        losses = [
+            forward_loss(x, y)
+            for k in range(t.eval_batches)
+            for x, y in val_batches.micro_batches(k)
+        ]
+        model.train()
+        return distributed.all_reduce_mean(torch.stack(losses).mean(), d.dp_mesh).item()
+
+    logger = MetricsLogger(
+        run_dir,
+        enabled=d.rank == 0,
+        total_steps=t.steps,
+        log_interval=cfg.logging.log_interval,
+        wandb_cfg=cfg.logging.wandb,
+        run_name=Path(run_dir).name,
+        config=OmegaConf.to_container(dcfg, resolve=True, enum_to_str=True),
+    )
+    tokens_per_step = t.global_batch_size * t.seq_len
+    peak = cfg.hardware.peak_tflops * 1e12
+    ok = False
+    try:
+        for step in range(1, t.steps + 1):
+            start = time.perf_counter()
+            lr = lr_at(step - 1, t)
+            set_lr(optimizer, lr)
+            micro = train_batches.micro_batches(step - 1)
+            total = torch.zeros((), device=d.device)
+            for i, (x, y) in enumerate(micro):
+                check_fault(d.rank, step)
+                with grad_sync(model, sync=i == len(micro) - 1):
+                    loss = forward_loss(x, y)
+                    # Each micro-batch holds the same number of tokens: the mean of the
+                    # micro-batch means is the mean over this rank's share of the batch.
+                    (loss / len(micro)).backward()
+                total += loss.detach()
+            grad_norm = clip_grad_norm(params, t.grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            step_loss = distributed.all_reduce_mean(total / len(micro), d.dp_mesh).item()
+            elapsed = time.perf_counter() - start
+            tps = tokens_per_step / elapsed / d.world_size
+            metrics = {
+                "loss": step_loss,
+                "lr": lr,
+                "grad_norm": grad_norm.item(),
+                "tokens_per_s": tps,
+                "mfu": tps * plan.flops_per_token / peak,
+                "step_time_s": elapsed,
+            }
+            if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps):
+                metrics["eval_loss"] = evaluate()
+            logger.log(step, metrics)
+        ok = True
+    finally:
+        logger.close(ok)

@@ -1,0 +1,100 @@
+"""Where metrics go: a progress line, DIR/metrics.jsonl and a wandb run, from one rank."""
+
+from __future__ import annotations
+
+import json
+import netrc
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from launcher.config import WandbMode
+
+
+def wandb_mode(requested: WandbMode) -> str:
+    """online only when an API key is configured (env or ~/.netrc), else offline."""
+    if requested != WandbMode.online:
+        return requested.value
+    if os.environ.get("WANDB_API_KEY"):
+        return "online"
+    try:
+        if netrc.netrc().authenticators("api.wandb.ai"):
+            return "online"
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return "offline"
+
+
+class MetricsLogger:
+    """Logs on the rank that holds the loss; every other rank gets a logger that does nothing."""
+
+    def __init__(
+        self,
+        run_dir: str,
+        enabled: bool,
+        total_steps: int,
+        log_interval: int,
+        wandb_cfg,
+        config: dict,
+        run_name: str,
+    ):
+        self.enabled, self.total, self.interval = enabled, total_steps, max(1, log_interval)
+        self.console = Console(stderr=False)
+        self.start = time.perf_counter()
+        self.file = None
+        self.wandb_run = None
+        if not enabled:
+            return
+        self.file = open(Path(run_dir) / "metrics.jsonl", "a")  # noqa: SIM115 (closed in close())
+        mode = wandb_mode(wandb_cfg.mode)
+        if mode != "disabled":
+            import wandb
+
+            self.wandb_run = wandb.init(
+                project=wandb_cfg.project,
+                entity=wandb_cfg.entity,
+                mode=mode,
+                dir=run_dir,
+                name=run_name,
+                config=config,
+                settings=wandb.Settings(console="off", quiet=True),
+            )
+            self.console.print(f"wandb: {mode} run in {self.wandb_run.dir}")
+
+    def log(self, step: int, metrics: dict) -> None:
+        """One JSON object per step; a progress line every log_interval steps and at the end."""
+        if not self.enabled:
+            return
+        record = {"step": step, **metrics}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log(metrics, step=step)
+        if step % self.interval == 0 or step == self.total or "eval_loss" in metrics:
+            self._progress(step, metrics)
+
+    def _progress(self, step: int, m: dict) -> None:
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / step * (self.total - step) if step else 0.0
+        line = (
+            f"step {step:>{len(str(self.total))}}/{self.total}  loss {m['loss']:.4f}  "
+            f"lr {m['lr']:.2e}  grad_norm {m['grad_norm']:.3f}  "
+            f"tok/s/dev {m['tokens_per_s']:,.0f}  mfu {m['mfu'] * 100:.1f}%  "
+            f"eta {eta:,.0f}s"
+        )
+        if "eval_loss" in m:
+            line += f"  eval_loss {m['eval_loss']:.4f}"
+        # On a terminal the line rewrites itself; in a log file every printed line stays.
+        if sys.stdout.isatty() and "eval_loss" not in m and step != self.total:
+            print("\r" + line, end="", flush=True)
+        else:
+            print(("\r" if sys.stdout.isatty() else "") + line, flush=True)
+
+    def close(self, ok: bool = True) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.wandb_run is not None:
+            self.wandb_run.finish(exit_code=0 if ok else 1)

@@ -1,0 +1,54 @@
+"""Data-parallel axis: FSDP2 / HSDP (ZeRO-3), ZeRO-2, and DDP (ZeRO-0; the model side of ZeRO-1).
+
+ZeRO-1's optimizer-state sharding lives in launcher/optim.py; here it is plain DDP.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.nn.parallel import DistributedDataParallel
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def apply_fsdp(
+    model: nn.Module,
+    mesh: DeviceMesh,
+    reshard_after_forward: bool,
+    param_dtype: str,
+    reduce_dtype: str,
+) -> nn.Module:
+    """Shard each block, then the root (embedding, final norm, output) as the last unit.
+
+    A 1-D mesh gives FSDP over dp_shard; a 2-D (dp_replicate, dp_shard) mesh gives HSDP:
+    sharded within dp_shard, replicated (gradients all-reduced) across dp_replicate.
+    reshard_after_forward=False is ZeRO-2: parameters stay gathered from forward to backward.
+    """
+    mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
+    for block in model.layers.values():
+        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+    # The root's parameters are needed again first thing in backward: never reshard them.
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
+    return model
+
+
+def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
+    """Replicate over the flattened data-parallel group; gradients all-reduced (averaged)."""
+    device_ids = [device.index] if device.type == "cuda" else None
+    return DistributedDataParallel(model, process_group=mesh.get_group(), device_ids=device_ids)
+
+
+def grad_sync(model: nn.Module, sync: bool):
+    """Context for one micro-batch: DDP skips the all-reduce until the last one.
+
+    FSDP reduce-scatters every micro-batch (gradients stay sharded, which is the point of
+    ZeRO-2/3), so it needs no context.
+    """
+    if isinstance(model, DistributedDataParallel) and not sync:
+        return model.no_sync()
+    return nullcontext()

@@ -1,0 +1,58 @@
+"""`python -m launcher.train [overrides]`: plan, then train on the layout the config describes.
+
+The plan runs first in every process and nothing starts unless it is valid and fits. Outside a
+distributed environment a multi-device layout relaunches this command under torchrun with
+`hardware.devices_per_node` processes; inside torchrun or a SLURM step it joins that group.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from launcher import launch
+from launcher.cli import fail, hydra_app, to_config
+from launcher.plan import make_plan
+from launcher.plan.report import print_plan, problems_message
+
+
+def check_devices(device_type: str, devices_per_node: int) -> None:
+    """Refuse a CUDA layout this machine cannot run, before any process group exists."""
+    if device_type != "cuda":
+        return
+    import torch
+
+    found = torch.cuda.device_count()
+    if found < devices_per_node:
+        fail(
+            f"hardware.device_type=cuda with devices_per_node={devices_per_node} but this "
+            f"machine has {found} CUDA device(s); use hardware=cpu or fewer devices"
+        )
+
+
+def task(dcfg: DictConfig) -> None:
+    cfg = to_config(dcfg)
+    plan = make_plan(cfg)
+    if launch.global_rank() == 0 and not launch.is_child():
+        print_plan(plan)
+    if not plan.valid:
+        fail(problems_message(plan))
+    check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)
+    run_dir = HydraConfig.get().runtime.output_dir
+    if not launch.in_distributed_env() and plan.world_size > 1:
+        overrides = list(HydraConfig.get().overrides.task)
+        sys.exit(
+            launch.relaunch(cfg.hardware.nodes, cfg.hardware.devices_per_node, overrides, run_dir)
+        )
+
+    from launcher.engine import run  # torch.distributed only past this point
+
+    run(cfg, plan, run_dir, dcfg)
+
+
+main = hydra_app(task)
+
+if __name__ == "__main__":
+    main()

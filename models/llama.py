@@ -1,0 +1,190 @@
+"""Llama 3 family: GQA attention, RoPE with "llama3" frequency scaling, SwiGLU MLP, RMSNorm.
+
+Plain torch, no distributed import. Layers live in an nn.ModuleDict keyed by index and
+tok_embeddings / norm / output may be None, so a pipeline stage can own a slice of the model.
+Shapes: B batch, S sequence, D dim, H heads, K kv heads, E head dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class LlamaArgs:
+    dim: int = 4096
+    n_layers: int = 32
+    n_heads: int = 32
+    n_kv_heads: int = 8
+    head_dim: int | None = None
+    ffn_dim: int = 14336
+    vocab_size: int = 128256
+    max_seq_len: int = 8192
+    rope_theta: float = 500000.0
+    rope_scaling_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_seq_len: int = 8192
+    norm_eps: float = 1e-5
+    dropout: float = 0.0
+    flash_attention: bool = True
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.dim // self.n_heads
+
+
+def rope_frequencies(args: LlamaArgs) -> torch.Tensor:
+    """Inverse frequencies (E/2,), with Llama 3's smooth scaling of the low frequencies."""
+    e = args.head_dim
+    inv_freq = 1.0 / (args.rope_theta ** (torch.arange(0, e, 2, dtype=torch.float64) / e))
+    if args.rope_scaling_factor == 1.0:
+        return inv_freq.float()
+    factor, lo, hi = args.rope_scaling_factor, args.rope_low_freq_factor, args.rope_high_freq_factor
+    old_len = args.rope_original_max_seq_len
+    wavelen = 2 * math.pi / inv_freq
+    # Long wavelengths (low frequencies) are divided by `factor`, short ones kept, and the
+    # band between low_freq_wavelen and high_freq_wavelen interpolates smoothly.
+    smooth = (old_len / wavelen - lo) / (hi - lo)
+    scaled = torch.where(wavelen > old_len / lo, inv_freq / factor, inv_freq)
+    mid = (wavelen <= old_len / lo) & (wavelen >= old_len / hi)
+    blended = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+    return torch.where(mid, blended, scaled).float()
+
+
+def rope_cache(args: LlamaArgs, seq_len: int) -> torch.Tensor:
+    """cos/sin table (S, E/2, 2) for positions 0..seq_len-1."""
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), rope_frequencies(args))
+    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+
+
+def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rotate pairs of x (B, S, H, E) by the angles in rope (S, E/2, 2)."""
+    pairs = x.float().unflatten(-1, (-1, 2))  # (B, S, H, E/2, 2)
+    cos, sin = rope[None, :, None, :, 0], rope[None, :, None, :, 1]
+    re, im = pairs[..., 0], pairs[..., 1]
+    out = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1)
+    return out.flatten(-2).type_as(x)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+def attention(q, k, v, dropout: float, fused: bool) -> torch.Tensor:
+    """Causal attention over (B, H, S, E); k and v already repeated to H heads."""
+    if fused:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+    s = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, S, S)
+    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return F.dropout(probs, dropout, training=dropout > 0) @ v
+
+
+class Attention(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
+        self.dropout, self.fused = args.dropout, args.flash_attention
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1 rather than n_heads: under tensor parallelism each rank holds a slice of the heads.
+        q = self.wq(x).view(b, s, -1, self.head_dim)  # (B, S, H, E)
+        k = self.wk(x).view(b, s, -1, self.head_dim)  # (B, S, K, E)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        q, k = apply_rope(q, rope), apply_rope(k, rope)
+        repeat = q.shape[2] // k.shape[2]  # GQA: each kv head serves `repeat` query heads
+        k = k.repeat_interleave(repeat, dim=2)
+        v = v.repeat_interleave(repeat, dim=2)
+        dropout = self.dropout if self.training else 0.0
+        out = attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout, self.fused
+        )
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
+
+
+class FeedForward(nn.Module):
+    """SwiGLU: w2(silu(w1 x) * w3 x)."""
+
+    def __init__(self, dim: int, ffn_dim: int):
+        super().__init__()
+        self.w1 = nn.Linear(dim, ffn_dim, bias=False)
+        self.w2 = nn.Linear(ffn_dim, dim, bias=False)
+        self.w3 = nn.Linear(dim, ffn_dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args.dim, args.ffn_dim)
+        self.dropout = args.dropout
+
+    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+        drop = self.dropout if self.training else 0.0
+        x = x + F.dropout(self.attention(self.attention_norm(x), rope), drop)
+        return x + F.dropout(self.feed_forward(self.ffn_norm(x)), drop)
+
+
+class Transformer(nn.Module):
+    """Token ids (B, S) -> logits (B, S, V), or hidden states on a stage without the head."""
+
+    def __init__(self, args: LlamaArgs):
+        super().__init__()
+        self.args = args
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        # Not persistent: derived from args, rebuilt after meta-device init by init_weights().
+        self.register_buffer("rope", rope_cache(args, args.max_seq_len), persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """Initialise every parameter in place (also after building on the meta device)."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        self.rope = rope_cache(self.args, self.args.max_seq_len).to(self.rope.device)
+        std = 0.02
+        # Output projections of each residual branch get the depth-scaled std of GPT-2.
+        out_std = std / math.sqrt(2 * self.args.n_layers)
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                s = out_std if name.endswith(("wo.weight", "w2.weight")) else std
+                p.copy_(torch.randn(p.shape, generator=gen) * s)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        rope = self.rope[: h.shape[1]]
+        for layer in self.layers.values():
+            h = layer(h, rope)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h

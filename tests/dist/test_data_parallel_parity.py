@@ -1,0 +1,30 @@
+"""Every data-parallel layout trains exactly like one process (fp32, same global batch)."""
+
+from __future__ import annotations
+
+import pytest
+
+from parity import assert_parity, run_layout
+
+pytestmark = pytest.mark.dist
+
+LAYOUTS = {
+    "fsdp dp_shard=2": ["hardware.devices_per_node=2"],
+    "fsdp dp_shard=4": ["hardware.devices_per_node=4"],
+    "hsdp 2x2": ["hardware.devices_per_node=4", "parallel.dp_replicate=2", "parallel.dp_shard=2"],
+    "ddp 2x1": ["hardware.devices_per_node=2", "parallel.dp_replicate=2", "parallel.dp_shard=1"],
+    "zero1 dp_shard=2": ["hardware.devices_per_node=2", "data_parallel=zero1"],
+    "zero2 dp_shard=2": ["hardware.devices_per_node=2", "data_parallel=zero2"],
+}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    losses = run_layout(tmp_path_factory.mktemp("ref"), ["hardware.devices_per_node=1"])
+    assert losses[-1] < losses[0], "the reference run does not learn: parity would prove little"
+    return losses
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_matches_single_process(name, reference, tmp_path):
+    assert_parity(reference, run_layout(tmp_path, LAYOUTS[name]), rtol=1e-5, label=name)

@@ -1,0 +1,40 @@
+"""Parity harness: run a layout on N local processes, compare per-step losses with one process.
+
+Add a row by naming its overrides; a failing row says which step and how far off it was.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import read_metrics, run_cli
+
+# Same seed, data and global batch for every layout; fp32 so that only summation order differs.
+BASE = [
+    "train.steps=6",
+    "train.warmup_steps=2",
+    "train.eval_interval=0",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=2",
+    "precision=fp32",
+    "logging.wandb.mode=disabled",
+]
+
+
+def run_layout(run_dir: Path, overrides: list[str]) -> list[float]:
+    """Per-step losses of one training run of the layout (the CLI, exactly as a user runs it)."""
+    result = run_cli("launcher.train", *BASE, *overrides, f"hydra.run.dir={run_dir}")
+    assert result.returncode == 0, (
+        f"layout {overrides} failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
+    )
+    return [row["loss"] for row in read_metrics(run_dir)]
+
+
+def assert_parity(reference: list[float], got: list[float], rtol: float, label: str) -> None:
+    assert len(got) == len(reference), f"{label}: {len(got)} steps, reference {len(reference)}"
+    bad = [
+        f"step {i + 1}: reference {r:.8f} vs {g:.8f} (relative {abs(g - r) / abs(r):.2e})"
+        for i, (r, g) in enumerate(zip(reference, got, strict=True))
+        if abs(g - r) > rtol * abs(r)
+    ]
+    assert not bad, f"{label} differs from the single process beyond {rtol:g}:\n" + "\n".join(bad)

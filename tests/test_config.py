@@ -1,0 +1,66 @@
+"""Every shipped config composes; typos and wrong types are errors with exit status 2."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import CONF, ROOT, compose_config, run_cli
+
+from launcher.config import Config, DType
+
+GROUPS = sorted(p for p in CONF.iterdir() if p.is_dir() and p.name != "recipe")
+OPTIONS = [(g.name, f.stem) for g in GROUPS for f in sorted(g.rglob("*.yaml"))]
+RECIPES = sorted(
+    p.relative_to(ROOT / "recipes").with_suffix("").as_posix()
+    for p in (ROOT / "recipes").rglob("*.yaml")
+)
+
+
+def test_found_configs():
+    assert {"model", "hardware", "data_parallel", "precision"} <= {g.name for g in GROUPS}
+    assert RECIPES, "no recipes found"
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_every_group_option_composes(group, option):
+    cfg = compose_config([f"{group}={option}"])
+    assert isinstance(cfg, Config)
+    if hasattr(getattr(cfg, group), "name"):
+        assert getattr(cfg, group).name == option
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_composes(recipe):
+    assert isinstance(compose_config([f"recipe={recipe}"]), Config)
+
+
+def test_cli_override_beats_recipe():
+    recipe = RECIPES[0]
+    base = compose_config([f"recipe={recipe}"])
+    cfg = compose_config([f"recipe={recipe}", f"train.steps={base.train.steps + 7}"])
+    assert cfg.train.steps == base.train.steps + 7
+
+
+def test_precision_follows_device():
+    assert compose_config([]).precision.compute_dtype == DType.fp32
+    assert compose_config(["hardware=h100_80g"]).precision.compute_dtype == DType.bf16
+    assert (
+        compose_config(["hardware=h100_80g", "precision=fp32"]).precision.param_dtype == DType.fp32
+    )
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("train.stpes=5", "stpes"),
+        ("+train.foo=1", "foo"),
+        ("train.steps=abc", "could not be converted to Integer"),
+        ("model=no_such_model", "no_such_model"),
+        ("precision.param_dtype=fp64", "fp64"),
+    ],
+)
+def test_bad_override_exits_2(override, expected):
+    result = run_cli("launcher.train", override)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
