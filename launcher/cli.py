@@ -52,7 +52,9 @@ def to_config(dcfg: DictConfig) -> Config:
     """
     extra = unknown_keys(dcfg, Config)
     if extra:
-        fail(f"unknown config key(s): {', '.join(extra)} (see `python -m launcher.train --cfg job`)")
+        fail(
+            f"unknown config key(s): {', '.join(extra)} (see `python -m launcher.train --cfg job`)"
+        )
     try:
         return OmegaConf.to_object(dcfg)
     except OmegaConfBaseException as e:

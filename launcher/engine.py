@@ -7,7 +7,6 @@ warmup + cosine, periodic eval on the held-out split, metrics from the rank that
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
+import models
 from launcher import distributed
 from launcher.data import Batches, load_tokens, split
 from launcher.metrics import MetricsLogger
@@ -24,7 +24,6 @@ from launcher.optim import build_optimizer, clip_grad_norm, lr_at, set_lr
 from launcher.parallel import parallelize
 from launcher.parallel.data_parallel import DTYPES, grad_sync
 from launcher.plan import Plan
-from models import MODELS
 
 # Testing hook for failure handling: "RANK:STEP" raises on that rank at that step.
 FAULT_ENV = "LAUNCHER_FAULT_INJECT"
@@ -32,10 +31,7 @@ FAULT_ENV = "LAUNCHER_FAULT_INJECT"
 
 def build_model(cfg, seed: int) -> torch.nn.Module:
     """The family's model from config, initialised from `seed` (identical on every rank)."""
-    model_cls, args_cls = MODELS[cfg.model.family]
-    fields = {f.name for f in dataclasses.fields(args_cls)}
-    args = args_cls(**{k: v for k, v in vars(cfg.model).items() if k in fields})
-    model = model_cls(args)
+    model = models.build(cfg.model.family, vars(cfg.model))
     model.init_weights(seed)
     return model.to(DTYPES[cfg.precision.master_dtype.value])
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from parity import assert_parity, run_layout
 
 pytestmark = pytest.mark.dist
