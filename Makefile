@@ -29,6 +29,9 @@ test-fast: setup
 test-dist: setup
 	$(BIN)/python -m pytest -q -m "dist or e2e" $(ARGS)
 
+bench: setup
+	$(BIN)/python -m launcher.bench
+
 lint: setup
 	$(BIN)/ruff check launcher models tests
 	$(BIN)/ruff format --check launcher models tests

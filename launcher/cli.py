@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from launcher.config import Config, register_configs
 
 USAGE_ERROR = 2
+CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
 _task_started = False
 
 
@@ -88,8 +89,7 @@ def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
         _task_started = True
         task(dcfg)
 
-    conf_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
-    main = hydra.main(config_path=conf_dir, config_name="config", version_base=None)(started)
+    main = hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)(started)
 
     def entry() -> None:
         try:

@@ -40,6 +40,10 @@ def global_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def is_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
 

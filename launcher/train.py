@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launcher import launch
@@ -38,14 +39,27 @@ def task(dcfg: DictConfig) -> None:
     if launch.global_rank() == 0 and not launch.is_child():
         print_plan(plan)
     if not plan.valid:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            # A sweep skips the layouts that break a rule and goes on with the valid ones.
+            overrides = " ".join(HydraConfig.get().overrides.task)
+            print(f"rejected: {overrides}\n{problems_message(plan)}", file=sys.stderr)
+            return
         fail(problems_message(plan))
     check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)
     run_dir = HydraConfig.get().runtime.output_dir
+    if launch.in_distributed_env() and launch.world_size() != plan.world_size:
+        fail(
+            f"this process group has WORLD_SIZE={launch.world_size()} but the plan needs "
+            f"world_size={plan.world_size} (hardware.nodes x hardware.devices_per_node)"
+        )
     if not launch.in_distributed_env() and plan.world_size > 1:
         overrides = list(HydraConfig.get().overrides.task)
-        sys.exit(
-            launch.relaunch(cfg.hardware.nodes, cfg.hardware.devices_per_node, overrides, run_dir)
+        status = launch.relaunch(
+            cfg.hardware.nodes, cfg.hardware.devices_per_node, overrides, run_dir
         )
+        if status:
+            sys.exit(status)
+        return  # a multirun goes on to its next job
 
     from launcher.engine import run  # torch.distributed only past this point
 

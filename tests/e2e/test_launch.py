@@ -1,0 +1,50 @@
+"""Joining an existing torchrun group, and Hydra multirun sweeps over layouts."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import read_metrics, run_cli
+
+pytestmark = pytest.mark.e2e
+
+SHORT = ["train.steps=2", "train.eval_interval=0", "logging.wandb.mode=disabled"]
+
+
+def test_joins_an_existing_torchrun_group(tmp_path):
+    result = run_cli(
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "launcher.train",
+        *SHORT,
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("data parallel") == 1  # rank 0 alone prints the plan
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_torchrun_world_size_must_match_the_plan(tmp_path):
+    result = run_cli(
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        "-m",
+        "launcher.train",
+        *SHORT,
+        "hardware.devices_per_node=4",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode != 0
+    assert "WORLD_SIZE=2" in result.stderr and "world_size=4" in result.stderr
+
+
+def test_multirun_runs_valid_points_and_names_rejected_ones(tmp_path):
+    result = run_cli(
+        "launcher.train", "-m", "parallel.dp_shard=2,3", *SHORT, f"hydra.sweep.dir={tmp_path}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "rejected: parallel.dp_shard=3" in result.stderr and "[world_size]" in result.stderr
+    assert len(read_metrics(tmp_path / "0")) == 2
+    assert not (tmp_path / "1" / "metrics.jsonl").exists()
