@@ -9,8 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
-
 from launcher.config import WandbMode
 
 
@@ -42,7 +40,6 @@ class MetricsLogger:
         run_name: str,
     ):
         self.enabled, self.total, self.interval = enabled, total_steps, max(1, log_interval)
-        self.console = Console(stderr=False)
         self.start = time.perf_counter()
         self.file = None
         self.wandb_run = None
@@ -62,7 +59,6 @@ class MetricsLogger:
                 config=config,
                 settings=wandb.Settings(console="off", quiet=True),
             )
-            self.console.print(f"wandb: {mode} run in {self.wandb_run.dir}")
 
     def log(self, step: int, metrics: dict) -> None:
         """One JSON object per step; a progress line every log_interval steps and at the end."""
