@@ -21,13 +21,18 @@ BASE = [
 ]
 
 
-def run_layout(run_dir: Path, overrides: list[str]) -> list[float]:
-    """Per-step losses of one training run of the layout (the CLI, exactly as a user runs it)."""
+def run_layout(run_dir: Path, overrides: list[str], key: str = "loss") -> list[float]:
+    """Per-step `key` of one training run of the layout (the CLI, exactly as a user runs it)."""
     result = run_cli("launcher.train", *BASE, *overrides, f"hydra.run.dir={run_dir}")
     assert result.returncode == 0, (
         f"layout {overrides} failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
     )
-    return [row["loss"] for row in read_metrics(run_dir)]
+    return [row[key] for row in read_metrics(run_dir)]
+
+
+def read_layout(run_dir: Path, key: str) -> list[float]:
+    """Another metric of a run already made by run_layout."""
+    return [row[key] for row in read_metrics(run_dir)]
 
 
 def assert_parity(reference: list[float], got: list[float], rtol: float, label: str) -> None:

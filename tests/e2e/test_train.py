@@ -88,3 +88,21 @@ def test_crash_in_one_rank_stops_all_with_its_error(tmp_path):
     assert time.monotonic() - start < 120, "the other rank hung before being stopped"
     # Rank 0 logged no step past the fault (it may be stopped before logging step 2).
     assert [r["step"] for r in read_metrics(tmp_path)] in ([1], [1, 2])
+
+
+def test_same_seed_same_losses(tmp_path):
+    """Seeded: two runs of the same config log identical losses; another seed does not."""
+    args = [
+        "hardware.devices_per_node=1",
+        "train.steps=3",
+        "train.eval_interval=0",
+        "logging.wandb.mode=disabled",
+    ]
+    losses = []
+    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
+        result = run_cli(
+            "launcher.train", *args, f"train.seed={seed}", f"hydra.run.dir={tmp_path / name}"
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        losses.append([r["loss"] for r in read_metrics(tmp_path / name)])
+    assert losses[0] == losses[1] and losses[0] != losses[2]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from parity import assert_parity, run_layout
+from parity import assert_parity, read_layout, run_layout
 
 pytestmark = pytest.mark.dist
 
@@ -19,11 +19,20 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    losses = run_layout(tmp_path_factory.mktemp("ref"), ["hardware.devices_per_node=1"])
+    run_dir = tmp_path_factory.mktemp("ref")
+    losses = run_layout(run_dir, ["hardware.devices_per_node=1"])
     assert losses[-1] < losses[0], "the reference run does not learn: parity would prove little"
-    return losses
+    return run_dir, losses
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_matches_single_process(name, reference, tmp_path):
-    assert_parity(reference, run_layout(tmp_path, LAYOUTS[name]), rtol=1e-5, label=name)
+    ref_dir, ref_losses = reference
+    assert_parity(ref_losses, run_layout(tmp_path, LAYOUTS[name]), rtol=1e-5, label=name)
+    # The clipping norm is global: a norm over one rank's shard alone would be off by ~sqrt(dp).
+    assert_parity(
+        read_layout(ref_dir, "grad_norm"),
+        read_layout(tmp_path, "grad_norm"),
+        rtol=1e-4,
+        label=f"{name} grad_norm",
+    )
