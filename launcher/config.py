@@ -23,6 +23,26 @@ class DeviceType(str, Enum):
     cuda = "cuda"
 
 
+# Pipeline schedules (a plain string in the schema: "1f1b" cannot be an enum member name).
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev")
+
+
+class ContextMethod(str, Enum):
+    allgather = "allgather"  # Llama 3: all-gather K/V, each rank attends with its queries
+    ring = "ring"  # ring attention: K/V blocks passed around, overlapped with compute
+
+
+class Recompute(str, Enum):
+    none = "none"
+    selective = "selective"  # recompute attention core and element-wise ops, keep matmul inputs
+    full = "full"  # keep only each block's input, recompute the block in backward
+
+
+class PlanFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
 class WandbMode(str, Enum):
     online = "online"
     offline = "offline"
@@ -51,6 +71,19 @@ class ModelConfig:
     dropout: float = 0.0
     # True: fused scaled-dot-product attention (no score matrices saved for backward).
     flash_attention: bool = True
+    tie_embeddings: bool = False  # output projection shares the embedding matrix (gpt)
+    # Mixture of experts (mixtral, deepseek); n_routed_experts=0 means a dense model.
+    n_routed_experts: int = 0
+    n_shared_experts: int = 0
+    top_k: int = 0
+    moe_ffn_dim: int = 0
+    n_dense_layers: int = 0  # the first layers keep a dense MLP of ffn_dim
+    # Multi-head latent attention (deepseek); kv_lora_rank=0 means standard attention.
+    q_lora_rank: int = 0  # 0: queries projected directly from dim
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
 
 @dataclass
@@ -88,6 +121,30 @@ class DataParallelConfig:
 
     name: str = "fsdp"
     zero_stage: int = 3
+
+
+@dataclass
+class TensorConfig:
+    sequence_parallel: bool = False  # shard norms and the residual stream over tp too
+    loss_parallel: bool = False  # vocab-parallel loss without gathering the logits
+
+
+@dataclass
+class PipelineConfig:
+    schedule: str = "1f1b"  # one of SCHEDULES
+    microbatches: int = 0  # per step and pipeline; 0: global batch / (micro x dp)
+    stages_per_rank: int = 1  # virtual stages (interleaved: >= 2, V schedules: exactly 2)
+
+
+@dataclass
+class ContextConfig:
+    method: ContextMethod = ContextMethod.allgather
+    load_balance: bool = True  # zig-zag chunks so every rank gets the same causal work
+
+
+@dataclass
+class RecomputeConfig:
+    mode: Recompute = Recompute.none
 
 
 @dataclass
@@ -140,15 +197,30 @@ class LoggingConfig:
 
 
 @dataclass
+class PlanConfig:
+    """Options of `python -m launcher.plan`."""
+
+    format: PlanFormat = PlanFormat.text
+    dry_run: bool = False  # build the real mesh and sharded meta model over a fake group
+    search: bool = False  # enumerate layouts for this model, hardware and batch
+    top_k: int = 5
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data_parallel: DataParallelConfig = field(default_factory=DataParallelConfig)
+    tensor: TensorConfig = field(default_factory=TensorConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
 
 def register_configs() -> None:

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from launcher import launch
 from launcher.cli import fail, hydra_app, to_config
 from launcher.plan import make_plan
+from launcher.plan.rules import engine_problems
 from launcher.plan.report import print_plan, problems_message
 
 
@@ -36,9 +37,11 @@ def check_devices(device_type: str, devices_per_node: int) -> None:
 def task(dcfg: DictConfig) -> None:
     cfg = to_config(dcfg)
     plan = make_plan(cfg)
+    if plan.layout is not None:  # the planner may accept what the engine cannot run yet
+        plan.errors.extend(engine_problems(cfg, plan.layout))
     if launch.global_rank() == 0 and not launch.is_child():
         print_plan(plan)
-    if not plan.valid:
+    if not plan.ok:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             # A sweep skips the layouts that break a rule and goes on with the valid ones.
             overrides = " ".join(HydraConfig.get().overrides.task)

@@ -1,4 +1,4 @@
-"""Plan before build: resolve degrees, check every rule, estimate memory, all in pure Python.
+"""Plan before build: resolve degrees, check every rule, estimate memory and time, all in pure Python.
 
 `make_plan(cfg)` never raises for a user mistake: it returns a Plan whose `errors` list names
 every broken rule with the values involved. The engine only ever receives a Plan without errors.
@@ -9,11 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.config import Config
-from launcher.plan.memory import GIB, Memory, estimate
-from launcher.plan.model_size import ParamCounts, flops_per_token, param_counts
-from launcher.plan.rules import Problem, check, resolve_degrees
-
-AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
+from launcher.plan.estimate import Context, Estimate, Layout, evaluate
+from launcher.plan.memory import GIB
+from launcher.plan.rules import AXES, Problem, config_problems, layout_problems, resolve_degrees
 
 
 @dataclass
@@ -21,23 +19,29 @@ class Plan:
     cfg: Config
     world_size: int
     degrees: dict[str, int]
-    counts: ParamCounts | None = None
-    memory: Memory | None = None
-    flops_per_token: float = 0.0
+    layout: Layout | None = None
+    estimate: Estimate | None = None
+    context: Context | None = None
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
-        return not self.errors
+        """No rule is broken (the memory verdict is `fits`)."""
+        return not [p for p in self.errors if p.rule != "memory"]
 
     @property
     def fits(self) -> bool:
-        return self.memory is not None and self.memory.total <= self.capacity_bytes
+        m = self.memory
+        return m is not None and m.total <= self.cfg.hardware.memory_gib * GIB
 
     @property
-    def capacity_bytes(self) -> float:
-        return self.cfg.hardware.memory_gib * GIB
+    def ok(self) -> bool:
+        return self.valid and self.fits
+
+    @property
+    def memory(self):
+        return self.estimate.memory if self.estimate else None
 
     @property
     def dp(self) -> int:
@@ -46,7 +50,11 @@ class Plan:
     @property
     def grad_accum(self) -> int:
         t = self.cfg.train
-        return max(1, t.global_batch_size // (t.micro_batch_size * self.dp))
+        return max(1, t.global_batch_size // max(1, t.micro_batch_size * self.dp))
+
+    @property
+    def flops_per_token(self) -> float:
+        return self.context.model_flops_per_token if self.context else 0.0
 
     @property
     def data_parallel_strategy(self) -> str:
@@ -63,37 +71,54 @@ class Plan:
         return f"HSDP {name} ({rep} x {shard})" if rep > 1 else name
 
 
+def layout_of(cfg: Config, degrees: dict[str, int]) -> Layout:
+    dp = degrees["dp_replicate"] * degrees["dp_shard"]
+    b = cfg.train.micro_batch_size
+    return Layout(
+        **degrees,
+        zero_stage=cfg.data_parallel.zero_stage,
+        schedule=cfg.pipeline.schedule,
+        stages_per_rank=cfg.pipeline.stages_per_rank,
+        micro_batch_size=b,
+        microbatches=cfg.pipeline.microbatches or max(1, cfg.train.global_batch_size // max(1, b * dp)),
+        recompute=cfg.recompute.mode.value,
+        sequence_parallel=cfg.tensor.sequence_parallel,
+    )
+
+
 def make_plan(cfg: Config) -> Plan:
-    """Check the config and estimate memory; never touches torch.distributed."""
+    """Check the config and estimate memory and time; never touches torch.distributed."""
     hw = cfg.hardware
     world = hw.nodes * hw.devices_per_node
     degrees, problems = resolve_degrees(cfg.parallel, world)
     plan = Plan(cfg=cfg, world_size=world, degrees=degrees)
     plan.errors.extend(problems)
-    if any(v < 1 for v in degrees.values()):
-        return plan  # unresolved degrees: the rules below would only repeat the problem
-    errors, warnings = check(cfg, degrees)
+    plan.errors.extend(config_problems(cfg))
+    if any(v < 1 for v in degrees.values()) or any(p.rule == "model" for p in plan.errors):
+        return plan  # unresolved degrees or a broken model: the rules below would be noise
+    plan.layout = layout_of(cfg, degrees)
+    errors, warnings = layout_problems(cfg, plan.layout)
     plan.errors.extend(errors)
     plan.warnings.extend(warnings)
-    if cfg.model.family in ("llama",):
-        plan.counts = param_counts(cfg.model)
-        plan.memory = estimate(cfg, plan.counts, degrees["dp_shard"])
-        plan.flops_per_token = flops_per_token(cfg.model, cfg.train.seq_len)
-        if plan.valid and not plan.fits:
-            plan.errors.append(Problem("memory", memory_message(plan)))
+    if plan.errors:
+        return plan
+    plan.context = Context(cfg)
+    plan.estimate = evaluate(plan.context, plan.layout)
+    if not plan.fits:
+        plan.errors.append(Problem("memory", memory_message(plan)))
     return plan
 
 
 def memory_message(plan: Plan) -> str:
     m, cfg = plan.memory, plan.cfg
     return (
-        f"model={cfg.model.name} needs an estimated {m.total / GIB:,.1f} GiB per rank "
-        f"(params {m.params / GIB:,.1f}, grads {m.grads / GIB:,.1f}, optimizer "
+        f"model={cfg.model.name} needs an estimated {m.total / GIB:,.1f} GiB on its most loaded "
+        f"rank (params {m.params / GIB:,.1f}, grads {m.grads / GIB:,.1f}, optimizer "
         f"{m.optimizer / GIB:,.1f}, activations {m.activations / GIB:,.1f}, other "
         f"{m.other / GIB:,.1f}) but hardware={cfg.hardware.name} has memory_gib="
-        f"{cfg.hardware.memory_gib:g} per device; shard more (parallel.dp_shard, "
-        f"data_parallel=fsdp), shrink train.micro_batch_size or use more devices"
+        f"{cfg.hardware.memory_gib:g} per device; shard more (dp_shard, tp, pp), use "
+        "recompute=selective or full, shrink train.micro_batch_size, or use more devices"
     )
 
 
-__all__ = ["AXES", "Plan", "Problem", "make_plan"]
+__all__ = ["AXES", "Plan", "Problem", "layout_of", "make_plan"]

@@ -1,83 +1,70 @@
-"""First per-rank memory estimate: model states by ZeRO stage and dtypes, activations, reserve.
+"""Per-rank memory: model states by ZeRO stage and dtype, activations, transient buffers, reserve.
 
-Model states follow the ZeRO paper with the dtypes taken from config: unsharded parameters
-(param_dtype), gradients (grad_dtype), a master copy when its dtype differs from param_dtype,
-and two Adam moments (optimizer_dtype). Stage 1 shards the optimizer side (master + moments),
-stage 2 also the gradients, stage 3 also the parameters, each over the dp_shard group.
+Model states follow the ZeRO paper with the dtypes taken from config: parameters (param_dtype),
+gradients (grad_dtype), a master copy when its dtype differs from param_dtype, and two Adam
+moments (optimizer_dtype). Stage 1 shards the optimizer side (master + moments), stage 2 also
+the gradients, stage 3 also the parameters, each over the sharding group.
+
+Activations per layer and token are counted tensor by tensor (Korthikanti et al. 2022,
+generalised to GQA, MLA, gated and routed MLPs): see `layer_activation_bytes`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from launcher.config import Config, DType, ModelConfig
-from launcher.plan.model_size import ParamCounts, head_dim
+from launcher.config import DType
 
 GIB = 1024**3
 BYTES = {DType.fp32: 4, DType.bf16: 2, DType.fp16: 2}
-# Allocator fragmentation, communication buffers and the runtime (CUDA context, gloo buffers).
-RESERVE_GIB = {"cuda": 3.0, "cpu": 0.5}
 
 
-@dataclass(frozen=True)
-class Memory:
-    """Bytes on the most loaded rank."""
+def reserve_gib(device_type: str, capacity_gib: float) -> float:
+    """Allocator fragmentation, communication buffers and runtime (CUDA context, NCCL).
 
-    params: float
-    grads: float
-    optimizer: float  # master weights + Adam moments
-    activations: float
-    other: float  # transient unsharded parameters, logits, reserve
-
-    @property
-    def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.other
+    CUDA: 2 GiB plus 5% of the device; CPU processes: 0.5 GiB.
+    """
+    return 2.0 + 0.05 * capacity_gib if device_type == "cuda" else 0.5
 
 
-def model_state_bytes(cfg: Config, n_params: float, shard: int) -> tuple[float, float, float]:
-    """(params, grads, optimizer incl. master) bytes per rank for n_params on `shard` ranks."""
-    p = cfg.precision
-    param_b, grad_b = BYTES[p.param_dtype], BYTES[p.grad_dtype]
-    master_b = BYTES[p.master_dtype] if p.master_dtype != p.param_dtype else 0
-    optim_b = master_b + 2 * BYTES[p.optimizer_dtype]
-    stage = cfg.data_parallel.zero_stage if shard > 1 else 0
+def state_bytes(n_params: float, shard: int, stage: int, param_b: int, grad_b: int,
+                master_b: int, optim_b: int) -> tuple[float, float, float, float]:
+    """(params, grads, master, optimizer states) bytes per rank for n_params on `shard` ranks.
+
+    master_b is 0 when the parameters themselves are the master copy; optim_b counts both Adam
+    moments. ZeRO: stage >= 1 shards the optimizer side, >= 2 the gradients, 3 the parameters.
+    """
+    if shard <= 1:
+        stage = 0
     params = n_params * param_b / (shard if stage >= 3 else 1)
     grads = n_params * grad_b / (shard if stage >= 2 else 1)
-    optimizer = n_params * optim_b / (shard if stage >= 1 else 1)
-    return params, grads, optimizer
+    opt_shard = shard if stage >= 1 else 1
+    return params, grads, n_params * master_b / opt_shard, n_params * optim_b / opt_shard
 
 
-def activation_bytes_per_layer(m: ModelConfig, seq: int, micro: int, act_b: int) -> float:
-    """Bytes one Llama block saves for backward for one micro-batch (no recompute, no TP).
+def layer_activation_bytes(
+    *, dim: int, q: int, k: int, v: int, o: int, latent: int, mlp: int, routed: int, n_heads: int,
+    seq: int, tp: int, sp: bool, recompute: str, flash: bool, dropout: bool, act_b: int,
+) -> float:
+    """Bytes one block saves for backward, per token of one micro-batch on one rank.
 
-    Counted tensor by tensor: the two RMSNorm inputs and outputs (4 sbh), q/k/v after RoPE and
-    the attention output (sb(2 H E + 2 K E)), the SwiGLU's w1 and w3 outputs, the silu output and
-    the product fed to w2 (4 sb ffn); without fused attention the softmax probabilities
-    (b H s^2) and, with dropout, its mask and the residual-branch masks (1 byte each).
+    - outside the tensor-parallel region (divided by tp only with sequence parallelism): the
+      two norm inputs and outputs (4 h) and, with dropout, two 1-byte residual masks (2 h);
+    - inside it (divided by tp): q, k, v after their projections, the attention output fed to
+      the output projection, and the MLP's saved tensors (`mlp` elements: 2 x ffn for GeLU,
+      4 x ffn for SwiGLU: w1 and w3 outputs, silu output, the product fed to w2);
+    - routed experts (`routed` elements: each of the top-k copies of the token, its 4 x
+      moe_ffn SwiGLU tensors, and the router's scores), not split by tp: experts are
+      sharded by ep, so only sequence parallelism divides them;
+    - MLA latents (replicated over tp);
+    - without fused attention, the softmax output (H s per token) and with dropout its mask
+      (1 byte) and output: Korthikanti's 5 a s / h; selective recompute drops these;
+    - full recompute keeps only the block input (h), plus one block recomputed at a time
+      (added by the caller).
+    For a GPT layer with dropout in 16 bits this is Korthikanti's 34 + 5 a s / h (times s b h).
     """
-    sb, e = seq * micro, head_dim(m)
-    saved = 4 * sb * m.dim + sb * (2 * m.n_heads * e + 2 * m.n_kv_heads * e) + 4 * sb * m.ffn_dim
-    total = saved * act_b
-    if not m.flash_attention:
-        total += micro * m.n_heads * seq * seq * act_b
-        if m.dropout > 0:
-            total += micro * m.n_heads * seq * seq
-    if m.dropout > 0:
-        total += 2 * sb * m.dim
-    return total
-
-
-def estimate(cfg: Config, counts: ParamCounts, dp_shard: int) -> Memory:
-    """Memory of the most loaded rank with data parallelism only (later axes divide further)."""
-    params, grads, optimizer = model_state_bytes(cfg, counts.total, dp_shard)
-    act_b = BYTES[cfg.precision.compute_dtype]
-    t, m = cfg.train, cfg.model
-    activations = m.n_layers * activation_bytes_per_layer(m, t.seq_len, t.micro_batch_size, act_b)
-    # Logits in the compute dtype plus their fp32 log-softmax for the loss.
-    logits = t.micro_batch_size * t.seq_len * m.vocab_size * (act_b + 4)
-    transient = 0.0
-    if cfg.data_parallel.zero_stage >= 3 and dp_shard > 1:
-        # FSDP gathers one unit while prefetching the next: two unsharded units in flight.
-        transient = 2 * counts.largest_unit * BYTES[cfg.precision.param_dtype]
-    reserve = RESERVE_GIB[cfg.hardware.device_type.value] * GIB
-    return Memory(params, grads, optimizer, activations, logits + transient + reserve)
+    if recompute == "full":
+        return dim * act_b / (tp if sp else 1)
+    outside = 4 * dim * act_b + (2 * dim if dropout else 0) + routed * act_b
+    inside = (q + k + v + o + mlp) * act_b
+    if not flash and recompute != "selective":
+        inside += n_heads * seq * (act_b + (1 + act_b if dropout else 0))
+    return outside / (tp if sp else 1) + inside / tp + latent * act_b

@@ -1,4 +1,11 @@
-"""Parameter counts and FLOPs per token, from the model config alone (no torch)."""
+"""Model arithmetic from the config alone (no torch): parameters, FLOPs and activations per token.
+
+One `Shape` per model holds what the planner needs per layer, so that evaluating a layout is a
+handful of multiplications. Families: llama (GQA, SwiGLU, RMSNorm), gpt (Megatron: learned
+positions, LayerNorm with biases, GeLU 4h MLP, tied embeddings), mixtral (llama attention,
+top-k routed SwiGLU experts), deepseek (MLA attention, fine-grained routed + shared experts,
+first layers dense).
+"""
 
 from __future__ import annotations
 
@@ -6,60 +13,125 @@ from dataclasses import dataclass
 
 from launcher.config import ModelConfig
 
+FAMILIES = ("llama", "gpt", "mixtral", "deepseek")
+
 
 def head_dim(m: ModelConfig) -> int:
-    return m.head_dim if m.head_dim is not None else m.dim // m.n_heads
+    return m.head_dim if m.head_dim is not None else m.dim // max(1, m.n_heads)
 
 
 @dataclass(frozen=True)
-class ParamCounts:
-    embedding: int  # token embedding (first pipeline stage)
-    per_layer: int  # one transformer block
-    head: int  # final norm + output projection (last pipeline stage)
+class Shape:
+    """Per-layer parameter counts and per-token attention dimensions of one model."""
+
     n_layers: int
+    n_dense_layers: int  # layers with a dense MLP (all of them for dense families)
+    attn_params: int  # attention matmul weights (sharded by tp)
+    attn_replicated: int  # norms and latent norms inside attention (replicated over tp)
+    dense_mlp_params: int
+    expert_params: int  # all routed experts of one MoE layer (sharded by ep)
+    moe_shared_params: int  # shared experts + router of one MoE layer (replicated over ep)
+    norm_params: int  # the two block norms (replicated over tp)
+    embedding: int
+    head: int  # final norm + output projection (0 for the projection when tied)
+    # Per-token widths (elements) used by FLOPs and activation counts.
+    q_width: int  # H x d_qk
+    k_width: int  # kv heads x d_qk (MLA: H x d_qk after up-projection)
+    v_width: int  # kv heads x d_v
+    o_width: int  # H x d_v: attention output, input to the output projection
+    latent_width: int  # MLA latents saved for backward (q and kv compressions), else 0
+    n_heads: int
+    d_qk: int
+    d_v: int
+
+    @property
+    def dense_layer(self) -> int:
+        return self.attn_params + self.attn_replicated + self.dense_mlp_params + self.norm_params
+
+    @property
+    def moe_layer(self) -> int:
+        return (self.attn_params + self.attn_replicated + self.expert_params
+                + self.moe_shared_params + self.norm_params)
+
+    @property
+    def n_moe_layers(self) -> int:
+        return self.n_layers - self.n_dense_layers
 
     @property
     def total(self) -> int:
-        return self.embedding + self.per_layer * self.n_layers + self.head
-
-    @property
-    def non_embedding(self) -> int:
-        """Parameters that do matmul work per token (the output projection included)."""
-        return self.total - self.embedding
-
-    @property
-    def largest_unit(self) -> int:
-        """Largest group FSDP gathers at once: a block, or the root (embedding + head)."""
-        return max(self.per_layer, self.embedding + self.head)
+        return (self.embedding + self.head + self.n_dense_layers * self.dense_layer
+                + self.n_moe_layers * self.moe_layer)
 
 
-def llama_params(m: ModelConfig) -> ParamCounts:
+def attention_shape(m: ModelConfig) -> dict:
+    if m.kv_lora_rank:  # MLA
+        d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
+        h = m.n_heads
+        if m.q_lora_rank:
+            q = m.dim * m.q_lora_rank + m.q_lora_rank * h * d_qk
+        else:
+            q = m.dim * h * d_qk
+        kv = m.dim * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * h * (
+            m.qk_nope_head_dim + d_v)
+        return dict(
+            attn_params=q + kv + h * d_v * m.dim,
+            attn_replicated=m.kv_lora_rank + m.q_lora_rank,  # latent RMSNorms
+            q_width=h * d_qk, k_width=h * d_qk, v_width=h * d_v, o_width=h * d_v,
+            latent_width=2 * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * m.q_lora_rank,
+            n_heads=h, d_qk=d_qk, d_v=d_v,
+        )
     e = head_dim(m)
-    attention = m.dim * m.n_heads * e * 2 + m.dim * m.n_kv_heads * e * 2  # wq, wo, wk, wv
-    mlp = 3 * m.dim * m.ffn_dim  # w1, w2, w3
-    norms = 2 * m.dim
-    return ParamCounts(
-        embedding=m.vocab_size * m.dim,
-        per_layer=attention + mlp + norms,
-        head=m.dim + m.dim * m.vocab_size,
-        n_layers=m.n_layers,
+    q, kv = m.n_heads * e, m.n_kv_heads * e
+    bias = m.family == "gpt"
+    return dict(
+        attn_params=m.dim * (2 * q + 2 * kv) + (q + 2 * kv + m.dim if bias else 0),
+        attn_replicated=0,
+        q_width=q, k_width=kv, v_width=kv, o_width=q, latent_width=0,
+        n_heads=m.n_heads, d_qk=e, d_v=e,
     )
 
 
-PARAM_COUNTS = {"llama": llama_params}
+def shape(m: ModelConfig) -> Shape:
+    """Parameter counts and widths of a model config (any family)."""
+    gpt = m.family == "gpt"
+    norm = 2 * m.dim if gpt else m.dim  # LayerNorm has a bias
+    if gpt:  # GeLU MLP with biases
+        dense_mlp = 2 * m.dim * m.ffn_dim + m.ffn_dim + m.dim
+    else:  # SwiGLU: w1, w2, w3
+        dense_mlp = 3 * m.dim * m.ffn_dim
+    moe = m.n_routed_experts > 0
+    expert = 3 * m.dim * m.moe_ffn_dim
+    embedding = m.vocab_size * m.dim + (m.max_seq_len * m.dim if gpt else 0)
+    return Shape(
+        n_layers=m.n_layers,
+        n_dense_layers=min(m.n_dense_layers, m.n_layers) if moe else m.n_layers,
+        dense_mlp_params=dense_mlp,
+        expert_params=m.n_routed_experts * expert if moe else 0,
+        moe_shared_params=(m.n_shared_experts * expert + m.n_routed_experts * m.dim) if moe else 0,
+        norm_params=2 * norm,
+        embedding=embedding,
+        head=norm + (0 if m.tie_embeddings else m.vocab_size * m.dim),
+        **attention_shape(m),
+    )
 
 
-def param_counts(m: ModelConfig) -> ParamCounts:
-    return PARAM_COUNTS[m.family](m)
+def active_matmul_params_per_token(s: Shape, m: ModelConfig) -> float:
+    """Weights each token multiplies by (forward), averaged over layers; output head included."""
+    moe_active = 0.0
+    if s.n_moe_layers:
+        routed = m.top_k * 3 * m.dim * m.moe_ffn_dim
+        moe_active = s.n_moe_layers * (routed + s.moe_shared_params)
+    dense = s.n_dense_layers * s.dense_mlp_params
+    return s.n_layers * s.attn_params + dense + moe_active + m.vocab_size * m.dim
 
 
-def flops_per_token(m: ModelConfig, seq_len: int) -> float:
-    """Training FLOPs (forward + backward) per token: 6 N plus causal attention.
+def flops_per_token(m: ModelConfig, seq_len: int, causal: bool = True) -> float:
+    """Training FLOPs (forward + backward) per token: 6 x active matmul weights + attention.
 
-    N counts the non-embedding parameters. Attention scores and the weighted sum each cost
-    2 s H E per token per layer forward; causal masking halves that and backward doubles it,
-    so 6 L H E s per token in all.
+    Scores and the weighted sum cost 2 s H (d_qk + d_v) per token per layer forward over the
+    full sequence; causal masking halves it and backward doubles it: 3 s H (d_qk + d_v) per
+    layer (6 L s H E for standard heads), or 6 s H (d_qk + d_v) counted without the mask.
     """
-    n = param_counts(m).non_embedding
-    attention = 6 * m.n_layers * m.n_heads * head_dim(m) * seq_len
-    return 6.0 * n + attention
+    s = shape(m)
+    attention = 3 * m.n_layers * seq_len * s.n_heads * (s.d_qk + s.d_v)
+    return 6.0 * active_matmul_params_per_token(s, m) + attention * (1 if causal else 2)

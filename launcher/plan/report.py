@@ -1,11 +1,13 @@
-"""The plan as a table (rich) and its problems as one clear message."""
+"""The plan as text (rich tables) or as one JSON object, and its problems as one message."""
 
 from __future__ import annotations
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
 
 from launcher.plan import AXES, Plan
+from launcher.plan.estimate import MESH_ORDER
 from launcher.plan.memory import GIB
 
 
@@ -13,46 +15,83 @@ def _gib(x: float) -> str:
     return f"{x / GIB:,.2f} GiB"
 
 
-def plan_table(plan: Plan) -> Table:
-    cfg, t = plan.cfg, plan.cfg.train
-    table = Table(title="plan", show_header=False, title_justify="left")
-    table.add_column("what", style="bold")
-    table.add_column("value")
-    hw = cfg.hardware
-    table.add_row("model", f"{cfg.model.name} ({cfg.model.family})")
-    table.add_row(
-        "hardware",
-        f"{hw.name}: {hw.nodes} node(s) x {hw.devices_per_node} {hw.device_type.value} "
-        f"= {plan.world_size} ranks, {hw.memory_gib:g} GiB each",
-    )
-    table.add_row("degrees", "  ".join(f"{a}={plan.degrees[a]}" for a in AXES))
-    table.add_row("data parallel", plan.data_parallel_strategy)
-    table.add_row(
-        "precision",
-        f"{cfg.precision.name} (compute {cfg.precision.compute_dtype.value},"
-        f" master {cfg.precision.master_dtype.value})",
-    )
-    table.add_row(
-        "batch",
-        f"global {t.global_batch_size} seqs = micro {t.micro_batch_size} x accumulation "
-        f"{plan.grad_accum} x dp {plan.dp}; seq_len {t.seq_len}; "
-        f"{t.global_batch_size * t.seq_len:,} tokens/step",
-    )
-    if plan.counts is not None:
-        table.add_row("parameters", f"{plan.counts.total:,} ({plan.counts.total / 1e9:.3f} B)")
-        table.add_row("FLOPs/token", f"{plan.flops_per_token:.4g} (6N + causal attention)")
-    if plan.memory is not None:
-        m = plan.memory
-        table.add_row(
-            "memory/rank",
-            f"params {_gib(m.params)}, grads {_gib(m.grads)}, optimizer {_gib(m.optimizer)}, "
-            f"activations {_gib(m.activations)}, other {_gib(m.other)}",
-        )
+def mesh_rows(plan: Plan) -> list[tuple[str, str]]:
+    """For each mesh dimension: its size, and whether its groups stay inside a node."""
+    per_node = plan.cfg.hardware.devices_per_node
+    rows, stride = [], 1
+    for dim in reversed(MESH_ORDER):  # innermost (tp) first: consecutive ranks
+        size = plan.degrees[dim]
+        if size > 1:
+            span = (size - 1) * stride + 1
+            if span <= per_node and per_node % (size * stride) == 0:
+                where = "inside one node"
+            else:
+                nodes = size if stride >= per_node else -(-span // per_node)
+                where = f"across {nodes} nodes"
+            members = ", ".join(str(r * stride) for r in range(min(size, 4)))
+            more = ", ..." if size > 4 else ""
+            rows.append((dim, f"{size} ranks {stride} apart (rank 0 with {members}{more}); {where}"))
+        stride *= size
+    if plan.degrees["ep"] > 1:
+        ep = plan.degrees["ep"]
+        where = "inside one node" if ep <= per_node else f"across {-(-ep // per_node)} nodes"
+        rows.append(("ep", f"{ep} consecutive ranks carved from dp_shard x cp x tp; {where}"))
+    return rows
+
+
+def plan_table(plan: Plan) -> Group:
+    cfg, t, hw = plan.cfg, plan.cfg.train, plan.cfg.hardware
+    main = Table(title="plan", show_header=False, title_justify="left")
+    main.add_column("what", style="bold")
+    main.add_column("value")
+    main.add_row("model", f"{cfg.model.name} ({cfg.model.family})")
+    main.add_row("hardware", f"{hw.name}: {hw.nodes} node(s) x {hw.devices_per_node} "
+                 f"{hw.device_type.value} = {plan.world_size} ranks, {hw.memory_gib:g} GiB each")
+    main.add_row("degrees", "  ".join(f"{a}={plan.degrees[a]}" for a in AXES))
+    for dim, text in mesh_rows(plan):
+        main.add_row(f"  mesh {dim}", text)
+    main.add_row("data parallel", plan.data_parallel_strategy)
+    if plan.degrees["pp"] > 1:
+        p = cfg.pipeline
+        main.add_row("pipeline", f"{p.schedule}, {p.stages_per_rank} stage(s) per rank")
+    main.add_row("recompute", cfg.recompute.mode.value
+                 + (", sequence parallel" if cfg.tensor.sequence_parallel else ""))
+    main.add_row("precision", f"{cfg.precision.name} (compute {cfg.precision.compute_dtype.value},"
+                  f" master {cfg.precision.master_dtype.value})")
+    lay = plan.layout
+    if lay is not None:
+        main.add_row("batch", f"global {t.global_batch_size} seqs = micro {lay.micro_batch_size} "
+                     f"x accumulation {lay.microbatches} x dp {lay.dp}; seq_len {t.seq_len}; "
+                     f"{t.global_batch_size * t.seq_len:,} tokens/step")
+        if lay.pp > 1:
+            main.add_row("  pipeline", f"{lay.microbatches} micro-batches per step through "
+                         f"{lay.pp * lay.stages_per_rank} stages")
+    ctx = plan.context
+    if ctx is not None:
+        main.add_row("parameters", f"{ctx.shape.total:,} total, {ctx.active_params:,.0f} active "
+                     "matmul weights per token")
+        main.add_row("FLOPs/token", f"{ctx.model_flops_per_token:.4g} (6N + causal attention)")
+    m = plan.memory
+    if m is not None:
+        main.add_row(f"memory (pp rank {m.rank})",
+                     f"params {_gib(m.params)}, grads {_gib(m.grads)}, master {_gib(m.master)}, "
+                     f"optimizer {_gib(m.optimizer)}, activations {_gib(m.activations)}, "
+                     f"other {_gib(m.other)}")
         verdict = "fits" if plan.fits else "DOES NOT FIT"
-        table.add_row("total/rank", f"{_gib(m.total)} of {hw.memory_gib:g} GiB: {verdict}")
+        main.add_row("  total", f"{_gib(m.total)} of {hw.memory_gib:g} GiB: {verdict}")
+    est = plan.estimate
+    if est is not None and est.time is not None:
+        tm = est.time
+        main.add_row("step time", f"{tm.step:.4g} s = compute {tm.compute:.3g} + TP {tm.tp:.3g} + "
+                     f"CP {tm.cp:.3g} + EP {tm.ep:.3g} + bubble {tm.bubble:.3g} "
+                     f"({tm.bubble_fraction:.1%}) + DP {tm.dp:.3g}")
+        main.add_row("throughput", f"{est.tokens_per_s_per_device:,.0f} tokens/s per device, "
+                     f"MFU {est.mfu:.1%}")
     for w in plan.warnings:
-        table.add_row("warning", str(w), style="yellow")
-    return table
+        main.add_row("warning", escape(str(w)), style="yellow")
+    for e in plan.errors:
+        main.add_row("error", escape(str(e)), style="red")
+    return Group(main)
 
 
 def print_plan(plan: Plan, console: Console | None = None) -> None:
@@ -64,3 +103,47 @@ def problems_message(plan: Plan) -> str:
     lines = [f"the plan has {n} problem{'s' if n > 1 else ''}:"]
     lines += [f"  - {p}" for p in plan.errors]
     return "\n".join(lines)
+
+
+def plan_json(plan: Plan) -> dict:
+    """The plan as the JSON object `plan.format=json` prints."""
+    m, est, ctx = plan.memory, plan.estimate, plan.context
+    memory = None
+    if m is not None:
+        memory = {
+            "params": m.params / GIB, "grads": m.grads / GIB,
+            "optimizer": (m.master + m.optimizer) / GIB, "activations": m.activations / GIB,
+            "other": m.other / GIB, "total": m.total / GIB,
+            "capacity": plan.cfg.hardware.memory_gib,
+        }
+    predicted = None
+    if est is not None and est.time is not None:
+        predicted = {
+            "step_time_s": est.time.step, "tokens_per_s_per_device": est.tokens_per_s_per_device,
+            "mfu": est.mfu, "bubble_fraction": est.time.bubble_fraction,
+        }
+    params = None
+    if ctx is not None:
+        params = {"total": ctx.shape.total, "active": round(ctx.active_params),
+                  "per_device": round(m.params / ctx.param_b) if m else None}
+    return {
+        "valid": plan.valid,
+        "fits": plan.fits,
+        "errors": [{"rule": p.rule, "message": p.message} for p in plan.errors],
+        "warnings": [{"rule": p.rule, "message": p.message} for p in plan.warnings],
+        "world_size": plan.world_size,
+        "degrees": {a: plan.degrees[a] for a in AXES},
+        "layout": layout_json(plan.layout) if plan.layout else None,
+        "params": params,
+        "memory_gib": memory,
+        "predicted": predicted,
+    }
+
+
+def layout_json(lay) -> dict:
+    return {
+        "zero_stage": lay.zero_stage, "schedule": lay.schedule,
+        "stages_per_rank": lay.stages_per_rank, "micro_batch_size": lay.micro_batch_size,
+        "microbatches": lay.microbatches, "recompute": lay.recompute,
+        "sequence_parallel": lay.sequence_parallel,
+    }

@@ -1,20 +1,27 @@
-"""The rules a layout must satisfy. Each broken rule becomes a Problem naming values and rule."""
+"""The rules a run must satisfy. Each broken rule becomes a Problem naming values and rule.
+
+Three sets: `config_problems` (model, training, precision, data: independent of the layout),
+`layout_problems` (degrees, divisibility, pipeline, batch: evaluated for every searched
+layout, so kept cheap) and `engine_problems` (what `launcher.train` cannot run yet).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config import Config, DType, ParallelConfig
+from launcher.config import SCHEDULES, Config, DType, ParallelConfig
 from launcher.data import data_vocab_size
+from launcher.plan import pipeline as pl
 
-# Axes whose engine is not built yet: refused by name, never silently ignored.
+# Axes whose engine is not built yet: launcher.train refuses them by name.
 NOT_AVAILABLE = {
     "tp": "tensor parallelism",
     "pp": "pipeline parallelism",
     "cp": "context parallelism",
     "ep": "expert parallelism",
 }
-FAMILIES = ("llama",)
+ENGINE_FAMILIES = ("llama",)
+AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 
 
 @dataclass(frozen=True)
@@ -28,7 +35,7 @@ class Problem:
 
 def resolve_degrees(p: ParallelConfig, world: int) -> tuple[dict[str, int], list[Problem]]:
     """Fill in dp_shard=-1 and check that the degrees multiply to the world size."""
-    degrees = {k: getattr(p, k) for k in ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")}
+    degrees = {k: getattr(p, k) for k in AXES}
     problems = [
         Problem("degree", f"parallel.{k}={v} must be a positive integer")
         for k, v in degrees.items()
@@ -42,109 +49,61 @@ def resolve_degrees(p: ParallelConfig, world: int) -> tuple[dict[str, int], list
     product = " x ".join(f"{k}={degrees[k]}" for k in ("dp_replicate", "tp", "pp", "cp"))
     if degrees["dp_shard"] == -1:
         if world % others:
-            problems.append(
-                Problem(
-                    "world_size",
-                    f"parallel.dp_shard=-1 cannot be inferred: {product} = {others} does not "
-                    f"divide nodes x devices_per_node = {world}",
-                )
-            )
+            problems.append(Problem(
+                "world_size",
+                f"parallel.dp_shard=-1 cannot be inferred: {product} = {others} does not "
+                f"divide nodes x devices_per_node = {world}",
+            ))
             return degrees, problems
         degrees["dp_shard"] = world // others
     elif others * degrees["dp_shard"] != world:
-        problems.append(
-            Problem(
-                "world_size",
-                f"{product} x dp_shard={degrees['dp_shard']} = {others * degrees['dp_shard']} "
-                f"but nodes x devices_per_node = {world}: the product of the degrees must equal "
-                "the world size",
-            )
-        )
+        problems.append(Problem(
+            "world_size",
+            f"{product} x dp_shard={degrees['dp_shard']} = {others * degrees['dp_shard']} "
+            f"but nodes x devices_per_node = {world}: the product of the degrees must equal "
+            "the world size",
+        ))
     return degrees, problems
 
 
-def _data_vocab(path: str | None, err) -> int | None:
-    try:
-        return data_vocab_size(path)
-    except (OSError, ValueError, KeyError) as e:
-        err(
-            "data",
-            f"data.path={path} is not a readable token file ({e}); build one with "
-            "`python -m launcher.prepare --out PATH FILES...`",
-        )
-        return None
-
-
-def check(cfg: Config, d: dict[str, int]) -> tuple[list[Problem], list[Problem]]:
-    """Every rule over a config whose degrees resolved; returns (errors, warnings)."""
+def config_problems(cfg: Config) -> list[Problem]:
+    """Rules on model, training, data, precision and hardware that no layout changes."""
     errors: list[Problem] = []
-    warnings: list[Problem] = []
     err = lambda rule, msg: errors.append(Problem(rule, msg))
     m, t, hw, prec = cfg.model, cfg.train, cfg.hardware, cfg.precision
     name = f"model={m.name}"
+    from launcher.plan.model_size import FAMILIES
 
-    for axis, what in NOT_AVAILABLE.items():
-        if d[axis] > 1:
-            err("not_available", f"parallel.{axis}={d[axis]}: {what} is not available yet")
-
-    # Model shape.
     if m.family not in FAMILIES:
         err("model", f"model.family={m.family} is not one of {', '.join(FAMILIES)}")
+    for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",
+                "max_seq_len"):
+        if getattr(m, key) < 1:
+            err("model", f"model.{key}={getattr(m, key)} must be >= 1 ({name})")
+    if errors:
+        return errors
     if m.head_dim is None and m.dim % m.n_heads:
         err("model", f"model.dim={m.dim} must be divisible by n_heads={m.n_heads} ({name})")
     if m.n_heads % m.n_kv_heads:
-        err(
-            "model", f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads} ({name})"
-        )
+        err("model", f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads} ({name})")
+    if m.n_routed_experts:
+        if not 1 <= m.top_k <= m.n_routed_experts or m.moe_ffn_dim < 1:
+            err("model", f"an MoE needs 1 <= top_k={m.top_k} <= n_routed_experts="
+                f"{m.n_routed_experts} and moe_ffn_dim={m.moe_ffn_dim} >= 1 ({name})")
+    if m.family == "deepseek" and not (m.kv_lora_rank and m.qk_rope_head_dim and m.v_head_dim):
+        err("model", f"deepseek (MLA) needs kv_lora_rank, qk_rope_head_dim and v_head_dim ({name})")
+    if not 0 <= m.dropout < 1:
+        err("model", f"model.dropout={m.dropout} must be in [0, 1)")
 
-    # Sharded dimensions under tensor parallelism.
-    tp = d["tp"]
-    if tp > 1:
-        if m.n_heads % tp:
-            err("tp_heads", f"tp={tp} must divide n_heads={m.n_heads} ({name})")
-        if m.n_kv_heads % tp:
-            err(
-                "tp_kv_heads",
-                f"tp={tp} must divide n_kv_heads={m.n_kv_heads} ({name}): kv heads are sharded, "
-                "not replicated, so tp may not exceed the kv heads",
-            )
-        if m.ffn_dim % tp:
-            err("tp_ffn", f"tp={tp} must divide ffn_dim={m.ffn_dim} ({name})")
-        if m.vocab_size % tp:
-            err("tp_vocab", f"tp={tp} must divide vocab_size={m.vocab_size} ({name})")
-    if d["pp"] > m.n_layers:
-        err(
-            "pp_layers",
-            f"pp={d['pp']} stages need at least one layer each; {name} has n_layers={m.n_layers}",
-        )
-
-    # Batch decomposition: global = micro x accumulation x data-parallel size.
-    dp = d["dp_replicate"] * d["dp_shard"]
     for key in ("global_batch_size", "micro_batch_size", "seq_len", "steps"):
         if getattr(t, key) < 1:
             err("train", f"train.{key}={getattr(t, key)} must be >= 1")
-    if t.micro_batch_size >= 1 and t.global_batch_size % (t.micro_batch_size * dp):
-        err(
-            "batch",
-            f"train.global_batch_size={t.global_batch_size} must be divisible by "
-            f"train.micro_batch_size={t.micro_batch_size} x data-parallel size {dp} "
-            f"(dp_replicate={d['dp_replicate']} x dp_shard={d['dp_shard']}) = "
-            f"{t.micro_batch_size * dp}",
-        )
     if t.seq_len > m.max_seq_len:
         err("seq_len", f"train.seq_len={t.seq_len} exceeds max_seq_len={m.max_seq_len} ({name})")
     if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
         err("lr", f"need 0 <= train.min_lr={t.min_lr} <= train.lr={t.lr} and lr > 0")
     if t.warmup_steps < 0:
         err("schedule", f"train.warmup_steps={t.warmup_steps} must be >= 0")
-    elif t.warmup_steps > t.steps:
-        warnings.append(
-            Problem(
-                "schedule",
-                f"train.warmup_steps={t.warmup_steps} > steps="
-                f"{t.steps}: the run ends before warmup does",
-            )
-        )
     for key in ("eval_interval", "grad_clip", "weight_decay"):
         if getattr(t, key) < 0:
             err("train", f"train.{key}={getattr(t, key)} must be >= 0")
@@ -152,53 +111,156 @@ def check(cfg: Config, d: dict[str, int]) -> tuple[list[Problem], list[Problem]]
         err("train", f"train.eval_batches={t.eval_batches} must be >= 1 when evaluating")
     data_vocab = _data_vocab(cfg.data.path, err)
     if data_vocab is not None and m.vocab_size < data_vocab:
-        err(
-            "vocab",
-            f"model.vocab_size={m.vocab_size} is smaller than the data's vocabulary "
-            f"{data_vocab} ({name}, data.path={cfg.data.path})",
-        )
+        err("vocab", f"model.vocab_size={m.vocab_size} is smaller than the data's vocabulary "
+            f"{data_vocab} ({name}, data.path={cfg.data.path})")
     if not 0 < cfg.data.val_fraction < 1:
         err("data", f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
-
     if cfg.data_parallel.zero_stage not in (0, 1, 2, 3):
         err("zero_stage", f"data_parallel.zero_stage={cfg.data_parallel.zero_stage} must be 0-3")
+    if cfg.pipeline.schedule not in SCHEDULES:
+        err("schedule", f"pipeline.schedule={cfg.pipeline.schedule} is not one of "
+            f"{', '.join(SCHEDULES)}")
 
-    # Precision: what the engine implements.
-    dtypes = {
-        k: getattr(prec, f"{k}_dtype") for k in ("compute", "param", "grad", "master", "optimizer")
-    }
+    dtypes = {k: getattr(prec, f"{k}_dtype") for k in ("compute", "param", "grad", "master",
+                                                        "optimizer")}
     fp16 = [f"precision.{k}_dtype" for k, v in dtypes.items() if v == DType.fp16]
     if fp16:
-        err(
-            "precision",
-            f"{', '.join(fp16)}=fp16 needs loss scaling, which is not available yet; use bf16",
-        )
+        err("precision", f"{', '.join(fp16)}=fp16 needs loss scaling, which is not available; "
+            "use bf16")
     if prec.optimizer_dtype != prec.master_dtype:
-        err(
-            "precision",
-            f"precision.optimizer_dtype={prec.optimizer_dtype.value} must equal "
-            f"master_dtype={prec.master_dtype.value}: Adam moments live beside the master weights",
-        )
+        err("precision", f"precision.optimizer_dtype={prec.optimizer_dtype.value} must equal "
+            f"master_dtype={prec.master_dtype.value}: Adam moments live beside the master weights")
     if prec.compute_dtype != prec.param_dtype:
-        err(
-            "precision",
-            f"precision.compute_dtype={prec.compute_dtype.value} must equal "
-            f"param_dtype={prec.param_dtype.value}: forward runs in the parameters' dtype",
-        )
-
+        err("precision", f"precision.compute_dtype={prec.compute_dtype.value} must equal "
+            f"param_dtype={prec.param_dtype.value}: forward runs in the parameters' dtype")
     for key in ("nodes", "devices_per_node"):
         if getattr(hw, key) < 1:
             err("hardware", f"hardware.{key}={getattr(hw, key)} must be >= 1")
     for key in ("memory_gib", "peak_tflops", "intra_node_gbps", "inter_node_gbps"):
         if getattr(hw, key) <= 0:
             err("hardware", f"hardware.{key}={getattr(hw, key)} must be > 0")
+    return errors
 
-    if t.micro_batch_size * t.seq_len < 512 and hw.device_type.value == "cuda":
-        warnings.append(
-            Problem(
-                "micro_batch",
-                f"micro-batch of {t.micro_batch_size} x "
-                f"{t.seq_len} tokens is too small to keep a GPU busy",
-            )
-        )
+
+def _data_vocab(path: str | None, err) -> int | None:
+    try:
+        return data_vocab_size(path)
+    except (OSError, ValueError, KeyError) as e:
+        err("data", f"data.path={path} is not a readable token file ({e}); build one with "
+            "`python -m launcher.prepare --out PATH FILES...`")
+        return None
+
+
+def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
+    """Divisibility, pipeline and batch rules of one layout; returns (errors, warnings)."""
+    errors: list[Problem] = []
+    warnings: list[Problem] = []
+    err = lambda rule, msg: errors.append(Problem(rule, msg))
+    m, t, hw = cfg.model, cfg.train, cfg.hardware
+    name = f"model={m.name}"
+    tp, pp, cp, ep = lay.tp, lay.pp, lay.cp, lay.ep
+
+    if tp > 1:
+        heads = m.n_heads
+        if heads % tp:
+            err("tp_heads", f"tp={tp} must divide n_heads={heads} ({name})")
+        kv = m.n_heads if m.kv_lora_rank else m.n_kv_heads
+        if kv % tp and heads % tp == 0:
+            err("tp_kv_heads", f"tp={tp} must divide n_kv_heads={kv} ({name}): kv heads are "
+                "sharded across tp ranks, never replicated, so tp may not exceed them")
+        dense_mlp = not m.n_routed_experts or m.n_dense_layers
+        if dense_mlp and m.ffn_dim % tp:
+            err("tp_ffn", f"tp={tp} must divide ffn_dim={m.ffn_dim} ({name})")
+        if m.vocab_size % tp:
+            err("tp_vocab", f"tp={tp} must divide vocab_size={m.vocab_size} ({name})")
+    seq_cp = t.seq_len // cp if t.seq_len % cp == 0 else None
+    if lay.sequence_parallel and tp > 1 and (seq_cp is None or seq_cp % tp):
+        err("sp_seq", f"train.seq_len={t.seq_len} must be divisible by tp={tp} x cp={cp} "
+            "with tensor.sequence_parallel=true (each tp rank holds a slice of the sequence)")
+    if cp > 1:
+        chunks = 2 * cp if cfg.context.load_balance else cp
+        if t.seq_len % chunks:
+            why = "2 x cp load-balanced chunks" if cfg.context.load_balance else "cp chunks"
+            err("cp_seq", f"train.seq_len={t.seq_len} must be divisible by {chunks} "
+                f"({why}, cp={cp})")
+    if ep > 1:
+        if not m.n_routed_experts:
+            err("ep_dense", f"ep={ep} needs routed experts; {name} is dense")
+        elif m.n_routed_experts % ep:
+            err("ep_experts", f"ep={ep} must divide n_routed_experts={m.n_routed_experts} ({name})")
+        borrow = lay.dp_shard * cp * tp
+        if borrow % ep:
+            err("ep_degree", f"ep={ep} must divide dp_shard x cp x tp = {lay.dp_shard} x {cp} x "
+                f"{tp} = {borrow}: expert-parallel ranks are carved from those")
+
+    # Pipeline: stages, schedule shape, micro-batches.
+    v = lay.stages_per_rank
+    sched = lay.schedule
+    if pp > 1:
+        if sched in pl.V_SCHEDULES and v != 2:
+            err("pp_stages", f"pipeline.schedule={sched} places exactly 2 stages per rank in a V; "
+                f"got pipeline.stages_per_rank={v}")
+        elif sched in pl.LOOPED and v < 2:
+            err("pp_stages", f"pipeline.schedule={sched} needs pipeline.stages_per_rank >= 2 "
+                f"(got {v}); use 1f1b for one stage per rank")
+        elif sched in pl.SINGLE and v != 1:
+            err("pp_stages", f"pipeline.schedule={sched} runs one stage per rank; got "
+                f"pipeline.stages_per_rank={v} (use interleaved_1f1b)")
+        if pp * v > m.n_layers:
+            err("pp_layers", f"pp={pp} x stages_per_rank={v} = {pp * v} stages need at least one "
+                f"layer each; {name} has n_layers={m.n_layers}")
+        mb = lay.microbatches
+        if mb < pp:
+            err("pp_microbatches", f"{mb} micro-batches per step are fewer than pp={pp} stages: "
+                "the pipeline never fills (raise train.global_batch_size or lower "
+                "train.micro_batch_size)")
+        elif sched in pl.LOOPED and mb % pp:
+            err("pp_microbatches", f"pipeline.schedule={sched} needs the micro-batches per step "
+                f"({mb}) to be a multiple of pp={pp}")
+    elif v != 1 and sched not in pl.V_SCHEDULES:
+        err("pp_stages", f"pipeline.stages_per_rank={v} needs pp > 1")
+
+    # Batch: global = micro x accumulation x data-parallel size.
+    dp, b = lay.dp, lay.micro_batch_size
+    if b >= 1 and t.global_batch_size % (b * dp):
+        err("batch", f"train.global_batch_size={t.global_batch_size} must be divisible by "
+            f"train.micro_batch_size={b} x data-parallel size {dp} (dp_replicate="
+            f"{lay.dp_replicate} x dp_shard={lay.dp_shard}) = {b * dp}")
+    elif cfg.pipeline.microbatches and cfg.pipeline.microbatches * b * dp != t.global_batch_size:
+        err("batch", f"pipeline.microbatches={cfg.pipeline.microbatches} x micro_batch_size={b} "
+            f"x data-parallel size {dp} must equal global_batch_size={t.global_batch_size}")
+
+    # Warnings: placement and efficiency.
+    if tp > hw.devices_per_node:
+        warnings.append(Problem("tp_node", f"tp={tp} spans more than one node of "
+                                f"{hw.devices_per_node} devices: TP traffic crosses the network"))
+    if ep > hw.devices_per_node:
+        warnings.append(Problem("ep_node", f"ep={ep} spans more than one node of "
+                                f"{hw.devices_per_node} devices: all-to-alls cross the network"))
+    if pp > 1 and not errors:
+        bubble = pl.bubble_fraction(sched, pp, v, lay.microbatches)
+        if bubble > 0.2:
+            warnings.append(Problem("bubble", f"pipeline bubble {bubble:.0%} of compute "
+                                    f"(schedule={sched}, pp={pp}, micro-batches="
+                                    f"{lay.microbatches}): add micro-batches or stages_per_rank"))
+    if hw.device_type.value == "cuda" and b * t.seq_len // max(1, cp) < 1024:
+        warnings.append(Problem("micro_batch", f"micro-batch of {b} x {t.seq_len // max(1, cp)} "
+                                "tokens per rank is too small to keep a GPU busy"))
     return errors, warnings
+
+
+def engine_problems(cfg: Config, lay) -> list[Problem]:
+    """What the planner accepts but launcher.train cannot run yet, refused by name."""
+    errors = [
+        Problem("not_available", f"parallel.{axis}={lay.degrees[axis]}: {what} is not "
+                "available yet")
+        for axis, what in NOT_AVAILABLE.items()
+        if lay.degrees[axis] > 1
+    ]
+    if cfg.model.family not in ENGINE_FAMILIES:
+        errors.append(Problem("not_available", f"model.family={cfg.model.family}: training this "
+                              "family is not available yet (launcher.plan can plan it)"))
+    if cfg.recompute.mode.value != "none":
+        errors.append(Problem("not_available", f"recompute={cfg.recompute.mode.value}: "
+                              "activation checkpointing is not available yet"))
+    return errors

@@ -6,7 +6,7 @@ import pytest
 from conftest import compose_config, run_cli
 
 from launcher.plan import make_plan
-from launcher.plan.memory import model_state_bytes
+from launcher.plan.memory import state_bytes
 from launcher.plan.model_size import param_counts
 
 

@@ -1,0 +1,318 @@
+"""Evaluate one layout: its rules, the memory of its most loaded rank and its step time.
+
+`Context` holds what depends only on model, hardware, batch and precision (computed once);
+`Layout` is one point of the search space; `evaluate(ctx, layout)` is the hot path of the
+search, a few hundred arithmetic operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+from launcher.config import Config
+from launcher.plan import pipeline as pl
+from launcher.plan.memory import BYTES, GIB, layer_activation_bytes, reserve_gib, state_bytes
+from launcher.plan.model_size import Shape, active_matmul_params_per_token, flops_per_token, shape
+from launcher.plan.rules import Problem
+
+# Fraction of peak a transformer's matmuls sustain: EFFICIENCY_MAX x dim / (dim + EFFICIENCY_DIM),
+# wider layers running closer to the peak. Both fitted to the Megatron-LM table in REFERENCE.md
+# by `python -m launcher.plan.calibrate` (residuals in the README).
+EFFICIENCY_MAX = 0.586
+EFFICIENCY_DIM = 440.0
+
+
+def compute_efficiency(dim: int) -> float:
+    return EFFICIENCY_MAX * dim / (dim + EFFICIENCY_DIM)
+MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first, as the engine
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp_replicate: int
+    dp_shard: int
+    tp: int
+    pp: int
+    cp: int
+    ep: int
+    zero_stage: int
+    schedule: str
+    stages_per_rank: int
+    micro_batch_size: int
+    microbatches: int  # per pipeline and step: the gradient-accumulation count
+    recompute: str
+    sequence_parallel: bool
+
+    @property
+    def dp(self) -> int:
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def degrees(self) -> dict[str, int]:
+        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp,
+                "pp": self.pp, "cp": self.cp, "ep": self.ep}
+
+
+@dataclass
+class Memory:
+    """Bytes on the most loaded rank."""
+
+    params: float
+    grads: float
+    master: float  # master weights (when their dtype differs from the parameters')
+    optimizer: float  # Adam moments
+    activations: float
+    other: float  # transient unsharded parameters and gradients, logits, reserve
+    rank: int  # pipeline rank it belongs to
+
+    @property
+    def total(self) -> float:
+        return (self.params + self.grads + self.master + self.optimizer + self.activations
+                + self.other)
+
+
+@dataclass
+class Time:
+    compute: float
+    tp: float  # exposed communication, seconds per step
+    cp: float
+    ep: float
+    bubble: float
+    dp: float
+    bubble_fraction: float
+
+    @property
+    def step(self) -> float:
+        return self.compute + self.tp + self.cp + self.ep + self.bubble + self.dp
+
+
+@dataclass
+class Estimate:
+    layout: Layout
+    errors: list[Problem] = field(default_factory=list)
+    warnings: list[Problem] = field(default_factory=list)
+    memory: Memory | None = None
+    time: Time | None = None
+    tokens_per_s_per_device: float = 0.0
+    mfu: float = 0.0
+
+
+class Context:
+    """Everything about a run that does not depend on its layout."""
+
+    def __init__(self, cfg: Config):
+        m, hw, t, p = cfg.model, cfg.hardware, cfg.train, cfg.precision
+        self.cfg, self.model = cfg, m
+        self.shape: Shape = shape(m)
+        self.seq, self.global_batch = t.seq_len, t.global_batch_size
+        self.devices_per_node, self.nodes = hw.devices_per_node, hw.nodes
+        self.world = hw.nodes * hw.devices_per_node
+        self.capacity = hw.memory_gib * GIB
+        self.reserve = reserve_gib(hw.device_type.value, hw.memory_gib) * GIB
+        self.peak = hw.peak_tflops * 1e12
+        self.sustained = compute_efficiency(m.dim) * self.peak
+        self.intra, self.inter = hw.intra_node_gbps * 1e9, hw.inter_node_gbps * 1e9
+        self.param_b, self.grad_b = BYTES[p.param_dtype], BYTES[p.grad_dtype]
+        self.master_b = BYTES[p.master_dtype] if p.master_dtype != p.param_dtype else 0
+        self.optim_b = 2 * BYTES[p.optimizer_dtype]
+        self.act_b = BYTES[p.compute_dtype]
+        self.flash, self.dropout = m.flash_attention, m.dropout > 0
+        self.moe = m.n_routed_experts > 0
+        self.model_flops_per_token = flops_per_token(m, self.seq)  # MFU's numerator
+        self.active_params = active_matmul_params_per_token(self.shape, m)
+        s = self.shape
+        # Hardware FLOPs per token of one layer, split so recompute can scale the parts.
+        self.attn_core_flops = 3 * self.seq * s.n_heads * (s.d_qk + s.d_v) * (1 if self.flash else 2)
+        self.dense_layer_flops = 6 * (s.attn_params + s.dense_mlp_params)
+        routed = m.top_k * 3 * m.dim * m.moe_ffn_dim if self.moe else 0
+        self.moe_layer_flops = 6 * (s.attn_params + routed + s.moe_shared_params)
+        self.head_flops = 6 * m.vocab_size * m.dim
+        self.dense_mlp_saved = (2 if m.family == "gpt" else 4) * m.ffn_dim
+        self.shared_mlp_saved = 4 * m.n_shared_experts * m.moe_ffn_dim
+        self.routed_saved = (m.top_k * (m.dim + 4 * m.moe_ffn_dim) + 2 * m.n_routed_experts
+                             if self.moe else 0)
+
+
+@lru_cache(maxsize=4096)
+def rank_layers(n_layers: int, n_dense: int, pp: int, v: int, schedule: str):
+    """Per pipeline rank: (layers, dense layers among them)."""
+    counts = pl.split_layers(n_layers, pp * v)
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    out = []
+    for r in range(pp):
+        stages = pl.rank_stages(r, pp, v, schedule)
+        layers = sum(counts[i] for i in stages)
+        dense = sum(max(0, min(starts[i] + counts[i], n_dense) - starts[i]) for i in stages)
+        out.append((layers, dense))
+    return tuple(out)
+
+
+def group_bandwidth(ctx: Context, size: int, inner: int) -> float:
+    """Per-device bandwidth of a group of `size` ranks whose members are `inner` ranks apart."""
+    return ctx.intra if size * inner <= ctx.devices_per_node else ctx.inter
+
+
+def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> float:
+    s, m = ctx.shape, ctx.model
+    return layer_activation_bytes(
+        dim=m.dim, q=s.q_width, k=s.k_width, v=s.v_width, o=s.o_width, latent=s.latent_width,
+        mlp=ctx.dense_mlp_saved if dense else ctx.shared_mlp_saved,
+        routed=0 if dense else ctx.routed_saved, n_heads=s.n_heads, seq=ctx.seq // lay.cp,
+        tp=lay.tp, sp=lay.sequence_parallel, recompute=recompute, flash=ctx.flash,
+        dropout=ctx.dropout, act_b=ctx.act_b,
+    )
+
+
+def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -> Memory:
+    s, m = ctx.shape, ctx.model
+    moe_layers = layers - dense
+    first = rank == 0
+    last = rank == pl.last_stage_rank(lay.pp, lay.schedule)
+    tp_sharded = (layers * s.attn_params + dense * s.dense_mlp_params
+                  + moe_layers * s.moe_shared_params)
+    replicated = layers * (s.attn_replicated + s.norm_params)
+    emb = s.embedding if first or (last and m.tie_embeddings and lay.pp > 1) else 0
+    head = s.head if last else 0
+    dense_params = (tp_sharded + emb + head) / lay.tp + replicated
+    expert_params = moe_layers * s.expert_params / lay.ep
+    n_dense = lay.dp_shard * lay.cp
+    n_expert = max(1, lay.dp_shard * lay.cp * lay.tp // lay.ep)
+    stage, grad_b = lay.zero_stage, ctx.grad_b
+    if lay.pp > 1 and stage >= 2:
+        # torch's pipeline stages keep FSDP parameters gathered and gradients unreduced (in
+        # param dtype) from the first micro-batch to the last, then reduce-scatter once.
+        stage, grad_b = 1, ctx.param_b
+    sizes = (ctx.param_b, grad_b, ctx.master_b, ctx.optim_b)
+    dense_states = state_bytes(dense_params, n_dense, stage, *sizes)
+    expert_states = state_bytes(expert_params, n_expert, stage, *sizes)
+    params, grads, master, optim = (a + b for a, b in zip(dense_states, expert_states, strict=True))
+
+    tokens = lay.micro_batch_size * ctx.seq / lay.cp  # per micro-batch on this rank
+    if rank == 0:
+        inflight = pl.inflight_microbatches(lay.schedule, lay.pp, lay.stages_per_rank,
+                                            lay.microbatches)
+    else:
+        inflight = float(lay.microbatches) if lay.schedule == "gpipe" else 1.0
+    per_mb = dense * layer_activation(ctx, lay, True, lay.recompute)
+    per_mb += moe_layers * layer_activation(ctx, lay, False, lay.recompute)
+    activations = inflight * tokens * per_mb
+    if lay.recompute == "full":  # the block being recomputed holds its full activations
+        activations += tokens * layer_activation(ctx, lay, dense == layers, "none")
+    other = ctx.reserve
+    if last:  # logits in compute dtype plus their fp32 log-softmax, vocab-parallel over tp
+        other += tokens * m.vocab_size / lay.tp * (ctx.act_b + 4)
+    # The largest FSDP unit (one block) as this rank holds it.
+    unit = (s.attn_params + s.dense_mlp_params) / lay.tp
+    if ctx.moe:
+        unit = max(unit, (s.attn_params + s.moe_shared_params) / lay.tp + s.expert_params / lay.ep)
+    if stage == 3 and n_dense > 1:  # two gathered units (prefetch) and one unreduced gradient
+        other += unit * (2 * ctx.param_b + ctx.grad_b)
+    elif stage == 2 and n_dense > 1:
+        other += unit * ctx.grad_b
+    return Memory(params, grads, master, optim, activations, other, rank)
+
+
+def step_time(ctx: Context, lay: Layout, ranks) -> tuple[Time, float]:
+    """Predicted seconds per step on the bottleneck pipeline rank, and its bubble fraction."""
+    s, m = ctx.shape, ctx.model
+    recompute = lay.recompute
+    full = 4 / 3 if recompute == "full" else 1.0
+    attn_extra = ctx.attn_core_flops / 3 if recompute == "selective" else 0.0
+    head_rank = pl.last_stage_rank(lay.pp, lay.schedule)
+    worst, worst_layers, worst_moe = 0.0, 0, 0
+    for r, (layers, dense) in enumerate(ranks):
+        moe = layers - dense
+        flops = full * (dense * ctx.dense_layer_flops + moe * ctx.moe_layer_flops
+                        + layers * ctx.attn_core_flops) + layers * attn_extra
+        flops += ctx.head_flops if r == head_rank else 0
+        if flops > worst:
+            worst, worst_layers, worst_moe = flops, layers, moe
+    tokens = ctx.global_batch * ctx.seq / lay.dp  # per pipeline replica and step
+    compute = worst * tokens / (lay.tp * lay.cp) / ctx.sustained
+    mbs = lay.microbatches
+    mb_tokens = lay.micro_batch_size * ctx.seq / lay.cp
+
+    # Tensor parallelism: 4 all-reduces of (b, s, h) per layer (6 with full recompute); with
+    # sequence parallelism each is a reduce-scatter + all-gather of the same volume.
+    t_tp = 0.0
+    if lay.tp > 1:
+        volume = 2 * mb_tokens * m.dim * ctx.act_b * (lay.tp - 1) / lay.tp
+        n = 6 if recompute == "full" else 4
+        t_tp = worst_layers * mbs * n * volume / group_bandwidth(ctx, lay.tp, 1)
+    # Context parallelism: all-gather K and V forward, reduce-scatter their gradients backward.
+    t_cp = 0.0
+    if lay.cp > 1:
+        kv = lay.micro_batch_size * ctx.seq * (s.k_width + s.v_width) * ctx.act_b
+        n = 3 if recompute == "full" else 2
+        t_cp = worst_layers * mbs * n * kv * (lay.cp - 1) / lay.cp / group_bandwidth(
+            ctx, lay.cp, lay.tp)
+        if ctx.cfg.context.method.value == "ring":  # overlapped with the attention blocks
+            attn = worst_layers * ctx.attn_core_flops * tokens / (lay.tp * lay.cp) / (
+                COMPUTE_EFFICIENCY * ctx.peak)
+            t_cp = max(0.0, t_cp - attn)
+    # Expert parallelism: dispatch and combine all-to-alls forward and backward.
+    t_ep = 0.0
+    if lay.ep > 1 and worst_moe:
+        routed = mb_tokens / (lay.tp if lay.sequence_parallel else 1) * m.top_k * m.dim
+        n = 6 if recompute == "full" else 4
+        t_ep = worst_moe * mbs * n * routed * ctx.act_b * (lay.ep - 1) / lay.ep / (
+            group_bandwidth(ctx, lay.ep, 1))
+        if lay.schedule == "dualpipev":  # DualPipe overlaps all-to-alls with the other chunk
+            t_ep = max(0.0, t_ep - compute / 2)
+    bubble_fraction = pl.bubble_fraction(lay.schedule, lay.pp, lay.stages_per_rank, mbs)
+    bubble = bubble_fraction * (compute + t_tp + t_cp + t_ep)
+    t_dp = data_parallel_time(ctx, lay, ranks, compute)
+    return Time(compute, t_tp, t_cp, t_ep, bubble, t_dp, bubble_fraction), bubble_fraction
+
+
+def data_parallel_time(ctx: Context, lay: Layout, ranks, compute: float) -> float:
+    """Exposed gradient reduction and parameter gathering of the data-parallel axis."""
+    if lay.dp == 1:
+        return 0.0
+    s = ctx.shape
+    layers, dense = max(ranks)
+    moe_layers = layers - dense
+    params = (layers * s.attn_params + dense * s.dense_mlp_params
+              + moe_layers * s.moe_shared_params + s.embedding + s.head) / lay.tp
+    params += moe_layers * s.expert_params / lay.ep
+    shard = lay.dp_shard * lay.cp
+    n = lay.dp if lay.zero_stage <= 1 or shard == 1 else shard
+    frac = (n - 1) / n if n > 1 else 0.0
+    if lay.zero_stage <= 1 or shard == 1 or lay.pp > 1:
+        # Once per step: all-reduce (DDP, ZeRO-1), or gather + reduce-scatter under a pipeline.
+        volume = params * (2 * ctx.grad_b if lay.zero_stage <= 1 else ctx.param_b + ctx.grad_b)
+        window = compute * 2 / 3 / lay.microbatches  # the last backward hides it
+    else:
+        # FSDP every micro-batch: gather for forward (and again for backward at stage 3) and
+        # reduce-scatter the gradients, prefetched under that micro-batch's compute.
+        gathers = 2 if lay.zero_stage == 3 else 1
+        volume = lay.microbatches * params * (gathers * ctx.param_b + ctx.grad_b)
+        window = compute
+    t = volume * frac / group_bandwidth(ctx, lay.dp_shard, lay.cp * lay.tp)
+    if lay.dp_replicate > 1 and shard > 1 and lay.zero_stage >= 2:
+        # HSDP: the sharded gradients are all-reduced across replicas as well.
+        t += 2 * params / shard * ctx.grad_b * (lay.dp_replicate - 1) / lay.dp_replicate / (
+            group_bandwidth(ctx, lay.dp_replicate, lay.dp_shard * lay.cp * lay.tp))
+    first_and_last = t / max(1, layers) / lay.microbatches * 2  # cannot overlap anything
+    return max(0.0, t - window) + first_and_last
+
+
+def evaluate(ctx: Context, lay: Layout, errors: list[Problem] | None = None) -> Estimate:
+    """Memory and time of a layout that passed the rules (errors are carried along)."""
+    est = Estimate(lay, errors=list(errors or []))
+    ranks = rank_layers(ctx.shape.n_layers, ctx.shape.n_dense_layers, lay.pp,
+                        lay.stages_per_rank, lay.schedule)
+    candidates = {0, pl.last_stage_rank(lay.pp, lay.schedule)}
+    est.memory = max((rank_memory(ctx, lay, r, *ranks[r]) for r in candidates),
+                     key=lambda mem: mem.total)
+    est.time, _ = step_time(ctx, lay, ranks)
+    step = est.time.step
+    est.tokens_per_s_per_device = ctx.global_batch * ctx.seq / step / lay.world
+    est.mfu = ctx.model_flops_per_token * est.tokens_per_s_per_device / ctx.peak
+    return est
+

@@ -1,0 +1,81 @@
+"""Pipeline arithmetic: layer split, stage placement, bubble and in-flight micro-batches.
+
+Costs are in units where a (virtual) stage's forward F, input-gradient backward B and
+weight-gradient backward W of one micro-batch each take the same time (F = B = W), so one
+micro-batch is 3 units of work per stage. Bubble fractions are idle time over useful time.
+"""
+
+from __future__ import annotations
+
+V_SCHEDULES = ("zbv", "dualpipev")  # two stages per rank placed as a V: rank r holds r, 2p-1-r
+LOOPED = ("interleaved_1f1b", "interleaved_zb")  # stages r, r+p, r+2p, ...
+SINGLE = ("gpipe", "1f1b")  # one stage per rank
+
+
+def split_layers(n_layers: int, n_stages: int) -> list[int]:
+    """Layers per (virtual) stage: as even as possible, extra layers to the middle stages first.
+
+    The first stage also holds the embedding and the last the output head, so they are the
+    ones left a layer short: Llama 3 405B's 126 layers on 16 stages -> 7, 8 x 14, 7.
+    """
+    base, extra = divmod(n_layers, n_stages)
+    order = list(range(1, n_stages - 1)) + [0, n_stages - 1] if n_stages > 2 else [0, 1][:n_stages]
+    counts = [base] * n_stages
+    for i in order[:extra]:
+        counts[i] += 1
+    return counts
+
+
+def rank_stages(rank: int, pp: int, v: int, schedule: str) -> list[int]:
+    """Virtual stage indices that pipeline rank `rank` holds."""
+    if schedule in V_SCHEDULES:
+        return [rank, 2 * pp - 1 - rank]
+    return [rank + i * pp for i in range(v)]
+
+
+def last_stage_rank(pp: int, schedule: str) -> int:
+    """The rank that holds the output head: the V schedules fold it back onto rank 0."""
+    return 0 if schedule in V_SCHEDULES else pp - 1
+
+
+def bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:
+    """Idle over useful time of a pipeline of p ranks, v stages per rank, m micro-batches.
+
+    gpipe, 1f1b: (p-1)/m. interleaved_1f1b: (p-1)/(v m) (Narayanan et al. 2021).
+    Zero-bubble schedules move W into the bubble: of the 3 units idle per warm-up slot,
+    only F + B - W = 1 remain (ZB-H1, Qi et al. 2023): interleaved_zb (p-1)/(3 v m), zbv
+    (v = 2) (p-1)/(6 m). dualpipev: DeepSeek-V3's (p/2 - 1)(F&B + B - 3W) with F&B = F + B
+    leaves 2 units per slot over half the ranks: (p-2)/(3 m).
+    """
+    if p == 1:
+        return 0.0
+    if schedule in SINGLE:
+        return (p - 1) / m
+    if schedule == "interleaved_1f1b":
+        return (p - 1) / (v * m)
+    if schedule == "interleaved_zb":
+        return (p - 1) / (3 * v * m)
+    if schedule == "zbv":
+        return (p - 1) / (6 * m)
+    if schedule == "dualpipev":
+        return max(0, p - 2) / (3 * m)
+    raise ValueError(f"unknown pipeline schedule {schedule}")
+
+
+def inflight_microbatches(schedule: str, p: int, v: int, m: int) -> float:
+    """Micro-batches whose activations the first rank holds at its peak, counted over that
+    rank's own layers (Korthikanti et al. 2022; DeepSeek-V3 for DualPipe).
+
+    GPipe holds all m; 1F1B and ZB-V hold min(p, m); the interleaved schedules multiply 1F1B's
+    figure by (1 + (p-1)/(p v)); DualPipeV holds p + 1.
+    """
+    if p == 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    warm = min(p, m)
+    if schedule in LOOPED:
+        return warm * (1 + (p - 1) / (p * v))
+    if schedule == "dualpipev":
+        return min(p + 1, m)
+    return float(warm)
