@@ -16,8 +16,8 @@ from omegaconf import DictConfig
 from launcher import launch
 from launcher.cli import fail, hydra_app, to_config
 from launcher.plan import make_plan
-from launcher.plan.rules import engine_problems
 from launcher.plan.report import print_plan, problems_message
+from launcher.plan.rules import engine_problems
 
 
 def check_devices(device_type: str, devices_per_node: int) -> None:

@@ -6,6 +6,7 @@ import pytest
 from conftest import CONF, ROOT, compose_config, run_cli
 
 from launcher.config import Config, DType
+from launcher.plan import make_plan
 
 GROUPS = sorted(p for p in CONF.iterdir() if p.is_dir() and p.name != "recipe")
 OPTIONS = [(g.name, f.stem) for g in GROUPS for f in sorted(g.rglob("*.yaml"))]
@@ -31,6 +32,19 @@ def test_every_group_option_composes(group, option):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_composes(recipe):
     assert isinstance(compose_config([f"recipe={recipe}"]), Config)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_is_valid_and_fits_its_hardware(recipe):
+    plan = make_plan(compose_config([f"recipe={recipe}"]))
+    assert plan.valid, plan.errors
+    assert plan.fits, plan.errors
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_opens_with_its_command(recipe):
+    head = (ROOT / "recipes" / f"{recipe}.yaml").read_text().split("defaults:")[0]
+    assert f"recipe={recipe}" in head and "python -m launcher." in head
 
 
 def test_cli_override_beats_recipe():

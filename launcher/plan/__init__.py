@@ -1,4 +1,4 @@
-"""Plan before build: resolve degrees, check every rule, estimate memory and time, all in pure Python.
+"""Plan before build: degrees, rules, memory and time, all in pure Python.
 
 `make_plan(cfg)` never raises for a user mistake: it returns a Plan whose `errors` list names
 every broken rule with the values involved. The engine only ever receives a Plan without errors.
@@ -80,7 +80,8 @@ def layout_of(cfg: Config, degrees: dict[str, int]) -> Layout:
         schedule=cfg.pipeline.schedule,
         stages_per_rank=cfg.pipeline.stages_per_rank,
         micro_batch_size=b,
-        microbatches=cfg.pipeline.microbatches or max(1, cfg.train.global_batch_size // max(1, b * dp)),
+        microbatches=cfg.pipeline.microbatches
+        or max(1, cfg.train.global_batch_size // max(1, b * dp)),
         recompute=cfg.recompute.mode.value,
         sequence_parallel=cfg.tensor.sequence_parallel,
     )

@@ -25,6 +25,8 @@ EFFICIENCY_DIM = 440.0
 
 def compute_efficiency(dim: int) -> float:
     return EFFICIENCY_MAX * dim / (dim + EFFICIENCY_DIM)
+
+
 MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first, as the engine
 
 
@@ -54,8 +56,14 @@ class Layout:
 
     @property
     def degrees(self) -> dict[str, int]:
-        return {"dp_replicate": self.dp_replicate, "dp_shard": self.dp_shard, "tp": self.tp,
-                "pp": self.pp, "cp": self.cp, "ep": self.ep}
+        return {
+            "dp_replicate": self.dp_replicate,
+            "dp_shard": self.dp_shard,
+            "tp": self.tp,
+            "pp": self.pp,
+            "cp": self.cp,
+            "ep": self.ep,
+        }
 
 
 @dataclass
@@ -72,8 +80,9 @@ class Memory:
 
     @property
     def total(self) -> float:
-        return (self.params + self.grads + self.master + self.optimizer + self.activations
-                + self.other)
+        return (
+            self.params + self.grads + self.master + self.optimizer + self.activations + self.other
+        )
 
 
 @dataclass
@@ -127,15 +136,18 @@ class Context:
         self.active_params = active_matmul_params_per_token(self.shape, m)
         s = self.shape
         # Hardware FLOPs per token of one layer, split so recompute can scale the parts.
-        self.attn_core_flops = 3 * self.seq * s.n_heads * (s.d_qk + s.d_v) * (1 if self.flash else 2)
+        self.attn_core_flops = (
+            3 * self.seq * s.n_heads * (s.d_qk + s.d_v) * (1 if self.flash else 2)
+        )
         self.dense_layer_flops = 6 * (s.attn_params + s.dense_mlp_params)
         routed = m.top_k * 3 * m.dim * m.moe_ffn_dim if self.moe else 0
         self.moe_layer_flops = 6 * (s.attn_params + routed + s.moe_shared_params)
         self.head_flops = 6 * m.vocab_size * m.dim
         self.dense_mlp_saved = (2 if m.family == "gpt" else 4) * m.ffn_dim
         self.shared_mlp_saved = 4 * m.n_shared_experts * m.moe_ffn_dim
-        self.routed_saved = (m.top_k * (m.dim + 4 * m.moe_ffn_dim) + 2 * m.n_routed_experts
-                             if self.moe else 0)
+        self.routed_saved = (
+            m.top_k * (m.dim + 4 * m.moe_ffn_dim) + 2 * m.n_routed_experts if self.moe else 0
+        )
 
 
 @lru_cache(maxsize=4096)
@@ -160,11 +172,22 @@ def group_bandwidth(ctx: Context, size: int, inner: int) -> float:
 def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> float:
     s, m = ctx.shape, ctx.model
     return layer_activation_bytes(
-        dim=m.dim, q=s.q_width, k=s.k_width, v=s.v_width, o=s.o_width, latent=s.latent_width,
+        dim=m.dim,
+        q=s.q_width,
+        k=s.k_width,
+        v=s.v_width,
+        o=s.o_width,
+        latent=s.latent_width,
         mlp=ctx.dense_mlp_saved if dense else ctx.shared_mlp_saved,
-        routed=0 if dense else ctx.routed_saved, n_heads=s.n_heads, seq=ctx.seq // lay.cp,
-        tp=lay.tp, sp=lay.sequence_parallel, recompute=recompute, flash=ctx.flash,
-        dropout=ctx.dropout, act_b=ctx.act_b,
+        routed=0 if dense else ctx.routed_saved,
+        n_heads=s.n_heads,
+        seq=ctx.seq // lay.cp,
+        tp=lay.tp,
+        sp=lay.sequence_parallel,
+        recompute=recompute,
+        flash=ctx.flash,
+        dropout=ctx.dropout,
+        act_b=ctx.act_b,
     )
 
 
@@ -173,8 +196,9 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     moe_layers = layers - dense
     first = rank == 0
     last = rank == pl.last_stage_rank(lay.pp, lay.schedule)
-    tp_sharded = (layers * s.attn_params + dense * s.dense_mlp_params
-                  + moe_layers * s.moe_shared_params)
+    tp_sharded = (
+        layers * s.attn_params + dense * s.dense_mlp_params + moe_layers * s.moe_shared_params
+    )
     replicated = layers * (s.attn_replicated + s.norm_params)
     emb = s.embedding if first or (last and m.tie_embeddings and lay.pp > 1) else 0
     head = s.head if last else 0
@@ -194,8 +218,9 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
 
     tokens = lay.micro_batch_size * ctx.seq / lay.cp  # per micro-batch on this rank
     if rank == 0:
-        inflight = pl.inflight_microbatches(lay.schedule, lay.pp, lay.stages_per_rank,
-                                            lay.microbatches)
+        inflight = pl.inflight_microbatches(
+            lay.schedule, lay.pp, lay.stages_per_rank, lay.microbatches
+        )
     else:
         inflight = float(lay.microbatches) if lay.schedule == "gpipe" else 1.0
     per_mb = dense * layer_activation(ctx, lay, True, lay.recompute)
@@ -227,8 +252,15 @@ def step_time(ctx: Context, lay: Layout, ranks) -> tuple[Time, float]:
     worst, worst_layers, worst_moe = 0.0, 0, 0
     for r, (layers, dense) in enumerate(ranks):
         moe = layers - dense
-        flops = full * (dense * ctx.dense_layer_flops + moe * ctx.moe_layer_flops
-                        + layers * ctx.attn_core_flops) + layers * attn_extra
+        flops = (
+            full
+            * (
+                dense * ctx.dense_layer_flops
+                + moe * ctx.moe_layer_flops
+                + layers * ctx.attn_core_flops
+            )
+            + layers * attn_extra
+        )
         flops += ctx.head_flops if r == head_rank else 0
         if flops > worst:
             worst, worst_layers, worst_moe = flops, layers, moe
@@ -249,19 +281,33 @@ def step_time(ctx: Context, lay: Layout, ranks) -> tuple[Time, float]:
     if lay.cp > 1:
         kv = lay.micro_batch_size * ctx.seq * (s.k_width + s.v_width) * ctx.act_b
         n = 3 if recompute == "full" else 2
-        t_cp = worst_layers * mbs * n * kv * (lay.cp - 1) / lay.cp / group_bandwidth(
-            ctx, lay.cp, lay.tp)
+        t_cp = (
+            worst_layers
+            * mbs
+            * n
+            * kv
+            * (lay.cp - 1)
+            / lay.cp
+            / group_bandwidth(ctx, lay.cp, lay.tp)
+        )
         if ctx.cfg.context.method.value == "ring":  # overlapped with the attention blocks
-            attn = worst_layers * ctx.attn_core_flops * tokens / (lay.tp * lay.cp) / (
-                COMPUTE_EFFICIENCY * ctx.peak)
+            attn = worst_layers * ctx.attn_core_flops * tokens / (lay.tp * lay.cp) / ctx.sustained
             t_cp = max(0.0, t_cp - attn)
     # Expert parallelism: dispatch and combine all-to-alls forward and backward.
     t_ep = 0.0
     if lay.ep > 1 and worst_moe:
         routed = mb_tokens / (lay.tp if lay.sequence_parallel else 1) * m.top_k * m.dim
         n = 6 if recompute == "full" else 4
-        t_ep = worst_moe * mbs * n * routed * ctx.act_b * (lay.ep - 1) / lay.ep / (
-            group_bandwidth(ctx, lay.ep, 1))
+        t_ep = (
+            worst_moe
+            * mbs
+            * n
+            * routed
+            * ctx.act_b
+            * (lay.ep - 1)
+            / lay.ep
+            / (group_bandwidth(ctx, lay.ep, 1))
+        )
         if lay.schedule == "dualpipev":  # DualPipe overlaps all-to-alls with the other chunk
             t_ep = max(0.0, t_ep - compute / 2)
     bubble_fraction = pl.bubble_fraction(lay.schedule, lay.pp, lay.stages_per_rank, mbs)
@@ -277,8 +323,13 @@ def data_parallel_time(ctx: Context, lay: Layout, ranks, compute: float) -> floa
     s = ctx.shape
     layers, dense = max(ranks)
     moe_layers = layers - dense
-    params = (layers * s.attn_params + dense * s.dense_mlp_params
-              + moe_layers * s.moe_shared_params + s.embedding + s.head) / lay.tp
+    params = (
+        layers * s.attn_params
+        + dense * s.dense_mlp_params
+        + moe_layers * s.moe_shared_params
+        + s.embedding
+        + s.head
+    ) / lay.tp
     params += moe_layers * s.expert_params / lay.ep
     shard = lay.dp_shard * lay.cp
     n = lay.dp if lay.zero_stage <= 1 or shard == 1 else shard
@@ -296,8 +347,15 @@ def data_parallel_time(ctx: Context, lay: Layout, ranks, compute: float) -> floa
     t = volume * frac / group_bandwidth(ctx, lay.dp_shard, lay.cp * lay.tp)
     if lay.dp_replicate > 1 and shard > 1 and lay.zero_stage >= 2:
         # HSDP: the sharded gradients are all-reduced across replicas as well.
-        t += 2 * params / shard * ctx.grad_b * (lay.dp_replicate - 1) / lay.dp_replicate / (
-            group_bandwidth(ctx, lay.dp_replicate, lay.dp_shard * lay.cp * lay.tp))
+        t += (
+            2
+            * params
+            / shard
+            * ctx.grad_b
+            * (lay.dp_replicate - 1)
+            / lay.dp_replicate
+            / (group_bandwidth(ctx, lay.dp_replicate, lay.dp_shard * lay.cp * lay.tp))
+        )
     first_and_last = t / max(1, layers) / lay.microbatches * 2  # cannot overlap anything
     return max(0.0, t - window) + first_and_last
 
@@ -305,14 +363,15 @@ def data_parallel_time(ctx: Context, lay: Layout, ranks, compute: float) -> floa
 def evaluate(ctx: Context, lay: Layout, errors: list[Problem] | None = None) -> Estimate:
     """Memory and time of a layout that passed the rules (errors are carried along)."""
     est = Estimate(lay, errors=list(errors or []))
-    ranks = rank_layers(ctx.shape.n_layers, ctx.shape.n_dense_layers, lay.pp,
-                        lay.stages_per_rank, lay.schedule)
+    ranks = rank_layers(
+        ctx.shape.n_layers, ctx.shape.n_dense_layers, lay.pp, lay.stages_per_rank, lay.schedule
+    )
     candidates = {0, pl.last_stage_rank(lay.pp, lay.schedule)}
-    est.memory = max((rank_memory(ctx, lay, r, *ranks[r]) for r in candidates),
-                     key=lambda mem: mem.total)
+    est.memory = max(
+        (rank_memory(ctx, lay, r, *ranks[r]) for r in candidates), key=lambda mem: mem.total
+    )
     est.time, _ = step_time(ctx, lay, ranks)
     step = est.time.step
     est.tokens_per_s_per_device = ctx.global_batch * ctx.seq / step / lay.world
     est.mfu = ctx.model_flops_per_token * est.tokens_per_s_per_device / ctx.peak
     return est
-

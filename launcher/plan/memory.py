@@ -25,8 +25,9 @@ def reserve_gib(device_type: str, capacity_gib: float) -> float:
     return 2.0 + 0.05 * capacity_gib if device_type == "cuda" else 0.5
 
 
-def state_bytes(n_params: float, shard: int, stage: int, param_b: int, grad_b: int,
-                master_b: int, optim_b: int) -> tuple[float, float, float, float]:
+def state_bytes(
+    n_params: float, shard: int, stage: int, param_b: int, grad_b: int, master_b: int, optim_b: int
+) -> tuple[float, float, float, float]:
     """(params, grads, master, optimizer states) bytes per rank for n_params on `shard` ranks.
 
     master_b is 0 when the parameters themselves are the master copy; optim_b counts both Adam
@@ -41,8 +42,23 @@ def state_bytes(n_params: float, shard: int, stage: int, param_b: int, grad_b: i
 
 
 def layer_activation_bytes(
-    *, dim: int, q: int, k: int, v: int, o: int, latent: int, mlp: int, routed: int, n_heads: int,
-    seq: int, tp: int, sp: bool, recompute: str, flash: bool, dropout: bool, act_b: int,
+    *,
+    dim: int,
+    q: int,
+    k: int,
+    v: int,
+    o: int,
+    latent: int,
+    mlp: int,
+    routed: int,
+    n_heads: int,
+    seq: int,
+    tp: int,
+    sp: bool,
+    recompute: str,
+    flash: bool,
+    dropout: bool,
+    act_b: int,
 ) -> float:
     """Bytes one block saves for backward, per token of one micro-batch on one rank.
 

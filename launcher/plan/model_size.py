@@ -50,8 +50,13 @@ class Shape:
 
     @property
     def moe_layer(self) -> int:
-        return (self.attn_params + self.attn_replicated + self.expert_params
-                + self.moe_shared_params + self.norm_params)
+        return (
+            self.attn_params
+            + self.attn_replicated
+            + self.expert_params
+            + self.moe_shared_params
+            + self.norm_params
+        )
 
     @property
     def n_moe_layers(self) -> int:
@@ -59,26 +64,33 @@ class Shape:
 
     @property
     def total(self) -> int:
-        return (self.embedding + self.head + self.n_dense_layers * self.dense_layer
-                + self.n_moe_layers * self.moe_layer)
+        return (
+            self.embedding
+            + self.head
+            + self.n_dense_layers * self.dense_layer
+            + self.n_moe_layers * self.moe_layer
+        )
 
 
 def attention_shape(m: ModelConfig) -> dict:
     if m.kv_lora_rank:  # MLA
         d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
         h = m.n_heads
-        if m.q_lora_rank:
-            q = m.dim * m.q_lora_rank + m.q_lora_rank * h * d_qk
-        else:
-            q = m.dim * h * d_qk
+        q = m.dim * m.q_lora_rank + m.q_lora_rank * h * d_qk if m.q_lora_rank else m.dim * h * d_qk
         kv = m.dim * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * h * (
-            m.qk_nope_head_dim + d_v)
+            m.qk_nope_head_dim + d_v
+        )
         return dict(
             attn_params=q + kv + h * d_v * m.dim,
             attn_replicated=m.kv_lora_rank + m.q_lora_rank,  # latent RMSNorms
-            q_width=h * d_qk, k_width=h * d_qk, v_width=h * d_v, o_width=h * d_v,
+            q_width=h * d_qk,
+            k_width=h * d_qk,
+            v_width=h * d_v,
+            o_width=h * d_v,
             latent_width=2 * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * m.q_lora_rank,
-            n_heads=h, d_qk=d_qk, d_v=d_v,
+            n_heads=h,
+            d_qk=d_qk,
+            d_v=d_v,
         )
     e = head_dim(m)
     q, kv = m.n_heads * e, m.n_kv_heads * e
@@ -86,8 +98,14 @@ def attention_shape(m: ModelConfig) -> dict:
     return dict(
         attn_params=m.dim * (2 * q + 2 * kv) + (q + 2 * kv + m.dim if bias else 0),
         attn_replicated=0,
-        q_width=q, k_width=kv, v_width=kv, o_width=q, latent_width=0,
-        n_heads=m.n_heads, d_qk=e, d_v=e,
+        q_width=q,
+        k_width=kv,
+        v_width=kv,
+        o_width=q,
+        latent_width=0,
+        n_heads=m.n_heads,
+        d_qk=e,
+        d_v=e,
     )
 
 
@@ -95,10 +113,8 @@ def shape(m: ModelConfig) -> Shape:
     """Parameter counts and widths of a model config (any family)."""
     gpt = m.family == "gpt"
     norm = 2 * m.dim if gpt else m.dim  # LayerNorm has a bias
-    if gpt:  # GeLU MLP with biases
-        dense_mlp = 2 * m.dim * m.ffn_dim + m.ffn_dim + m.dim
-    else:  # SwiGLU: w1, w2, w3
-        dense_mlp = 3 * m.dim * m.ffn_dim
+    # GeLU MLP with biases, or SwiGLU's w1, w2, w3.
+    dense_mlp = 2 * m.dim * m.ffn_dim + m.ffn_dim + m.dim if gpt else 3 * m.dim * m.ffn_dim
     moe = m.n_routed_experts > 0
     expert = 3 * m.dim * m.moe_ffn_dim
     embedding = m.vocab_size * m.dim + (m.max_seq_len * m.dim if gpt else 0)

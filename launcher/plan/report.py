@@ -30,7 +30,9 @@ def mesh_rows(plan: Plan) -> list[tuple[str, str]]:
                 where = f"across {nodes} nodes"
             members = ", ".join(str(r * stride) for r in range(min(size, 4)))
             more = ", ..." if size > 4 else ""
-            rows.append((dim, f"{size} ranks {stride} apart (rank 0 with {members}{more}); {where}"))
+            rows.append(
+                (dim, f"{size} ranks {stride} apart (rank 0 with {members}{more}); {where}")
+            )
         stride *= size
     if plan.degrees["ep"] > 1:
         ep = plan.degrees["ep"]
@@ -45,8 +47,11 @@ def plan_table(plan: Plan) -> Group:
     main.add_column("what", style="bold")
     main.add_column("value")
     main.add_row("model", f"{cfg.model.name} ({cfg.model.family})")
-    main.add_row("hardware", f"{hw.name}: {hw.nodes} node(s) x {hw.devices_per_node} "
-                 f"{hw.device_type.value} = {plan.world_size} ranks, {hw.memory_gib:g} GiB each")
+    main.add_row(
+        "hardware",
+        f"{hw.name}: {hw.nodes} node(s) x {hw.devices_per_node} "
+        f"{hw.device_type.value} = {plan.world_size} ranks, {hw.memory_gib:g} GiB each",
+    )
     main.add_row("degrees", "  ".join(f"{a}={plan.degrees[a]}" for a in AXES))
     for dim, text in mesh_rows(plan):
         main.add_row(f"  mesh {dim}", text)
@@ -54,39 +59,59 @@ def plan_table(plan: Plan) -> Group:
     if plan.degrees["pp"] > 1:
         p = cfg.pipeline
         main.add_row("pipeline", f"{p.schedule}, {p.stages_per_rank} stage(s) per rank")
-    main.add_row("recompute", cfg.recompute.mode.value
-                 + (", sequence parallel" if cfg.tensor.sequence_parallel else ""))
-    main.add_row("precision", f"{cfg.precision.name} (compute {cfg.precision.compute_dtype.value},"
-                  f" master {cfg.precision.master_dtype.value})")
+    main.add_row(
+        "recompute",
+        cfg.recompute.mode.value + (", sequence parallel" if cfg.tensor.sequence_parallel else ""),
+    )
+    main.add_row(
+        "precision",
+        f"{cfg.precision.name} (compute {cfg.precision.compute_dtype.value},"
+        f" master {cfg.precision.master_dtype.value})",
+    )
     lay = plan.layout
     if lay is not None:
-        main.add_row("batch", f"global {t.global_batch_size} seqs = micro {lay.micro_batch_size} "
-                     f"x accumulation {lay.microbatches} x dp {lay.dp}; seq_len {t.seq_len}; "
-                     f"{t.global_batch_size * t.seq_len:,} tokens/step")
+        main.add_row(
+            "batch",
+            f"global {t.global_batch_size} seqs = micro {lay.micro_batch_size} "
+            f"x accumulation {lay.microbatches} x dp {lay.dp}; seq_len {t.seq_len}; "
+            f"{t.global_batch_size * t.seq_len:,} tokens/step",
+        )
         if lay.pp > 1:
-            main.add_row("  pipeline", f"{lay.microbatches} micro-batches per step through "
-                         f"{lay.pp * lay.stages_per_rank} stages")
+            main.add_row(
+                "  pipeline",
+                f"{lay.microbatches} micro-batches per step through "
+                f"{lay.pp * lay.stages_per_rank} stages",
+            )
     ctx = plan.context
     if ctx is not None:
-        main.add_row("parameters", f"{ctx.shape.total:,} total, {ctx.active_params:,.0f} active "
-                     "matmul weights per token")
+        main.add_row(
+            "parameters",
+            f"{ctx.shape.total:,} total, {ctx.active_params:,.0f} active matmul weights per token",
+        )
         main.add_row("FLOPs/token", f"{ctx.model_flops_per_token:.4g} (6N + causal attention)")
     m = plan.memory
     if m is not None:
-        main.add_row(f"memory (pp rank {m.rank})",
-                     f"params {_gib(m.params)}, grads {_gib(m.grads)}, master {_gib(m.master)}, "
-                     f"optimizer {_gib(m.optimizer)}, activations {_gib(m.activations)}, "
-                     f"other {_gib(m.other)}")
+        main.add_row(
+            f"memory (pp rank {m.rank})",
+            f"params {_gib(m.params)}, grads {_gib(m.grads)}, master {_gib(m.master)}, "
+            f"optimizer {_gib(m.optimizer)}, activations {_gib(m.activations)}, "
+            f"other {_gib(m.other)}",
+        )
         verdict = "fits" if plan.fits else "DOES NOT FIT"
         main.add_row("  total", f"{_gib(m.total)} of {hw.memory_gib:g} GiB: {verdict}")
     est = plan.estimate
     if est is not None and est.time is not None:
         tm = est.time
-        main.add_row("step time", f"{tm.step:.4g} s = compute {tm.compute:.3g} + TP {tm.tp:.3g} + "
-                     f"CP {tm.cp:.3g} + EP {tm.ep:.3g} + bubble {tm.bubble:.3g} "
-                     f"({tm.bubble_fraction:.1%}) + DP {tm.dp:.3g}")
-        main.add_row("throughput", f"{est.tokens_per_s_per_device:,.0f} tokens/s per device, "
-                     f"MFU {est.mfu:.1%}")
+        main.add_row(
+            "step time",
+            f"{tm.step:.4g} s = compute {tm.compute:.3g} + TP {tm.tp:.3g} + "
+            f"CP {tm.cp:.3g} + EP {tm.ep:.3g} + bubble {tm.bubble:.3g} "
+            f"({tm.bubble_fraction:.1%}) + DP {tm.dp:.3g}",
+        )
+        main.add_row(
+            "throughput",
+            f"{est.tokens_per_s_per_device:,.0f} tokens/s per device, MFU {est.mfu:.1%}",
+        )
     for w in plan.warnings:
         main.add_row("warning", escape(str(w)), style="yellow")
     for e in plan.errors:
@@ -95,7 +120,9 @@ def plan_table(plan: Plan) -> Group:
 
 
 def print_plan(plan: Plan, console: Console | None = None) -> None:
-    (console or Console()).print(plan_table(plan))
+    # A log file gets a fixed width, not the 80 columns rich assumes without a terminal.
+    console = console or Console(width=None if Console().is_terminal else 110)
+    console.print(plan_table(plan))
 
 
 def problems_message(plan: Plan) -> str:
@@ -111,21 +138,29 @@ def plan_json(plan: Plan) -> dict:
     memory = None
     if m is not None:
         memory = {
-            "params": m.params / GIB, "grads": m.grads / GIB,
-            "optimizer": (m.master + m.optimizer) / GIB, "activations": m.activations / GIB,
-            "other": m.other / GIB, "total": m.total / GIB,
+            "params": m.params / GIB,
+            "grads": m.grads / GIB,
+            "optimizer": (m.master + m.optimizer) / GIB,
+            "activations": m.activations / GIB,
+            "other": m.other / GIB,
+            "total": m.total / GIB,
             "capacity": plan.cfg.hardware.memory_gib,
         }
     predicted = None
     if est is not None and est.time is not None:
         predicted = {
-            "step_time_s": est.time.step, "tokens_per_s_per_device": est.tokens_per_s_per_device,
-            "mfu": est.mfu, "bubble_fraction": est.time.bubble_fraction,
+            "step_time_s": est.time.step,
+            "tokens_per_s_per_device": est.tokens_per_s_per_device,
+            "mfu": est.mfu,
+            "bubble_fraction": est.time.bubble_fraction,
         }
     params = None
     if ctx is not None:
-        params = {"total": ctx.shape.total, "active": round(ctx.active_params),
-                  "per_device": round(m.params / ctx.param_b) if m else None}
+        params = {
+            "total": ctx.shape.total,
+            "active": round(ctx.active_params),
+            "per_device": round(m.params / ctx.param_b) if m else None,
+        }
     return {
         "valid": plan.valid,
         "fits": plan.fits,
@@ -142,8 +177,11 @@ def plan_json(plan: Plan) -> dict:
 
 def layout_json(lay) -> dict:
     return {
-        "zero_stage": lay.zero_stage, "schedule": lay.schedule,
-        "stages_per_rank": lay.stages_per_rank, "micro_batch_size": lay.micro_batch_size,
-        "microbatches": lay.microbatches, "recompute": lay.recompute,
+        "zero_stage": lay.zero_stage,
+        "schedule": lay.schedule,
+        "stages_per_rank": lay.stages_per_rank,
+        "micro_batch_size": lay.micro_batch_size,
+        "microbatches": lay.microbatches,
+        "recompute": lay.recompute,
         "sequence_parallel": lay.sequence_parallel,
     }

@@ -49,20 +49,24 @@ def resolve_degrees(p: ParallelConfig, world: int) -> tuple[dict[str, int], list
     product = " x ".join(f"{k}={degrees[k]}" for k in ("dp_replicate", "tp", "pp", "cp"))
     if degrees["dp_shard"] == -1:
         if world % others:
-            problems.append(Problem(
-                "world_size",
-                f"parallel.dp_shard=-1 cannot be inferred: {product} = {others} does not "
-                f"divide nodes x devices_per_node = {world}",
-            ))
+            problems.append(
+                Problem(
+                    "world_size",
+                    f"parallel.dp_shard=-1 cannot be inferred: {product} = {others} does not "
+                    f"divide nodes x devices_per_node = {world}",
+                )
+            )
             return degrees, problems
         degrees["dp_shard"] = world // others
     elif others * degrees["dp_shard"] != world:
-        problems.append(Problem(
-            "world_size",
-            f"{product} x dp_shard={degrees['dp_shard']} = {others * degrees['dp_shard']} "
-            f"but nodes x devices_per_node = {world}: the product of the degrees must equal "
-            "the world size",
-        ))
+        problems.append(
+            Problem(
+                "world_size",
+                f"{product} x dp_shard={degrees['dp_shard']} = {others * degrees['dp_shard']} "
+                f"but nodes x devices_per_node = {world}: the product of the degrees must equal "
+                "the world size",
+            )
+        )
     return degrees, problems
 
 
@@ -76,8 +80,7 @@ def config_problems(cfg: Config) -> list[Problem]:
 
     if m.family not in FAMILIES:
         err("model", f"model.family={m.family} is not one of {', '.join(FAMILIES)}")
-    for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size",
-                "max_seq_len"):
+    for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len"):
         if getattr(m, key) < 1:
             err("model", f"model.{key}={getattr(m, key)} must be >= 1 ({name})")
     if errors:
@@ -85,11 +88,15 @@ def config_problems(cfg: Config) -> list[Problem]:
     if m.head_dim is None and m.dim % m.n_heads:
         err("model", f"model.dim={m.dim} must be divisible by n_heads={m.n_heads} ({name})")
     if m.n_heads % m.n_kv_heads:
-        err("model", f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads} ({name})")
-    if m.n_routed_experts:
-        if not 1 <= m.top_k <= m.n_routed_experts or m.moe_ffn_dim < 1:
-            err("model", f"an MoE needs 1 <= top_k={m.top_k} <= n_routed_experts="
-                f"{m.n_routed_experts} and moe_ffn_dim={m.moe_ffn_dim} >= 1 ({name})")
+        err(
+            "model", f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads} ({name})"
+        )
+    if m.n_routed_experts and (not 1 <= m.top_k <= m.n_routed_experts or m.moe_ffn_dim < 1):
+        err(
+            "model",
+            f"an MoE needs 1 <= top_k={m.top_k} <= n_routed_experts="
+            f"{m.n_routed_experts} and moe_ffn_dim={m.moe_ffn_dim} >= 1 ({name})",
+        )
     if m.family == "deepseek" and not (m.kv_lora_rank and m.qk_rope_head_dim and m.v_head_dim):
         err("model", f"deepseek (MLA) needs kv_lora_rank, qk_rope_head_dim and v_head_dim ({name})")
     if not 0 <= m.dropout < 1:
@@ -111,28 +118,42 @@ def config_problems(cfg: Config) -> list[Problem]:
         err("train", f"train.eval_batches={t.eval_batches} must be >= 1 when evaluating")
     data_vocab = _data_vocab(cfg.data.path, err)
     if data_vocab is not None and m.vocab_size < data_vocab:
-        err("vocab", f"model.vocab_size={m.vocab_size} is smaller than the data's vocabulary "
-            f"{data_vocab} ({name}, data.path={cfg.data.path})")
+        err(
+            "vocab",
+            f"model.vocab_size={m.vocab_size} is smaller than the data's vocabulary "
+            f"{data_vocab} ({name}, data.path={cfg.data.path})",
+        )
     if not 0 < cfg.data.val_fraction < 1:
         err("data", f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
     if cfg.data_parallel.zero_stage not in (0, 1, 2, 3):
         err("zero_stage", f"data_parallel.zero_stage={cfg.data_parallel.zero_stage} must be 0-3")
     if cfg.pipeline.schedule not in SCHEDULES:
-        err("schedule", f"pipeline.schedule={cfg.pipeline.schedule} is not one of "
-            f"{', '.join(SCHEDULES)}")
+        err(
+            "schedule",
+            f"pipeline.schedule={cfg.pipeline.schedule} is not one of {', '.join(SCHEDULES)}",
+        )
 
-    dtypes = {k: getattr(prec, f"{k}_dtype") for k in ("compute", "param", "grad", "master",
-                                                        "optimizer")}
+    dtypes = {
+        k: getattr(prec, f"{k}_dtype") for k in ("compute", "param", "grad", "master", "optimizer")
+    }
     fp16 = [f"precision.{k}_dtype" for k, v in dtypes.items() if v == DType.fp16]
     if fp16:
-        err("precision", f"{', '.join(fp16)}=fp16 needs loss scaling, which is not available; "
-            "use bf16")
+        err(
+            "precision",
+            f"{', '.join(fp16)}=fp16 needs loss scaling, which is not available; use bf16",
+        )
     if prec.optimizer_dtype != prec.master_dtype:
-        err("precision", f"precision.optimizer_dtype={prec.optimizer_dtype.value} must equal "
-            f"master_dtype={prec.master_dtype.value}: Adam moments live beside the master weights")
+        err(
+            "precision",
+            f"precision.optimizer_dtype={prec.optimizer_dtype.value} must equal "
+            f"master_dtype={prec.master_dtype.value}: Adam moments live beside the master weights",
+        )
     if prec.compute_dtype != prec.param_dtype:
-        err("precision", f"precision.compute_dtype={prec.compute_dtype.value} must equal "
-            f"param_dtype={prec.param_dtype.value}: forward runs in the parameters' dtype")
+        err(
+            "precision",
+            f"precision.compute_dtype={prec.compute_dtype.value} must equal "
+            f"param_dtype={prec.param_dtype.value}: forward runs in the parameters' dtype",
+        )
     for key in ("nodes", "devices_per_node"):
         if getattr(hw, key) < 1:
             err("hardware", f"hardware.{key}={getattr(hw, key)} must be >= 1")
@@ -146,8 +167,11 @@ def _data_vocab(path: str | None, err) -> int | None:
     try:
         return data_vocab_size(path)
     except (OSError, ValueError, KeyError) as e:
-        err("data", f"data.path={path} is not a readable token file ({e}); build one with "
-            "`python -m launcher.prepare --out PATH FILES...`")
+        err(
+            "data",
+            f"data.path={path} is not a readable token file ({e}); build one with "
+            "`python -m launcher.prepare --out PATH FILES...`",
+        )
         return None
 
 
@@ -166,8 +190,11 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
             err("tp_heads", f"tp={tp} must divide n_heads={heads} ({name})")
         kv = m.n_heads if m.kv_lora_rank else m.n_kv_heads
         if kv % tp and heads % tp == 0:
-            err("tp_kv_heads", f"tp={tp} must divide n_kv_heads={kv} ({name}): kv heads are "
-                "sharded across tp ranks, never replicated, so tp may not exceed them")
+            err(
+                "tp_kv_heads",
+                f"tp={tp} must divide n_kv_heads={kv} ({name}): kv heads are "
+                "sharded across tp ranks, never replicated, so tp may not exceed them",
+            )
         dense_mlp = not m.n_routed_experts or m.n_dense_layers
         if dense_mlp and m.ffn_dim % tp:
             err("tp_ffn", f"tp={tp} must divide ffn_dim={m.ffn_dim} ({name})")
@@ -175,14 +202,19 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
             err("tp_vocab", f"tp={tp} must divide vocab_size={m.vocab_size} ({name})")
     seq_cp = t.seq_len // cp if t.seq_len % cp == 0 else None
     if lay.sequence_parallel and tp > 1 and (seq_cp is None or seq_cp % tp):
-        err("sp_seq", f"train.seq_len={t.seq_len} must be divisible by tp={tp} x cp={cp} "
-            "with tensor.sequence_parallel=true (each tp rank holds a slice of the sequence)")
+        err(
+            "sp_seq",
+            f"train.seq_len={t.seq_len} must be divisible by tp={tp} x cp={cp} "
+            "with tensor.sequence_parallel=true (each tp rank holds a slice of the sequence)",
+        )
     if cp > 1:
         chunks = 2 * cp if cfg.context.load_balance else cp
         if t.seq_len % chunks:
             why = "2 x cp load-balanced chunks" if cfg.context.load_balance else "cp chunks"
-            err("cp_seq", f"train.seq_len={t.seq_len} must be divisible by {chunks} "
-                f"({why}, cp={cp})")
+            err(
+                "cp_seq",
+                f"train.seq_len={t.seq_len} must be divisible by {chunks} ({why}, cp={cp})",
+            )
     if ep > 1:
         if not m.n_routed_experts:
             err("ep_dense", f"ep={ep} needs routed experts; {name} is dense")
@@ -190,77 +222,135 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
             err("ep_experts", f"ep={ep} must divide n_routed_experts={m.n_routed_experts} ({name})")
         borrow = lay.dp_shard * cp * tp
         if borrow % ep:
-            err("ep_degree", f"ep={ep} must divide dp_shard x cp x tp = {lay.dp_shard} x {cp} x "
-                f"{tp} = {borrow}: expert-parallel ranks are carved from those")
+            err(
+                "ep_degree",
+                f"ep={ep} must divide dp_shard x cp x tp = {lay.dp_shard} x {cp} x "
+                f"{tp} = {borrow}: expert-parallel ranks are carved from those",
+            )
 
     # Pipeline: stages, schedule shape, micro-batches.
     v = lay.stages_per_rank
     sched = lay.schedule
     if pp > 1:
         if sched in pl.V_SCHEDULES and v != 2:
-            err("pp_stages", f"pipeline.schedule={sched} places exactly 2 stages per rank in a V; "
-                f"got pipeline.stages_per_rank={v}")
+            err(
+                "pp_stages",
+                f"pipeline.schedule={sched} places exactly 2 stages per rank in a V; "
+                f"got pipeline.stages_per_rank={v}",
+            )
         elif sched in pl.LOOPED and v < 2:
-            err("pp_stages", f"pipeline.schedule={sched} needs pipeline.stages_per_rank >= 2 "
-                f"(got {v}); use 1f1b for one stage per rank")
+            err(
+                "pp_stages",
+                f"pipeline.schedule={sched} needs pipeline.stages_per_rank >= 2 "
+                f"(got {v}); use 1f1b for one stage per rank",
+            )
         elif sched in pl.SINGLE and v != 1:
-            err("pp_stages", f"pipeline.schedule={sched} runs one stage per rank; got "
-                f"pipeline.stages_per_rank={v} (use interleaved_1f1b)")
+            err(
+                "pp_stages",
+                f"pipeline.schedule={sched} runs one stage per rank; got "
+                f"pipeline.stages_per_rank={v} (use interleaved_1f1b)",
+            )
         if pp * v > m.n_layers:
-            err("pp_layers", f"pp={pp} x stages_per_rank={v} = {pp * v} stages need at least one "
-                f"layer each; {name} has n_layers={m.n_layers}")
+            err(
+                "pp_layers",
+                f"pp={pp} x stages_per_rank={v} = {pp * v} stages need at least one "
+                f"layer each; {name} has n_layers={m.n_layers}",
+            )
         mb = lay.microbatches
         if mb < pp:
-            err("pp_microbatches", f"{mb} micro-batches per step are fewer than pp={pp} stages: "
+            err(
+                "pp_microbatches",
+                f"{mb} micro-batches per step are fewer than pp={pp} stages: "
                 "the pipeline never fills (raise train.global_batch_size or lower "
-                "train.micro_batch_size)")
+                "train.micro_batch_size)",
+            )
         elif sched in pl.LOOPED and mb % pp:
-            err("pp_microbatches", f"pipeline.schedule={sched} needs the micro-batches per step "
-                f"({mb}) to be a multiple of pp={pp}")
+            err(
+                "pp_microbatches",
+                f"pipeline.schedule={sched} needs the micro-batches per step "
+                f"({mb}) to be a multiple of pp={pp}",
+            )
     elif v != 1 and sched not in pl.V_SCHEDULES:
         err("pp_stages", f"pipeline.stages_per_rank={v} needs pp > 1")
 
     # Batch: global = micro x accumulation x data-parallel size.
     dp, b = lay.dp, lay.micro_batch_size
     if b >= 1 and t.global_batch_size % (b * dp):
-        err("batch", f"train.global_batch_size={t.global_batch_size} must be divisible by "
+        err(
+            "batch",
+            f"train.global_batch_size={t.global_batch_size} must be divisible by "
             f"train.micro_batch_size={b} x data-parallel size {dp} (dp_replicate="
-            f"{lay.dp_replicate} x dp_shard={lay.dp_shard}) = {b * dp}")
+            f"{lay.dp_replicate} x dp_shard={lay.dp_shard}) = {b * dp}",
+        )
     elif cfg.pipeline.microbatches and cfg.pipeline.microbatches * b * dp != t.global_batch_size:
-        err("batch", f"pipeline.microbatches={cfg.pipeline.microbatches} x micro_batch_size={b} "
-            f"x data-parallel size {dp} must equal global_batch_size={t.global_batch_size}")
+        err(
+            "batch",
+            f"pipeline.microbatches={cfg.pipeline.microbatches} x micro_batch_size={b} "
+            f"x data-parallel size {dp} must equal global_batch_size={t.global_batch_size}",
+        )
 
     # Warnings: placement and efficiency.
     if tp > hw.devices_per_node:
-        warnings.append(Problem("tp_node", f"tp={tp} spans more than one node of "
-                                f"{hw.devices_per_node} devices: TP traffic crosses the network"))
+        warnings.append(
+            Problem(
+                "tp_node",
+                f"tp={tp} spans more than one node of "
+                f"{hw.devices_per_node} devices: TP traffic crosses the network",
+            )
+        )
     if ep > hw.devices_per_node:
-        warnings.append(Problem("ep_node", f"ep={ep} spans more than one node of "
-                                f"{hw.devices_per_node} devices: all-to-alls cross the network"))
+        warnings.append(
+            Problem(
+                "ep_node",
+                f"ep={ep} spans more than one node of "
+                f"{hw.devices_per_node} devices: all-to-alls cross the network",
+            )
+        )
     if pp > 1 and not errors:
         bubble = pl.bubble_fraction(sched, pp, v, lay.microbatches)
         if bubble > 0.2:
-            warnings.append(Problem("bubble", f"pipeline bubble {bubble:.0%} of compute "
-                                    f"(schedule={sched}, pp={pp}, micro-batches="
-                                    f"{lay.microbatches}): add micro-batches or stages_per_rank"))
+            warnings.append(
+                Problem(
+                    "bubble",
+                    f"pipeline bubble {bubble:.0%} of compute "
+                    f"(schedule={sched}, pp={pp}, micro-batches="
+                    f"{lay.microbatches}): add micro-batches or stages_per_rank",
+                )
+            )
     if hw.device_type.value == "cuda" and b * t.seq_len // max(1, cp) < 1024:
-        warnings.append(Problem("micro_batch", f"micro-batch of {b} x {t.seq_len // max(1, cp)} "
-                                "tokens per rank is too small to keep a GPU busy"))
+        warnings.append(
+            Problem(
+                "micro_batch",
+                f"micro-batch of {b} x {t.seq_len // max(1, cp)} "
+                "tokens per rank is too small to keep a GPU busy",
+            )
+        )
     return errors, warnings
 
 
 def engine_problems(cfg: Config, lay) -> list[Problem]:
     """What the planner accepts but launcher.train cannot run yet, refused by name."""
     errors = [
-        Problem("not_available", f"parallel.{axis}={lay.degrees[axis]}: {what} is not "
-                "available yet")
+        Problem(
+            "not_available", f"parallel.{axis}={lay.degrees[axis]}: {what} is not available yet"
+        )
         for axis, what in NOT_AVAILABLE.items()
         if lay.degrees[axis] > 1
     ]
     if cfg.model.family not in ENGINE_FAMILIES:
-        errors.append(Problem("not_available", f"model.family={cfg.model.family}: training this "
-                              "family is not available yet (launcher.plan can plan it)"))
+        errors.append(
+            Problem(
+                "not_available",
+                f"model.family={cfg.model.family}: training this "
+                "family is not available yet (launcher.plan can plan it)",
+            )
+        )
     if cfg.recompute.mode.value != "none":
-        errors.append(Problem("not_available", f"recompute={cfg.recompute.mode.value}: "
-                              "activation checkpointing is not available yet"))
+        errors.append(
+            Problem(
+                "not_available",
+                f"recompute={cfg.recompute.mode.value}: "
+                "activation checkpointing is not available yet",
+            )
+        )
     return errors

@@ -11,7 +11,7 @@ from conftest import compose_config
 
 import models
 from launcher.engine import build_model
-from launcher.plan.model_size import param_counts
+from launcher.plan.model_size import shape
 from models.llama import Attention, LlamaArgs, rope_cache, rope_frequencies
 
 
@@ -78,7 +78,7 @@ def test_module_parameters_match_planner_count(name):
     cfg = compose_config([f"model={name}"])
     with torch.device("meta"):
         model = models.build(cfg.model.family, vars(cfg.model))
-    assert sum(p.numel() for p in model.parameters()) == param_counts(cfg.model).total
+    assert sum(p.numel() for p in model.parameters()) == shape(cfg.model).total
 
 
 def test_initial_loss_is_near_uniform():

@@ -1,4 +1,4 @@
-"""The plan step: every rule with its message, degree inference, parameter counts, memory."""
+"""Every rule of the plan, each with its message; degree inference; the CLI's exit status."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 from conftest import compose_config, run_cli
 
 from launcher.plan import make_plan
-from launcher.plan.memory import state_bytes
-from launcher.plan.model_size import param_counts
+from launcher.plan.rules import engine_problems
+
+H100 = ["hardware=h100_80g"]
 
 
 def rules(overrides):
@@ -16,8 +17,8 @@ def rules(overrides):
 
 
 def test_default_is_valid_and_fits():
-    plan, found, _ = rules([])
-    assert plan.valid and plan.fits, plan.errors
+    plan, _, _ = rules([])
+    assert plan.ok, plan.errors
     assert plan.degrees["dp_shard"] == 2 and plan.world_size == 2
 
 
@@ -28,6 +29,7 @@ def test_default_is_valid_and_fits():
         (["hardware.devices_per_node=4", "parallel.dp_replicate=2"], 2, 1),
         (["hardware.devices_per_node=1"], 1, 4),
         (["hardware.devices_per_node=1", "train.micro_batch_size=2"], 1, 8),
+        (H100 + ["parallel.tp=8", "model=llama3_8b"], 1, 4),
     ],
 )
 def test_degree_inference_and_accumulation(overrides, shard, accum):
@@ -37,7 +39,7 @@ def test_degree_inference_and_accumulation(overrides, shard, accum):
 
 
 def test_world_size_mismatch_names_values():
-    plan, found, msg = rules(["parallel.dp_shard=3"])
+    _, found, msg = rules(["parallel.dp_shard=3"])
     assert found == {"world_size", "batch"}
     assert "dp_shard=3 = 3 but nodes x devices_per_node = 2" in msg
 
@@ -47,56 +49,203 @@ def test_dp_shard_not_inferable():
     assert found == {"world_size"} and "does not divide nodes x devices_per_node = 2" in msg
 
 
-def test_batch_not_divisible():
+def test_8_devices_with_tp4_dp_shard4():
+    _, found, msg = rules(H100 + ["model=llama3_8b", "parallel.tp=4", "parallel.dp_shard=4"])
+    assert "world_size" in found
+    assert "tp=4" in msg and "dp_shard=4 = 16 but nodes x devices_per_node = 8" in msg
+
+
+def test_llama3_8b_tp3():
     _, found, msg = rules(
-        ["train.global_batch_size=100", "hardware.devices_per_node=8", "train.micro_batch_size=1"]
+        H100
+        + [
+            "model=llama3_8b",
+            "hardware.devices_per_node=3",
+            "parallel.tp=3",
+            "train.global_batch_size=1",
+            "train.micro_batch_size=1",
+        ]
+    )
+    assert found == {"tp_heads", "tp_ffn"}  # 128256 = 3 x 42752: the vocabulary divides
+    assert "tp=3 must divide n_heads=32 (model=llama3_8b)" in msg
+
+
+def test_kv_heads_fewer_than_tp_is_refused_and_says_why():
+    _, found, msg = rules(
+        H100 + ["model=llama3_8b", "hardware.devices_per_node=16", "parallel.tp=16"]
+    )
+    assert "tp_kv_heads" in found
+    assert "n_kv_heads=8" in msg and "never replicated" in msg
+
+
+def test_deepseek_v3_ep7():
+    _, found, msg = rules(
+        [
+            "model=deepseek_v3",
+            "hardware=h800",
+            "hardware.nodes=7",
+            "parallel.ep=7",
+            "train.global_batch_size=56",
+            "train.micro_batch_size=1",
+        ]
+    )
+    assert "ep_experts" in found
+    assert "ep=7 must divide n_routed_experts=256 (model=deepseek_v3)" in msg
+
+
+def test_ep_must_divide_the_ranks_it_borrows():
+    _, found, msg = rules(
+        [
+            "model=mixtral_8x7b",
+            *H100,
+            "parallel.ep=8",
+            "parallel.pp=2",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=1",
+        ]
+    )
+    assert "ep_degree" in found and "dp_shard x cp x tp = 4 x 1 x 1 = 4" in msg
+
+
+def test_ep_on_a_dense_model():
+    _, found, _ = rules([*H100, "model=llama3_8b", "parallel.ep=2"])
+    assert "ep_dense" in found
+
+
+def test_llama3_8b_pp64():
+    _, found, msg = rules(
+        H100
+        + [
+            "model=llama3_8b",
+            "hardware.nodes=8",
+            "parallel.pp=64",
+            "train.global_batch_size=64",
+            "train.micro_batch_size=1",
+        ]
+    )
+    assert "pp_layers" in found
+    assert "pp=64 x stages_per_rank=1 = 64 stages need at least one layer each" in msg
+    assert "n_layers=32" in msg
+
+
+def test_global_batch_100_on_dp64():
+    _, found, msg = rules(
+        H100
+        + [
+            "model=llama3_8b",
+            "hardware.nodes=8",
+            "train.global_batch_size=100",
+            "train.micro_batch_size=1",
+        ]
     )
     assert found == {"batch"}
     assert (
         "global_batch_size=100 must be divisible by train.micro_batch_size=1 x "
-        "data-parallel size 8" in msg
+        "data-parallel size 64" in msg
     )
 
 
-@pytest.mark.parametrize("axis", ["tp", "pp", "cp", "ep"])
-def test_unbuilt_axes_are_refused_by_name(axis):
-    overrides = [f"parallel.{axis}=2"]
-    if axis != "ep":
-        overrides.append("parallel.dp_shard=1")
-    _, found, msg = rules(overrides)
-    assert "not_available" in found and f"parallel.{axis}=2" in msg and "not available yet" in msg
-
-
-def test_tp_divisibility_rules_collected_together():
+def test_seq_8191_with_cp2():
     _, found, msg = rules(
-        [
-            "parallel.tp=3",
-            "hardware.devices_per_node=3",
-            "parallel.dp_shard=1",
-            "train.global_batch_size=15",
-            "train.micro_batch_size=3",
-            "model.ffn_dim=385",
+        H100
+        + [
+            "model=llama3_8b",
+            "parallel.cp=2",
+            "train.seq_len=8191",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=1",
         ]
     )
-    assert {"not_available", "tp_heads", "tp_kv_heads", "tp_ffn", "tp_vocab"} <= found
-    assert "tp=3 must divide n_heads=8 (model=llama3_debug)" in msg
+    assert found == {"cp_seq"}
+    assert "seq_len=8191 must be divisible by 4 (2 x cp load-balanced chunks, cp=2)" in msg
+
+
+def test_sequence_parallel_needs_seq_divisible_by_tp():
+    _, found, msg = rules(
+        H100
+        + [
+            "model=llama3_8b",
+            "parallel.tp=8",
+            "tensor=sequence_parallel",
+            "train.seq_len=1001",
+            "train.global_batch_size=8",
+            "train.micro_batch_size=1",
+        ]
+    )
+    assert found == {"sp_seq"} and "seq_len=1001 must be divisible by tp=8" in msg
+
+
+def test_405b_on_one_h100_node_is_valid_but_does_not_fit():
+    plan, found, msg = rules(
+        H100 + ["model=llama3_405b", "train.micro_batch_size=1", "train.global_batch_size=8"]
+    )
+    assert plan.valid and not plan.fits and found == {"memory"}
+    assert "model=llama3_405b" in msg and "memory_gib=79.6" in msg
 
 
 def test_405b_on_cpu_does_not_fit():
     plan, found, msg = rules(["model=llama3_405b"])
-    assert found == {"memory"} and not plan.fits
-    assert "model=llama3_405b" in msg and "memory_gib=8" in msg
+    assert found == {"memory"} and not plan.fits and "memory_gib=8" in msg
 
 
-def test_fp16_and_mismatched_optimizer_dtype_refused():
+PIPE = H100 + ["model=llama3_8b", "parallel.pp=4", "train.micro_batch_size=1"]
+
+
+def test_microbatches_fewer_than_pp():
+    _, found, msg = rules(PIPE + ["train.global_batch_size=2"])
+    assert "pp_microbatches" in found and "1 micro-batches per step are fewer than pp=4" in msg
+
+
+def test_dualpipev_needs_two_stages_per_rank():
     _, found, msg = rules(
-        [
-            "precision.compute_dtype=fp16",
-            "precision.param_dtype=fp16",
-            "precision.optimizer_dtype=bf16",
+        PIPE + ["pipeline=dualpipev", "pipeline.stages_per_rank=3", "train.global_batch_size=16"]
+    )
+    assert found == {"pp_stages"} and "exactly 2 stages per rank" in msg
+
+
+def test_interleaved_microbatches_multiple_of_pp():
+    _, found, msg = rules(PIPE + ["pipeline=interleaved_1f1b", "train.global_batch_size=12"])
+    assert found == {"pp_microbatches"}
+    assert "micro-batches per step (6) to be a multiple of pp=4" in msg
+
+
+def test_interleaved_needs_virtual_stages_and_1f1b_refuses_them():
+    _, found, _ = rules(
+        PIPE
+        + ["pipeline=interleaved_1f1b", "pipeline.stages_per_rank=1", "train.global_batch_size=16"]
+    )
+    assert found == {"pp_stages"}
+    _, found, _ = rules(PIPE + ["pipeline.stages_per_rank=2", "train.global_batch_size=16"])
+    assert found == {"pp_stages"}
+
+
+def test_explicit_microbatches_must_match_the_batch():
+    _, found, msg = rules(PIPE + ["pipeline.microbatches=6", "train.global_batch_size=16"])
+    assert found == {"batch"} and "pipeline.microbatches=6" in msg
+
+
+def test_warnings_tp_across_nodes_bubble_tiny_batch():
+    plan, _, _ = rules(
+        H100
+        + [
+            "model=llama3_70b",
+            "hardware.nodes=2",
+            "parallel.tp=16",
+            "train.seq_len=256",
+            "train.micro_batch_size=1",
+            "train.global_batch_size=1",
         ]
     )
-    assert found == {"precision"} and "loss scaling" in msg and "optimizer_dtype=bf16" in msg
+    assert {"tp_node", "micro_batch"} <= {w.rule for w in plan.warnings}
+    plan, _, _ = rules(PIPE + ["train.global_batch_size=8"])
+    assert "bubble" in {w.rule for w in plan.warnings}
+
+
+def test_unknown_schedule_and_fp16():
+    _, found, msg = rules(
+        ["pipeline.schedule=zigzag", "precision.compute_dtype=fp16", "precision.param_dtype=fp16"]
+    )
+    assert found == {"schedule", "precision"} and "zigzag" in msg and "loss scaling" in msg
 
 
 def test_missing_data_file():
@@ -104,28 +253,12 @@ def test_missing_data_file():
     assert found == {"data"} and "launcher.prepare" in msg
 
 
-@pytest.mark.parametrize(
-    ("model", "expected"),
-    [
-        ("llama3_8b", 8_030_261_248),
-        ("llama3_70b", 70_553_706_496),
-        ("llama3_405b", 405_853_388_800),
-    ],
-)
-def test_param_counts_match_reference(model, expected):
-    assert param_counts(compose_config([f"model={model}"]).model).total == expected
-
-
-@pytest.mark.parametrize(
-    ("stage", "bytes_per_param"),
-    [(0, 16), (1, 4 + 12 / 8), (2, 2 + 14 / 8), (3, 16 / 8)],
-)
-def test_zero_bytes_per_param_bf16_mixed(stage, bytes_per_param):
-    """ZeRO paper: 16, 4 + 12/N, 2 + 14/N, 16/N bytes per parameter (bf16 params and grads)."""
-    cfg = compose_config(
-        ["hardware=h100_80g", f"data_parallel.zero_stage={stage}", "precision.grad_dtype=bf16"]
-    )
-    assert sum(model_state_bytes(cfg, 1.0, 8)) == pytest.approx(bytes_per_param)
+@pytest.mark.parametrize("axis", ["tp", "pp", "cp", "ep"])
+def test_train_refuses_unbuilt_axes_by_name(axis):
+    overrides = [*H100, "model=mixtral_8x7b", f"parallel.{axis}=2", "train.micro_batch_size=1"]
+    plan, _, _ = rules(overrides)
+    msgs = " ".join(p.message for p in engine_problems(plan.cfg, plan.layout))
+    assert f"parallel.{axis}=2" in msgs and "not available yet" in msgs
 
 
 @pytest.mark.e2e
@@ -143,3 +276,10 @@ def test_405b_on_cpu_exits_2_before_any_process():
     result = run_cli("launcher.train", "model=llama3_405b", "hardware=cpu")
     assert result.returncode == 2 and "[memory]" in result.stderr
     assert "torch.distributed.run" not in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.e2e
+def test_train_refuses_tp_with_named_error():
+    result = run_cli("launcher.train", "parallel.tp=2", "train.global_batch_size=12")
+    assert result.returncode == 2
+    assert "parallel.tp=2: tensor parallelism is not available yet" in result.stderr

@@ -1,0 +1,155 @@
+"""`plan.search=true`: enumerate layouts for a model, hardware and global batch; rank those that fit.
+
+The space: tp (powers of two inside a node), cp (chunks of at least 1024 tokens), pp (any
+divisor of what is left, at most the layers), HSDP or not, ZeRO stage, pipeline schedule and
+stages per rank, micro-batch size and recompute. Sequence parallelism is always on with tp > 1
+(same traffic, less memory). Dominated points are skipped rather than evaluated: gpipe (1f1b's
+bubble, more memory), ZeRO-0 (ZeRO-1's traffic, more memory), and a costlier recompute once a
+cheaper one fits.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher.config import Config
+from launcher.plan.estimate import Context, Estimate, Layout, evaluate
+from launcher.plan.memory import GIB
+from launcher.plan.report import layout_json
+from launcher.plan.rules import config_problems, layout_problems
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def powers_of_two(limit: int) -> list[int]:
+    out, x = [], 1
+    while x <= limit:
+        out.append(x)
+        x *= 2
+    return out
+
+
+def pipeline_options(pp: int, n_layers: int) -> list[tuple[str, int]]:
+    if pp == 1:
+        return [("1f1b", 1)]
+    options = [("1f1b", 1)]
+    for v in (2, 4):
+        if pp * v <= n_layers:
+            options.append(("interleaved_1f1b", v))
+    if pp * 2 <= n_layers:
+        options += [("interleaved_zb", 2), ("zbv", 2), ("dualpipev", 2)]
+    return options
+
+
+def candidates(cfg: Config):
+    """Every layout of the space, cheapest recompute first for each point."""
+    m, hw, t = cfg.model, cfg.hardware, cfg.train
+    world = hw.nodes * hw.devices_per_node
+    moe = m.n_routed_experts > 0
+    for tp in powers_of_two(min(hw.devices_per_node, m.n_heads)):
+        for cp in powers_of_two(max(1, t.seq_len // 1024)):
+            if world % (tp * cp):
+                continue
+            for pp in divisors(world // (tp * cp)):
+                if pp > m.n_layers:
+                    break
+                dp = world // (tp * cp * pp)
+                node_shard = max(1, hw.devices_per_node // (tp * cp))
+                shards = {dp} | ({node_shard} if dp % node_shard == 0 and node_shard < dp else set())
+                for dp_shard in sorted(shards):
+                    eps = [1]
+                    if moe:
+                        borrow = dp_shard * cp * tp
+                        eps = [e for e in divisors(m.n_routed_experts) if borrow % e == 0]
+                    stages = [0] if dp_shard == 1 else ([1, 3] if pp > 1 else [1, 2, 3])
+                    for ep in eps:
+                        for zero in stages:
+                            for schedule, v in pipeline_options(pp, m.n_layers):
+                                for b in (1, 2, 4, 8):
+                                    if t.global_batch_size % (b * dp):
+                                        continue
+                                    yield Layout(
+                                        dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=tp,
+                                        pp=pp, cp=cp, ep=ep, zero_stage=zero, schedule=schedule,
+                                        stages_per_rank=v, micro_batch_size=b,
+                                        microbatches=t.global_batch_size // (b * dp),
+                                        recompute="none", sequence_parallel=tp > 1,
+                                    )
+
+
+def search(cfg: Config) -> tuple[int, list[Estimate]]:
+    """(layouts evaluated, the valid ones that fit, fastest first)."""
+    if config_problems(cfg):
+        return 0, []
+    ctx = Context(cfg)
+    skip_selective = ctx.flash and not ctx.dropout  # identical to none: nothing to drop
+    evaluated, fitting = 0, []
+    for base in candidates(cfg):
+        for recompute in RECOMPUTE:
+            if recompute == "selective" and skip_selective:
+                continue
+            lay = replace(base, recompute=recompute)
+            evaluated += 1
+            errors, _ = layout_problems(cfg, lay)
+            if errors:
+                break  # recompute changes no rule
+            est = evaluate(ctx, lay)
+            if est.memory.total <= ctx.capacity:
+                fitting.append(est)
+                break  # a costlier recompute would only be slower
+    fitting.sort(key=lambda e: -e.tokens_per_s_per_device)
+    return evaluated, fitting
+
+
+def estimate_json(est: Estimate, capacity_gib: float) -> dict:
+    m, tm, lay = est.memory, est.time, est.layout
+    return {
+        "degrees": lay.degrees, "layout": layout_json(lay),
+        "memory_gib": {"params": m.params / GIB, "grads": m.grads / GIB,
+                       "optimizer": (m.master + m.optimizer) / GIB,
+                       "activations": m.activations / GIB, "other": m.other / GIB,
+                       "total": m.total / GIB, "capacity": capacity_gib},
+        "predicted": {"step_time_s": tm.step, "tokens_per_s_per_device":
+                      est.tokens_per_s_per_device, "mfu": est.mfu,
+                      "bubble_fraction": tm.bubble_fraction},
+    }
+
+
+def run_search(cfg: Config, as_json: bool) -> int:
+    """Print the top plan.top_k layouts; exit status 0 when at least one fits."""
+    console = Console(stderr=as_json, width=None if Console().is_terminal else 150)
+    with console.status(f"searching layouts of {cfg.model.name} on {cfg.hardware.nodes} x "
+                        f"{cfg.hardware.devices_per_node} {cfg.hardware.name}"):
+        evaluated, fitting = search(cfg)
+    top = fitting[: cfg.plan.top_k]
+    if as_json:
+        print(json.dumps({"evaluated": evaluated, "fitting": len(fitting),
+                          "top": [estimate_json(e, cfg.hardware.memory_gib) for e in top]},
+                         indent=2))
+        return 0 if top else 2
+    table = Table(title=f"{len(fitting):,} of {evaluated:,} layouts fit; fastest "
+                  f"{len(top)} (model={cfg.model.name}, global batch "
+                  f"{cfg.train.global_batch_size} x {cfg.train.seq_len})", title_justify="left")
+    for col in ("#", "tp", "cp", "pp", "dp (rep x shard)", "ep", "zero", "schedule", "micro",
+                "recompute", "GiB", "step s", "tok/s/dev", "MFU"):
+        table.add_column(col, justify="right")
+    for i, e in enumerate(top, 1):
+        lay = e.layout
+        sched = f"{lay.schedule}/{lay.stages_per_rank}" if lay.pp > 1 else "-"
+        table.add_row(str(i), str(lay.tp), str(lay.cp), str(lay.pp),
+                      f"{lay.dp_replicate} x {lay.dp_shard}", str(lay.ep), str(lay.zero_stage),
+                      sched, str(lay.micro_batch_size), lay.recompute,
+                      f"{e.memory.total / GIB:.1f}", f"{e.time.step:.3g}",
+                      f"{e.tokens_per_s_per_device:,.0f}", f"{e.mfu:.1%}")
+    console.print(table)
+    if not top:
+        console.print("no layout fits: more devices, a smaller global batch or shorter sequences")
+    return 0 if top else 2

@@ -1,0 +1,200 @@
+"""The planner's formulas against the published ones (REFERENCE.md sections 1, 3 and 4)."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import compose_config
+
+from launcher.plan import pipeline as pl
+from launcher.plan.memory import layer_activation_bytes, state_bytes
+from launcher.plan.model_size import active_matmul_params_per_token, flops_per_token, shape
+
+
+@pytest.mark.parametrize(
+    ("stage", "bytes_per_param"),
+    [(0, 16), (1, 4 + 12 / 8), (2, 2 + 14 / 8), (3, 16 / 8)],
+)
+def test_zero_bytes_per_param_mixed_precision_adam(stage, bytes_per_param):
+    """ZeRO paper: 16, 4 + 12/N, 2 + 14/N, 16/N (bf16 params and grads, fp32 master + Adam)."""
+    assert sum(state_bytes(1.0, 8, stage, 2, 2, 4, 8)) == pytest.approx(bytes_per_param)
+
+
+def test_megatron_fp32_grads_and_pure_bf16():
+    assert sum(state_bytes(1.0, 1, 0, 2, 4, 4, 8)) == 18  # Megatron keeps fp32 gradients
+    assert sum(state_bytes(1.0, 8, 1, 2, 4, 4, 8)) == pytest.approx(6 + 12 / 8)
+    assert sum(state_bytes(1.0, 1, 0, 2, 2, 4, 4)) == 12  # bf16 Adam moments, fp32 master
+
+
+# GPT-3 175B layer (Korthikanti et al. 2022): h 12288, a 96, s 2048, 16-bit, dropout masks.
+H, A, S, T = 12288, 96, 2048, 8
+
+
+def korthikanti(t=1, sp=False, recompute="none"):
+    """Bytes per layer divided by s b h, from the planner's per-token count (b = 1)."""
+    per_token = layer_activation_bytes(
+        dim=H,
+        q=H,
+        k=H,
+        v=H,
+        o=H,
+        latent=0,
+        mlp=2 * 4 * H,
+        routed=0,
+        n_heads=A,
+        seq=S,
+        tp=t,
+        sp=sp,
+        recompute=recompute,
+        flash=False,
+        dropout=True,
+        act_b=2,
+    )
+    return per_token / H
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({}, 34 + 5 * A * S / H),
+        ({"t": T}, 10 + 24 / T + 5 * A * S / (H * T)),
+        ({"t": T, "sp": True}, (34 + 5 * A * S / H) / T),
+        ({"t": T, "recompute": "selective"}, 10 + 24 / T),
+        ({"t": T, "sp": True, "recompute": "selective"}, 34 / T),
+        ({"recompute": "full"}, 2),
+    ],
+    ids=["none", "tp", "tp+sp", "tp+selective", "tp+sp+selective", "full"],
+)
+def test_korthikanti_activation_table(kwargs, expected):
+    assert korthikanti(**kwargs) == pytest.approx(expected)
+
+
+def test_flash_attention_and_no_dropout_drop_their_terms():
+    base = dict(
+        dim=H,
+        q=H,
+        k=H,
+        v=H,
+        o=H,
+        latent=0,
+        mlp=8 * H,
+        routed=0,
+        n_heads=A,
+        seq=S,
+        tp=1,
+        sp=False,
+        recompute="none",
+        act_b=2,
+    )
+    flash = layer_activation_bytes(**base, flash=True, dropout=False) / H
+    assert flash == pytest.approx(32)  # 34 less the two residual dropout masks, no scores
+
+
+def test_swiglu_saves_more_than_gelu():
+    m = compose_config(["model=llama3_8b"]).model
+    common = dict(
+        dim=m.dim,
+        q=4096,
+        k=1024,
+        v=1024,
+        o=4096,
+        latent=0,
+        routed=0,
+        n_heads=32,
+        seq=8192,
+        tp=1,
+        sp=False,
+        recompute="none",
+        flash=True,
+        dropout=False,
+        act_b=2,
+    )
+    swiglu = layer_activation_bytes(**common, mlp=4 * m.ffn_dim)
+    gelu = layer_activation_bytes(**common, mlp=2 * m.ffn_dim)
+    assert swiglu - gelu == 2 * m.ffn_dim * 2
+
+
+@pytest.mark.parametrize(
+    ("schedule", "p", "v", "m", "expected"),
+    [
+        ("gpipe", 8, 1, 32, 7 / 32),
+        ("1f1b", 8, 1, 32, 7 / 32),
+        ("interleaved_1f1b", 8, 4, 32, 7 / (4 * 32)),
+        ("interleaved_zb", 8, 2, 32, 7 / (3 * 2 * 32)),
+        ("zbv", 8, 2, 32, 7 / (6 * 32)),
+        ("dualpipev", 8, 2, 32, 6 / (3 * 32)),
+        ("1f1b", 1, 1, 4, 0.0),
+    ],
+)
+def test_bubble_per_schedule(schedule, p, v, m, expected):
+    assert pl.bubble_fraction(schedule, p, v, m) == pytest.approx(expected)
+
+
+def test_inflight_microbatches_per_schedule():
+    assert pl.inflight_microbatches("gpipe", 4, 1, 16) == 16
+    assert pl.inflight_microbatches("1f1b", 4, 1, 16) == 4
+    assert pl.inflight_microbatches("1f1b", 4, 1, 2) == 2
+    assert pl.inflight_microbatches("interleaved_1f1b", 4, 2, 16) == pytest.approx(4 * (1 + 3 / 8))
+    assert pl.inflight_microbatches("dualpipev", 4, 2, 16) == 5
+
+
+def test_llama3_405b_stage_split():
+    assert pl.split_layers(126, 16) == [7] + [8] * 14 + [7]
+    assert sum(pl.split_layers(61, 16)) == 61 and min(pl.split_layers(61, 16)) >= 3
+
+
+def test_llama3_8b_flops_per_token_is_6n_plus_attention():
+    m = compose_config(["model=llama3_8b"]).model
+    n = 8_030_261_248 - m.vocab_size * m.dim  # non-embedding parameters (head included)
+    norms = (2 * m.n_layers + 1) * m.dim  # RMSNorm gains: parameters, but no matmul FLOPs
+    for s in (2048, 8192):
+        assert flops_per_token(m, s) == 6 * (n - norms) + 6 * m.n_layers * m.dim * s
+        assert flops_per_token(m, s, causal=False) == 6 * (n - norms) + 12 * m.n_layers * m.dim * s
+        assert flops_per_token(m, s) == pytest.approx(6 * n + 6 * m.n_layers * m.dim * s, rel=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("model", "total", "active"),
+    [
+        ("llama3_8b", 8_030_261_248, None),
+        ("llama3_70b", 70_553_706_496, None),
+        ("llama3_405b", 405_853_388_800, None),
+        ("mixtral_8x7b", 46.7e9, 12.9e9),
+        ("mixtral_8x22b", 141e9, 39e9),
+        ("deepseek_v2_lite", 15.7e9, 2.4e9),
+        ("deepseek_v3", 671e9, 37e9),
+        ("kimi_k2", 1.03e12, 33e9),
+    ],
+)
+def test_parameter_counts_match_reference(model, total, active):
+    """Within 1% of the published totals, 3% of active (5% for Kimi K2's unverified ~33B)."""
+    m = compose_config([f"model={model}"]).model
+    s = shape(m)
+    assert s.total == pytest.approx(total, rel=0.01)
+    if active is not None:  # active: the matmul weights a token meets (output head included)
+        rel = 0.05 if model == "kimi_k2" else 0.03
+        assert active_matmul_params_per_token(s, m) == pytest.approx(active, rel=rel)
+
+
+@pytest.mark.parametrize(
+    ("model", "billions"),
+    [
+        ("gpt_1_7b", 1.7),
+        ("gpt_3_6b", 3.6),
+        ("gpt_7_5b", 7.5),
+        ("gpt_18_4b", 18.4),
+        ("gpt_39_1b", 39.1),
+        ("gpt_76_1b", 76.1),
+        ("gpt_145_6b", 145.6),
+        ("gpt_175b", 175),
+        ("gpt_310_1b", 310.1),
+        ("gpt_529_6b", 529.6),
+        ("gpt_1008b", 1008),
+    ],
+)
+def test_megatron_gpt_sizes(model, billions):
+    """Narayanan et al.'s P = 12 l h^2 (1 + 13/(12 h) + (V + s)/(12 l h)), tied embeddings."""
+    m = compose_config([f"model={model}"]).model
+    n, h = m.n_layers, m.dim
+    formula = 12 * n * h**2 * (1 + 13 / (12 * h) + (m.vocab_size + 2048) / (12 * n * h))
+    assert shape(m).total == pytest.approx(formula, rel=1e-4)
+    assert shape(m).total / 1e9 == pytest.approx(billions, rel=0.03)
