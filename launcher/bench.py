@@ -1,7 +1,8 @@
-"""`make bench`: the measurements behind figures the project quotes.
+"""`make bench`: the measurements behind the figures the project quotes.
 
 - fp32 matmul throughput of one CPU thread: the `peak_tflops` of conf/hardware/cpu.yaml.
-- plan checks per second: how fast the planner validates a layout.
+- planner: full plans per second (rules, memory, time) and layouts evaluated per second by
+  the search, and the wall time of a full search for Llama 3 405B on 16,384 H100s.
 """
 
 from __future__ import annotations
@@ -15,6 +16,15 @@ from rich.table import Table
 
 from launcher.cli import CONF_DIR, hydra_app, to_config
 from launcher.plan import make_plan
+from launcher.plan.search import search
+
+SEARCH_405B = [
+    "model=llama3_405b",
+    "hardware=h100_80g",
+    "hardware.nodes=2048",
+    "train.seq_len=8192",
+    "train.global_batch_size=2048",
+]
 
 
 def matmul_tflops(n: int = 2048, threads: int = 1, seconds: float = 3.0) -> float:
@@ -30,10 +40,14 @@ def matmul_tflops(n: int = 2048, threads: int = 1, seconds: float = 3.0) -> floa
     return 2 * n**3 * count / (time.perf_counter() - start) / 1e12
 
 
-def plans_per_second(seconds: float = 2.0) -> float:
+def load(overrides: list[str]):
     hydra_app(lambda cfg: None)  # registers the schema and resolvers
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        cfg = to_config(compose("config", overrides=["model=llama3_405b", "hardware=h100_80g"]))
+        return to_config(compose("config", overrides=overrides))
+
+
+def plans_per_second(seconds: float = 2.0) -> float:
+    cfg = load(["recipe=llama3_405b_8k"])
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         make_plan(cfg)
@@ -41,15 +55,30 @@ def plans_per_second(seconds: float = 2.0) -> float:
     return count / (time.perf_counter() - start)
 
 
+def search_405b() -> tuple[int, int, float]:
+    """(layouts evaluated, layouts that fit, seconds) for the full 405B search."""
+    cfg = load(SEARCH_405B)
+    start = time.perf_counter()
+    evaluated, fitting = search(cfg)
+    return evaluated, len(fitting), time.perf_counter() - start
+
+
 def main() -> None:
-    console = Console()
+    console = Console(width=120)
     table = Table(title="bench", title_justify="left")
     table.add_column("measurement")
     table.add_column("value", justify="right")
     with console.status("fp32 matmul, 1 thread"):
         table.add_row("fp32 matmul 2048^3, 1 CPU thread", f"{matmul_tflops():.3f} TFLOP/s")
     with console.status("planner"):
-        table.add_row("plan checks (llama3_405b on h100_80g)", f"{plans_per_second():,.0f} / s")
+        table.add_row("full plans (recipe llama3_405b_8k)", f"{plans_per_second():,.0f} / s")
+    with console.status("search"):
+        evaluated, fitting, seconds = search_405b()
+    table.add_row(
+        "search: llama3_405b on 16,384 h100_80g, batch 2048 x 8192",
+        f"{seconds:.2f} s ({evaluated:,} layouts, {fitting:,} fit)",
+    )
+    table.add_row("search: layouts evaluated per second", f"{evaluated / seconds:,.0f} / s")
     console.print(table)
 
 

@@ -7,8 +7,9 @@ import dataclasses
 from torch import nn
 
 from models.llama import LlamaArgs, Transformer
+from models.mixtral import Mixtral, MixtralArgs
 
-MODELS = {"llama": (Transformer, LlamaArgs)}
+MODELS = {"llama": (Transformer, LlamaArgs), "mixtral": (Mixtral, MixtralArgs)}
 
 
 def build(family: str, fields: dict) -> nn.Module:

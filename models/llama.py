@@ -139,12 +139,12 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: LlamaArgs):
+    def __init__(self, args: LlamaArgs, feed_forward: nn.Module | None = None):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.attention = Attention(args)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, args.ffn_dim)
+        self.feed_forward = feed_forward or FeedForward(args.dim, args.ffn_dim)
         self.dropout = args.dropout
 
     def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
@@ -160,11 +160,17 @@ class Transformer(nn.Module):
         super().__init__()
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(args) for i in range(args.n_layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): self.make_block(args, i) for i in range(args.n_layers)}
+        )
         self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         # Not persistent: derived from args, rebuilt after meta-device init by init_weights().
         self.register_buffer("rope", rope_cache(args, args.max_seq_len), persistent=False)
+
+    def make_block(self, args: LlamaArgs, index: int) -> nn.Module:
+        """Block `index`; families that differ only in their blocks override this."""
+        return TransformerBlock(args)
 
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
@@ -178,7 +184,8 @@ class Transformer(nn.Module):
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             else:
-                s = out_std if name.endswith(("wo.weight", "w2.weight")) else std
+                # Output projections of residual branches: wo, w2 (and stacked experts' w2).
+                s = out_std if name.removesuffix(".weight").endswith(("wo", "w2")) else std
                 p.copy_(torch.randn(p.shape, generator=gen) * s)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:

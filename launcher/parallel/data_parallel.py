@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import Shard
 from torch.nn.parallel import DistributedDataParallel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -30,8 +31,23 @@ def apply_fsdp(
     reshard_after_forward=False is ZeRO-2: parameters stay gathered from forward to backward.
     """
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
+    shards = mesh.size(-1)
+
+    def placement(p: nn.Parameter) -> Shard | None:
+        # FSDP shards dim 0 by default; stacked experts (E, ffn, dim) with fewer experts than
+        # ranks would leave most ranks empty, so shard their largest dimension instead.
+        if p.ndim > 1 and p.shape[0] < shards:
+            return Shard(max(range(p.ndim), key=lambda i: p.shape[i]))
+        return None
+
     for block in model.layers.values():
-        fully_shard(block, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=mp)
+        fully_shard(
+            block,
+            mesh=mesh,
+            reshard_after_forward=reshard_after_forward,
+            mp_policy=mp,
+            shard_placement_fn=placement,
+        )
     # The root's parameters are needed again first thing in backward: never reshard them.
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     return model
@@ -40,7 +56,15 @@ def apply_fsdp(
 def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
     """Replicate over the flattened data-parallel group; gradients all-reduced (averaged)."""
     device_ids = [device.index] if device.type == "cuda" else None
-    return DistributedDataParallel(model, process_group=mesh.get_group(), device_ids=device_ids)
+    # Every rank builds the same seeded model, and the rope buffer is derived from config, so
+    # buffers need no broadcast; the initial shape check cannot run on a meta-device dry run.
+    return DistributedDataParallel(
+        model,
+        process_group=mesh.get_group(),
+        device_ids=device_ids,
+        broadcast_buffers=False,
+        init_sync=device.type != "meta",
+    )
 
 
 def grad_sync(model: nn.Module, sync: bool):

@@ -20,7 +20,7 @@ NOT_AVAILABLE = {
     "cp": "context parallelism",
     "ep": "expert parallelism",
 }
-ENGINE_FAMILIES = ("llama",)
+ENGINE_FAMILIES = ("llama", "mixtral")
 AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 
 

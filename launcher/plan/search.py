@@ -63,7 +63,9 @@ def candidates(cfg: Config):
                     break
                 dp = world // (tp * cp * pp)
                 node_shard = max(1, hw.devices_per_node // (tp * cp))
-                shards = {dp} | ({node_shard} if dp % node_shard == 0 and node_shard < dp else set())
+                shards = {dp} | (
+                    {node_shard} if dp % node_shard == 0 and node_shard < dp else set()
+                )
                 for dp_shard in sorted(shards):
                     eps = [1]
                     if moe:
@@ -77,11 +79,19 @@ def candidates(cfg: Config):
                                     if t.global_batch_size % (b * dp):
                                         continue
                                     yield Layout(
-                                        dp_replicate=dp // dp_shard, dp_shard=dp_shard, tp=tp,
-                                        pp=pp, cp=cp, ep=ep, zero_stage=zero, schedule=schedule,
-                                        stages_per_rank=v, micro_batch_size=b,
+                                        dp_replicate=dp // dp_shard,
+                                        dp_shard=dp_shard,
+                                        tp=tp,
+                                        pp=pp,
+                                        cp=cp,
+                                        ep=ep,
+                                        zero_stage=zero,
+                                        schedule=schedule,
+                                        stages_per_rank=v,
+                                        micro_batch_size=b,
                                         microbatches=t.global_batch_size // (b * dp),
-                                        recompute="none", sequence_parallel=tp > 1,
+                                        recompute="none",
+                                        sequence_parallel=tp > 1,
                                     )
 
 
@@ -112,43 +122,89 @@ def search(cfg: Config) -> tuple[int, list[Estimate]]:
 def estimate_json(est: Estimate, capacity_gib: float) -> dict:
     m, tm, lay = est.memory, est.time, est.layout
     return {
-        "degrees": lay.degrees, "layout": layout_json(lay),
-        "memory_gib": {"params": m.params / GIB, "grads": m.grads / GIB,
-                       "optimizer": (m.master + m.optimizer) / GIB,
-                       "activations": m.activations / GIB, "other": m.other / GIB,
-                       "total": m.total / GIB, "capacity": capacity_gib},
-        "predicted": {"step_time_s": tm.step, "tokens_per_s_per_device":
-                      est.tokens_per_s_per_device, "mfu": est.mfu,
-                      "bubble_fraction": tm.bubble_fraction},
+        "degrees": lay.degrees,
+        "layout": layout_json(lay),
+        "memory_gib": {
+            "params": m.params / GIB,
+            "grads": m.grads / GIB,
+            "optimizer": (m.master + m.optimizer) / GIB,
+            "activations": m.activations / GIB,
+            "other": m.other / GIB,
+            "total": m.total / GIB,
+            "capacity": capacity_gib,
+        },
+        "predicted": {
+            "step_time_s": tm.step,
+            "tokens_per_s_per_device": est.tokens_per_s_per_device,
+            "mfu": est.mfu,
+            "bubble_fraction": tm.bubble_fraction,
+        },
     }
 
 
 def run_search(cfg: Config, as_json: bool) -> int:
     """Print the top plan.top_k layouts; exit status 0 when at least one fits."""
     console = Console(stderr=as_json, width=None if Console().is_terminal else 150)
-    with console.status(f"searching layouts of {cfg.model.name} on {cfg.hardware.nodes} x "
-                        f"{cfg.hardware.devices_per_node} {cfg.hardware.name}"):
+    with console.status(
+        f"searching layouts of {cfg.model.name} on {cfg.hardware.nodes} x "
+        f"{cfg.hardware.devices_per_node} {cfg.hardware.name}"
+    ):
         evaluated, fitting = search(cfg)
     top = fitting[: cfg.plan.top_k]
     if as_json:
-        print(json.dumps({"evaluated": evaluated, "fitting": len(fitting),
-                          "top": [estimate_json(e, cfg.hardware.memory_gib) for e in top]},
-                         indent=2))
+        print(
+            json.dumps(
+                {
+                    "evaluated": evaluated,
+                    "fitting": len(fitting),
+                    "top": [estimate_json(e, cfg.hardware.memory_gib) for e in top],
+                },
+                indent=2,
+            )
+        )
         return 0 if top else 2
-    table = Table(title=f"{len(fitting):,} of {evaluated:,} layouts fit; fastest "
-                  f"{len(top)} (model={cfg.model.name}, global batch "
-                  f"{cfg.train.global_batch_size} x {cfg.train.seq_len})", title_justify="left")
-    for col in ("#", "tp", "cp", "pp", "dp (rep x shard)", "ep", "zero", "schedule", "micro",
-                "recompute", "GiB", "step s", "tok/s/dev", "MFU"):
+    table = Table(
+        title=f"{len(fitting):,} of {evaluated:,} layouts fit; fastest "
+        f"{len(top)} (model={cfg.model.name}, global batch "
+        f"{cfg.train.global_batch_size} x {cfg.train.seq_len})",
+        title_justify="left",
+    )
+    for col in (
+        "#",
+        "tp",
+        "cp",
+        "pp",
+        "dp (rep x shard)",
+        "ep",
+        "zero",
+        "schedule",
+        "micro",
+        "recompute",
+        "GiB",
+        "step s",
+        "tok/s/dev",
+        "MFU",
+    ):
         table.add_column(col, justify="right")
     for i, e in enumerate(top, 1):
         lay = e.layout
         sched = f"{lay.schedule}/{lay.stages_per_rank}" if lay.pp > 1 else "-"
-        table.add_row(str(i), str(lay.tp), str(lay.cp), str(lay.pp),
-                      f"{lay.dp_replicate} x {lay.dp_shard}", str(lay.ep), str(lay.zero_stage),
-                      sched, str(lay.micro_batch_size), lay.recompute,
-                      f"{e.memory.total / GIB:.1f}", f"{e.time.step:.3g}",
-                      f"{e.tokens_per_s_per_device:,.0f}", f"{e.mfu:.1%}")
+        table.add_row(
+            str(i),
+            str(lay.tp),
+            str(lay.cp),
+            str(lay.pp),
+            f"{lay.dp_replicate} x {lay.dp_shard}",
+            str(lay.ep),
+            str(lay.zero_stage),
+            sched,
+            str(lay.micro_batch_size),
+            lay.recompute,
+            f"{e.memory.total / GIB:.1f}",
+            f"{e.time.step:.3g}",
+            f"{e.tokens_per_s_per_device:,.0f}",
+            f"{e.mfu:.1%}",
+        )
     console.print(table)
     if not top:
         console.print("no layout fits: more devices, a smaller global batch or shorter sequences")

@@ -1,0 +1,120 @@
+"""`plan.dry_run=true`: the engine's real mesh and parallelize functions at full world size.
+
+A fake process group (torch's FakeStore, backend "fake") stands in for every rank, the model is
+built on the meta device (no memory) and `launcher.parallel.parallelize` shards it exactly as
+training would. Rank 0's local shards give the parameter count it holds (FSDP gives its first
+ranks the padded, largest chunks, so rank 0 is the most loaded of its stage), which is reported
+next to the planner's analytic figure. Axes the engine does not implement yet are reported as
+the error the engine would raise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from rich.console import Console
+from rich.markup import escape
+
+from launcher.config import Config
+from launcher.plan import Plan
+from launcher.plan.rules import engine_problems
+
+
+@dataclass
+class DryRun:
+    world_size: int
+    analytic_params: float  # parameters on the most loaded rank, from the planner
+    engine_params: int | None = None  # the same, from the engine's real shards
+    engine_bytes: int | None = None  # their storage (master dtype)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def relative_error(self) -> float | None:
+        if self.engine_params is None:
+            return None
+        return abs(self.engine_params - self.analytic_params) / self.engine_params
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def as_json(self) -> dict:
+        return {
+            "ok": self.ok,
+            "errors": self.errors,
+            "world_size": self.world_size,
+            "analytic_params": self.analytic_params,
+            "engine_params": self.engine_params,
+            "engine_bytes": self.engine_bytes,
+            "relative_error": self.relative_error,
+            "seconds": self.seconds,
+        }
+
+    def print(self, console: Console | None = None) -> None:
+        console = console or Console()
+        head = f"dry run over a fake process group of {self.world_size:,} ranks"
+        if self.errors:
+            console.print(f"{head}: the engine refuses this layout")
+            for e in self.errors:
+                console.print(f"  - {escape(e)}", style="red")
+            return
+        console.print(
+            f"{head} ({self.seconds:.1f} s): rank 0 holds {self.engine_params:,} "
+            f"parameters ({self.engine_bytes / 2**30:,.2f} GiB); the planner says "
+            f"{self.analytic_params:,.0f} ({self.relative_error:.3%} apart)"
+        )
+
+
+def dry_run(cfg: Config, plan: Plan) -> DryRun:
+    """Shard the meta-device model over a fake group of plan.world_size ranks."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import models
+    from launcher.distributed import Dist, build_mesh
+    from launcher.parallel import parallelize
+
+    mem, lay = plan.memory, plan.layout
+    analytic = mem.params / plan.context.param_b if mem else 0.0
+    shard = lay.dp_shard * lay.cp
+    if lay.zero_stage == 2 and shard > 1:
+        # The planner counts ZeRO-2's parameters gathered (their peak, forward to backward);
+        # at rest FSDP keeps them sharded like ZeRO-3, which is what the shards show.
+        analytic /= shard
+    result = DryRun(plan.world_size, analytic)
+    refused = engine_problems(cfg, plan.layout)
+    if refused:
+        result.errors = [str(p) for p in refused]
+        return result
+    start = time.perf_counter()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
+    try:
+        mesh = build_mesh("cpu", plan.degrees)
+        dp_mesh = mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        d = Dist(0, plan.world_size, 0, torch.device("meta"), mesh, dp_mesh)
+        with torch.device("meta"):
+            model = models.build(cfg.model.family, vars(cfg.model))
+        model = parallelize(model, plan, d)
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+        result.engine_params = sum(t.numel() for t in local)
+        master_b = (
+            torch.finfo(
+                getattr(
+                    torch,
+                    {"fp32": "float32", "bf16": "bfloat16"}.get(
+                        cfg.precision.master_dtype.value, "float32"
+                    ),
+                )
+            ).bits
+            // 8
+        )
+        result.engine_bytes = result.engine_params * master_b
+    except Exception as e:  # the engine's own refusal, reported rather than raised
+        result.errors.append(f"{type(e).__name__}: {e}")
+    finally:
+        dist.destroy_process_group()
+    result.seconds = time.perf_counter() - start
+    return result

@@ -1,0 +1,81 @@
+"""The dry run shards the real model over a fake group and agrees with the analytic count."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import compose_config, run_cli
+
+from launcher.plan import make_plan
+from launcher.plan.dry_run import dry_run
+
+H100 = ["hardware=h100_80g", "train.micro_batch_size=1", "train.seq_len=4096"]
+LAYOUTS = {
+    "llama3_8b fsdp 64": ["model=llama3_8b", "hardware.nodes=8", "train.global_batch_size=64"],
+    "llama3_8b hsdp 8x16": [
+        "model=llama3_8b",
+        "hardware.nodes=16",
+        "parallel.dp_replicate=8",
+        "train.global_batch_size=128",
+    ],
+    "llama3_8b zero2 128": [
+        "model=llama3_8b",
+        "hardware.nodes=16",
+        "data_parallel=zero2",
+        "train.global_batch_size=128",
+    ],
+    "llama3_8b zero1 64": [
+        "model=llama3_8b",
+        "hardware.nodes=8",
+        "data_parallel=zero1",
+        "train.global_batch_size=64",
+    ],
+    "mixtral_8x7b fsdp 128": [
+        "model=mixtral_8x7b",
+        "hardware.nodes=16",
+        "train.global_batch_size=128",
+    ],
+    "mixtral_8x7b hsdp 2x32": [
+        "model=mixtral_8x7b",
+        "hardware.nodes=8",
+        "parallel.dp_replicate=2",
+        "train.global_batch_size=64",
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_dry_run_matches_analytic_parameters(name):
+    cfg = compose_config(H100 + LAYOUTS[name])
+    plan = make_plan(cfg)
+    assert plan.ok, plan.errors
+    assert plan.world_size >= 64
+    result = dry_run(cfg, plan)
+    assert result.ok, result.errors
+    assert result.relative_error < 0.01, (result.engine_params, result.analytic_params)
+
+
+def test_dry_run_reports_what_the_engine_refuses():
+    cfg = compose_config(
+        H100 + ["model=llama3_8b", "hardware.nodes=8", "parallel.tp=8", "train.global_batch_size=8"]
+    )
+    result = dry_run(cfg, make_plan(cfg))
+    assert (
+        not result.ok
+        and "parallel.tp=8: tensor parallelism is not available yet" in (result.errors[0])
+    )
+
+
+@pytest.mark.e2e
+def test_dry_run_cli_json():
+    import json
+
+    result = run_cli(
+        "launcher.plan",
+        *H100,
+        *LAYOUTS["mixtral_8x7b fsdp 128"],
+        "plan.dry_run=true",
+        "plan.format=json",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout)
+    assert out["dry_run"]["ok"] and out["dry_run"]["relative_error"] < 0.01

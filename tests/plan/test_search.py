@@ -1,0 +1,120 @@
+"""The search ranks layouts that fit, and each one checks out through the ordinary plan."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import compose_config, run_cli
+
+from launcher.plan import make_plan
+from launcher.plan.search import search
+
+BASE = ["model=llama3_8b", "hardware=h100_80g", "train.seq_len=8192", "train.global_batch_size=64"]
+
+
+def as_overrides(lay) -> list[str]:
+    pipeline = [f"pipeline={lay.schedule}", f"pipeline.stages_per_rank={lay.stages_per_rank}"]
+    return [
+        *(f"parallel.{k}={v}" for k, v in lay.degrees.items()),
+        f"data_parallel.zero_stage={lay.zero_stage}",
+        *pipeline,
+        f"train.micro_batch_size={lay.micro_batch_size}",
+        f"recompute={lay.recompute}",
+        f"tensor.sequence_parallel={str(lay.sequence_parallel).lower()}",
+    ]
+
+
+def test_search_ranks_fitting_layouts_that_replan_identically():
+    cfg = compose_config(BASE)
+    evaluated, fitting = search(cfg)
+    assert evaluated > len(fitting) > 10
+    speeds = [e.tokens_per_s_per_device for e in fitting]
+    assert speeds == sorted(speeds, reverse=True)
+    for est in fitting[:5]:
+        plan = make_plan(compose_config(BASE + as_overrides(est.layout)))
+        assert plan.ok, plan.errors
+        assert plan.estimate.tokens_per_s_per_device == pytest.approx(est.tokens_per_s_per_device)
+
+
+def test_search_prefers_cheapest_recompute_that_fits():
+    cfg = compose_config(
+        [
+            "model=llama3_70b",
+            "hardware=h100_80g",
+            "hardware.nodes=8",
+            "train.seq_len=8192",
+            "train.global_batch_size=256",
+        ]
+    )
+    _, fitting = search(cfg)
+    top = fitting[0]
+    assert top.memory.total <= 79.6 * 2**30
+    if top.layout.recompute == "full":  # then the same layout without recompute must not fit
+        lay = top.layout
+        plan = make_plan(
+            compose_config(
+                [
+                    "model=llama3_70b",
+                    "hardware=h100_80g",
+                    "hardware.nodes=8",
+                    "train.seq_len=8192",
+                    "train.global_batch_size=256",
+                ]
+                + [o for o in as_overrides(lay) if "recompute" not in o]
+                + ["recompute=none"]
+            )
+        )
+        assert not plan.fits
+
+
+@pytest.mark.e2e
+def test_search_cli_json():
+    result = run_cli("launcher.plan", *BASE, "plan.search=true", "plan.format=json", "plan.top_k=3")
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = json.loads(result.stdout)
+    assert out["evaluated"] > 0 and len(out["top"]) == 3
+    assert all(t["memory_gib"]["total"] <= t["memory_gib"]["capacity"] for t in out["top"])
+
+
+@pytest.mark.e2e
+def test_plan_cli_json_shape_and_exit_status():
+    ok = run_cli("launcher.plan", "recipe=llama3_405b_8k", "plan.format=json")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    out = json.loads(ok.stdout)
+    assert {
+        "valid",
+        "fits",
+        "errors",
+        "warnings",
+        "world_size",
+        "degrees",
+        "params",
+        "memory_gib",
+        "predicted",
+    } <= out.keys()
+    assert out["degrees"] == {
+        "dp_replicate": 1,
+        "dp_shard": 64,
+        "tp": 8,
+        "pp": 16,
+        "cp": 1,
+        "ep": 1,
+    }
+    assert {"params", "grads", "optimizer", "activations", "other", "total", "capacity"} <= out[
+        "memory_gib"
+    ].keys()
+    assert {"step_time_s", "tokens_per_s_per_device", "mfu", "bubble_fraction"} <= out[
+        "predicted"
+    ].keys()
+    bad = run_cli(
+        "launcher.plan",
+        "model=llama3_405b",
+        "hardware=h100_80g",
+        "train.micro_batch_size=1",
+        "train.global_batch_size=8",
+        "plan.format=json",
+    )
+    assert bad.returncode == 2
+    out = json.loads(bad.stdout)
+    assert out["valid"] and not out["fits"] and out["errors"][0]["rule"] == "memory"
