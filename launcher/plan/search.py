@@ -1,4 +1,4 @@
-"""`plan.search=true`: enumerate layouts for a model, hardware and global batch; rank those that fit.
+"""`plan.search=true`: enumerate the layouts for a model, hardware and batch; rank those that fit.
 
 The space: tp (powers of two inside a node), cp (chunks of at least 1024 tokens), pp (any
 divisor of what is left, at most the layers), HSDP or not, ZeRO stage, pipeline schedule and
