@@ -56,13 +56,13 @@ def apply_fsdp(
 def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
     """Replicate over the flattened data-parallel group; gradients all-reduced (averaged)."""
     device_ids = [device.index] if device.type == "cuda" else None
-    # Every rank builds the same seeded model, and the rope buffer is derived from config, so
-    # buffers need no broadcast; the initial shape check cannot run on a meta-device dry run.
+    # The rope buffer is derived from config, identical everywhere: no broadcast each forward.
+    # The initial shape check and sync cannot run on a meta-device dry run.
     return DistributedDataParallel(
         model,
         process_group=mesh.get_group(),
         device_ids=device_ids,
-        broadcast_buffers=False,
+        forward_sync_buffers=False,
         init_sync=device.type != "meta",
     )
 

@@ -13,10 +13,11 @@ import sys
 
 from omegaconf import DictConfig
 
-from launcher.cli import USAGE_ERROR, hydra_app, to_config
+from launcher.cli import USAGE_ERROR, fail, hydra_app, to_config
 from launcher.config import PlanFormat
 from launcher.plan import make_plan
 from launcher.plan.report import plan_json, print_plan
+from launcher.plan.rules import config_problems
 
 
 def task(dcfg: DictConfig) -> None:
@@ -25,6 +26,9 @@ def task(dcfg: DictConfig) -> None:
     if cfg.plan.search:
         from launcher.plan.search import run_search
 
+        problems = config_problems(cfg)
+        if problems:  # nothing to search: the model, batch or precision itself is refused
+            fail("\n".join(["the search has nothing to search:", *(f"  - {p}" for p in problems)]))
         sys.exit(run_search(cfg, as_json))
     plan = make_plan(cfg)
     dry = None

@@ -36,3 +36,13 @@ def test_matches_single_process(name, reference, tmp_path):
         rtol=1e-4,
         label=f"{name} grad_norm",
     )
+
+
+def test_mixtral_fsdp_with_fewer_experts_than_ranks(tmp_path):
+    """2 experts over 4 FSDP ranks: the stacked expert weights are sharded on their widest
+    dimension instead of the expert dimension (which would leave two ranks empty)."""
+    model = ["model=mixtral_debug", "model.n_routed_experts=2"]
+    ref = run_layout(tmp_path / "ref", [*model, "hardware.devices_per_node=1"])
+    got = run_layout(tmp_path / "fsdp", [*model, "hardware.devices_per_node=4"])
+    assert ref[-1] < ref[0]
+    assert_parity(ref, got, rtol=1e-5, label="mixtral fsdp dp_shard=4")
