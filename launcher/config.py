@@ -173,6 +173,8 @@ class TrainConfig:
     grad_clip: float = 1.0  # 0 turns clipping off
     eval_interval: int = 50  # 0 turns evaluation off
     eval_batches: int = 4  # global batches of the held-out split per evaluation
+    compile: bool = False  # torch.compile each block (inductor; needs a C compiler on CPU)
+    save_final: bool = False  # write DIR/final_model.pt, the gathered full state dict
 
 
 @dataclass

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 import models
 from launcher import distributed
@@ -39,6 +43,19 @@ def build_model(cfg, seed: int) -> torch.nn.Module:
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in fp32; logits (B, S, V), targets (B, S)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def local(x: torch.Tensor) -> torch.Tensor:
+    """A (replicated) DTensor loss as a plain tensor."""
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def save_full_state_dict(model: torch.nn.Module, path: Path, rank: int) -> None:
+    """Gather every shard (FSDP, TP) into one full state dict; rank 0 writes it."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    state = get_model_state_dict(model, options=options)
+    if rank == 0:
+        torch.save(state, path)
 
 
 def check_fault(rank: int, step: int) -> None:
@@ -82,6 +99,13 @@ def train(cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist) 
         val_split, t.global_batch_size, t.micro_batch_size, dp_rank, dp, t.seed, shuffle=False
     )
 
+    # With loss parallelism the logits stay sharded over the vocabulary; cross-entropy (and its
+    # backward) must then run under loss_parallel(), which reduces across the tp ranks.
+    vocab_parallel = plan.degrees["tp"] > 1 and cfg.tensor.loss_parallel
+
+    def loss_context():
+        return loss_parallel() if vocab_parallel else nullcontext()
+
     def forward_loss(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.autocast(d.device.type, dtype=compute_dtype, enabled=autocast):
             return loss_fn(model(x.to(d.device)), y.to(d.device))
@@ -89,11 +113,12 @@ def train(cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist) 
     @torch.no_grad()
     def evaluate() -> float:
         model.eval()
-        losses = [
-            forward_loss(x, y)
-            for k in range(t.eval_batches)
-            for x, y in val_batches.micro_batches(k)
-        ]
+        with loss_context():
+            losses = [
+                local(forward_loss(x, y))
+                for k in range(t.eval_batches)
+                for x, y in val_batches.micro_batches(k)
+            ]
         model.train()
         return distributed.all_reduce_mean(torch.stack(losses).mean(), d.dp_mesh).item()
 
@@ -118,12 +143,12 @@ def train(cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist) 
             total = torch.zeros((), device=d.device)
             for i, (x, y) in enumerate(micro):
                 check_fault(d.rank, step)
-                with grad_sync(model, sync=i == len(micro) - 1):
+                with grad_sync(model, sync=i == len(micro) - 1), loss_context():
                     loss = forward_loss(x, y)
                     # Each micro-batch holds the same number of tokens: the mean of the
                     # micro-batch means is the mean over this rank's share of the batch.
                     (loss / len(micro)).backward()
-                total += loss.detach()
+                total += local(loss.detach())
             grad_norm = clip_grad_norm(params, t.grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -141,6 +166,8 @@ def train(cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist) 
             if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps):
                 metrics["eval_loss"] = evaluate()
             logger.log(step, metrics)
+        if t.save_final:
+            save_full_state_dict(model, Path(run_dir) / "final_model.pt", d.rank)
         ok = True
     finally:
         logger.close(ok)

@@ -7,7 +7,8 @@ import math
 import torch
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
-from torch.distributed.tensor import DTensor
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor, Replicate
 
 from launcher.config import TrainConfig
 from launcher.distributed import Dist
@@ -56,13 +57,38 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
     """Global L2 norm of all gradients across every rank; scale them down to max_norm if > 0.
 
-    Sharded (DTensor) gradients give a DTensor norm whose full_tensor() reduces over the mesh
-    dimensions they are sharded on; replicated (DDP) gradients are already whole.
+    Gradients may be plain (replicated) tensors or DTensors on different meshes (FSDP shards,
+    TP shards, both). Each rank sums the squares of what it holds, grouped by the mesh
+    dimensions the gradient is sharded over; each group is all-reduced over exactly those
+    dimensions (replicated dimensions hold copies, which must be counted once).
     """
-    grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, 2.0)
-    if isinstance(norm, DTensor):
-        norm = norm.full_tensor()
+    sums: dict[tuple, list] = {}
+    for p in params:
+        g = p.grad
+        if g is None:
+            continue
+        if isinstance(g, DTensor):
+            if any(pl.is_partial() for pl in g.placements):
+                g = g.redistribute(placements=[Replicate() if pl.is_partial() else pl
+                                               for pl in g.placements])
+            # Not is_shard(): FSDP over a TP-sharded dimension uses _StridedShard, which is not.
+            dims = tuple(i for i, pl in enumerate(g.placements) if not pl.is_replicate())
+            key, mesh, local = (id(g.device_mesh), dims), g.device_mesh, g.to_local()
+        else:
+            key, mesh, local = (None, ()), None, g
+        entry = sums.setdefault(key, [mesh, torch.zeros((), dtype=torch.float32,
+                                                        device=local.device)])
+        entry[1] = entry[1] + local.float().pow(2).sum()
+    total = None
+    for (_, dims), (mesh, sq) in sums.items():
+        for dim in dims:
+            dist.all_reduce(sq, group=mesh.get_group(dim))
+        total = sq if total is None else total + sq.to(total.device)
+    norm = total.sqrt() if total is not None else torch.zeros(())
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+        coef = min(1.0, max_norm / (norm.item() + 1e-6))
+        if coef < 1.0:
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
     return norm

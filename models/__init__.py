@@ -6,10 +6,15 @@ import dataclasses
 
 from torch import nn
 
+from models.gpt import GPT, GPTArgs
 from models.llama import LlamaArgs, Transformer
 from models.mixtral import Mixtral, MixtralArgs
 
-MODELS = {"llama": (Transformer, LlamaArgs), "mixtral": (Mixtral, MixtralArgs)}
+MODELS = {
+    "llama": (Transformer, LlamaArgs),
+    "gpt": (GPT, GPTArgs),
+    "mixtral": (Mixtral, MixtralArgs),
+}
 
 
 def build(family: str, fields: dict) -> nn.Module:

@@ -87,22 +87,37 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-def attention(q, k, v, dropout: float, fused: bool) -> torch.Tensor:
-    """Causal attention over (B, H, S, E); k and v already repeated to H heads."""
-    if fused:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-    s = q.shape[-2]
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, S, S)
-    mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-    return F.dropout(probs, dropout, training=dropout > 0) @ v
+class AttentionCore(nn.Module):
+    """Causal softmax(q k^T / sqrt(E)) v over (B, H, S, E), k and v with K <= H heads (GQA).
+
+    A module of its own so that selective activation checkpointing can wrap exactly this:
+    the work between the projections, whose internals (score matrices when not fused) are
+    cheap to recompute from q, k and v.
+    """
+
+    def __init__(self, dropout: float, fused: bool):
+        super().__init__()
+        self.dropout, self.fused = dropout, fused
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        dropout = self.dropout if self.training else 0.0
+        if self.fused:
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
+                                                  enable_gqa=True)
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, S, S)
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+        return F.dropout(probs, dropout, training=dropout > 0) @ v
 
 
 class Attention(nn.Module):
     def __init__(self, args: LlamaArgs):
         super().__init__()
-        self.n_heads, self.n_kv_heads, self.head_dim = args.n_heads, args.n_kv_heads, args.head_dim
-        self.dropout, self.fused = args.dropout, args.flash_attention
+        self.head_dim = args.head_dim
+        self.core = AttentionCore(args.dropout, args.flash_attention)
         self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
         self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
@@ -114,14 +129,9 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, s, -1, self.head_dim)  # (B, S, H, E)
         k = self.wk(x).view(b, s, -1, self.head_dim)  # (B, S, K, E)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        q, k = apply_rope(q, rope), apply_rope(k, rope)
-        repeat = q.shape[2] // k.shape[2]  # GQA: each kv head serves `repeat` query heads
-        k = k.repeat_interleave(repeat, dim=2)
-        v = v.repeat_interleave(repeat, dim=2)
-        dropout = self.dropout if self.training else 0.0
-        out = attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), dropout, self.fused
-        )
+        q, k = apply_rope(q, rope[:s]), apply_rope(k, rope[:s])
+        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, S, E)
+        # SDPA lays its output out as (B, S, H, E): the reshape is a view, not a copy.
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
 
 
@@ -190,8 +200,9 @@ class Transformer(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        rope = self.rope[: h.shape[1]]
+        # The whole table: under sequence parallelism h holds a slice of the sequence here, and
+        # attention, which sees all of it, takes the first S rows itself.
         for layer in self.layers.values():
-            h = layer(h, rope)
+            h = layer(h, self.rope)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h

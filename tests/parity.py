@@ -1,6 +1,8 @@
-"""Parity harness: run a layout on N local processes, compare per-step losses with one process.
+"""Parity harness: run a layout on N local processes and compare it with one process.
 
-Add a row by naming its overrides; a failing row says which step and how far off it was.
+Per-step losses and gradient norms, and the final parameters (gathered from every shard), are
+compared against the single-process run of the same seed, data and global batch. Add a row by
+naming its overrides; a failing row says which step (or which parameter) and how far off.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ BASE = [
     "train.micro_batch_size=2",
     "precision=fp32",
     "logging.wandb.mode=disabled",
+    "train.save_final=true",
 ]
 
 
@@ -43,3 +46,20 @@ def assert_parity(reference: list[float], got: list[float], rtol: float, label: 
         if abs(g - r) > rtol * abs(r)
     ]
     assert not bad, f"{label} differs from the single process beyond {rtol:g}:\n" + "\n".join(bad)
+
+
+def assert_params_match(ref_dir: Path, run_dir: Path, rtol: float, atol: float, label: str):
+    """Every final parameter of the layout against the single process, worst first."""
+    import torch
+
+    ref = torch.load(ref_dir / "final_model.pt")
+    got = torch.load(run_dir / "final_model.pt")
+    assert ref.keys() == got.keys(), f"{label}: parameter names differ: {ref.keys() ^ got.keys()}"
+    bad = []
+    for name, r in ref.items():
+        diff = (got[name] - r).abs()
+        limit = atol + rtol * r.abs()
+        if (diff > limit).any():
+            bad.append((float(diff.max()), name))
+    bad.sort(reverse=True)
+    assert not bad, f"{label}: final parameters differ (max abs diff, name): {bad[:5]}"

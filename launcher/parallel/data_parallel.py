@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import DTensor, Shard
 from torch.nn.parallel import DistributedDataParallel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -36,7 +36,7 @@ def apply_fsdp(
     def placement(p: nn.Parameter) -> Shard | None:
         # FSDP shards dim 0 by default; stacked experts (E, ffn, dim) with fewer experts than
         # ranks would leave most ranks empty, so shard their largest dimension instead.
-        if p.ndim > 1 and p.shape[0] < shards:
+        if p.ndim > 1 and p.shape[0] < shards and not isinstance(p, DTensor):
             return Shard(max(range(p.ndim), key=lambda i: p.shape[i]))
         return None
 

@@ -15,12 +15,11 @@ from launcher.plan import pipeline as pl
 
 # Axes whose engine is not built yet: launcher.train refuses them by name.
 NOT_AVAILABLE = {
-    "tp": "tensor parallelism",
     "pp": "pipeline parallelism",
     "cp": "context parallelism",
     "ep": "expert parallelism",
 }
-ENGINE_FAMILIES = ("llama", "mixtral")
+ENGINE_FAMILIES = ("llama", "gpt", "mixtral")
 AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 
 
@@ -345,12 +344,11 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
                 "family is not available yet (launcher.plan can plan it)",
             )
         )
-    if cfg.recompute.mode.value != "none":
-        errors.append(
-            Problem(
-                "not_available",
-                f"recompute={cfg.recompute.mode.value}: "
-                "activation checkpointing is not available yet",
-            )
-        )
+    if lay.tp > 1 and lay.dp > 1 and (lay.zero_stage <= 1 or lay.dp_shard == 1):
+        errors.append(Problem("not_available", f"parallel.tp={lay.tp} with DDP or ZeRO-1: tensor "
+                              "parallelism composes with FSDP/HSDP only (data_parallel=zero2 or "
+                              "fsdp with dp_shard > 1)"))
+    if lay.tp > 1 and cfg.model.family == "mixtral":
+        errors.append(Problem("not_available", f"parallel.tp={lay.tp} with model.family=mixtral: "
+                              "tensor parallelism of expert layers is not available yet"))
     return errors

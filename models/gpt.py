@@ -1,0 +1,129 @@
+"""Megatron-style GPT: learned positions, pre-LayerNorm blocks, GeLU MLP of ffn_dim (4h), dropout,
+biases on every projection, output projection optionally tied to the token embedding.
+
+Plain torch, no distributed import; layers in an nn.ModuleDict, and embed / norm / output may be
+None on a pipeline stage that does not own them. Shapes: B batch, S sequence, D dim, H heads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.llama import AttentionCore
+
+
+@dataclass
+class GPTArgs:
+    dim: int = 2304
+    n_layers: int = 24
+    n_heads: int = 24
+    ffn_dim: int = 9216
+    vocab_size: int = 51200
+    max_seq_len: int = 2048
+    norm_eps: float = 1e-5
+    dropout: float = 0.1
+    flash_attention: bool = True
+    tie_embeddings: bool = True
+
+
+class Embedding(nn.Module):
+    """Token plus learned position embeddings, then dropout: (B, S) -> (B, S, D)."""
+
+    def __init__(self, args: GPTArgs):
+        super().__init__()
+        self.tok = nn.Embedding(args.vocab_size, args.dim)
+        self.pos = nn.Embedding(args.max_seq_len, args.dim)
+        self.dropout = args.dropout
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        h = self.tok(tokens) + self.pos(positions)
+        return F.dropout(h, self.dropout if self.training else 0.0)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: GPTArgs):
+        super().__init__()
+        self.head_dim = args.dim // args.n_heads
+        self.wq = nn.Linear(args.dim, args.dim)
+        self.wk = nn.Linear(args.dim, args.dim)
+        self.wv = nn.Linear(args.dim, args.dim)
+        self.wo = nn.Linear(args.dim, args.dim)
+        self.core = AttentionCore(args.dropout, args.flash_attention)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds a slice of them.
+        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))  # (B, H, S, E)
+        out = self.core(q, k, v)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, args: GPTArgs):
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.feed_forward = MLP(args.dim, args.ffn_dim)
+        self.dropout = args.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        drop = self.dropout if self.training else 0.0
+        x = x + F.dropout(self.attention(self.attention_norm(x)), drop)
+        return x + F.dropout(self.feed_forward(self.ffn_norm(x)), drop)
+
+
+class GPT(nn.Module):
+    """Token ids (B, S) -> logits (B, S, V), or hidden states on a stage without the head."""
+
+    def __init__(self, args: GPTArgs):
+        super().__init__()
+        self.args = args
+        self.embed: Embedding | None = Embedding(args)
+        self.layers = nn.ModuleDict({str(i): Block(args) for i in range(args.n_layers)})
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(args.dim, eps=args.norm_eps)
+        self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the output projection with the token embedding (when both live here)."""
+        if self.args.tie_embeddings and self.embed is not None and self.output is not None:
+            self.output.weight = self.embed.tok.weight
+
+    @torch.no_grad()
+    def init_weights(self, seed: int | None = None) -> None:
+        """Normal(0.02) weights, zero biases, unit LayerNorm gains; residual outputs scaled."""
+        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+        out_std = 0.02 / math.sqrt(2 * self.args.n_layers)
+        for name, p in self.named_parameters():  # a tied weight is listed once
+            if "norm" in name:
+                p.fill_(1.0 if name.endswith("weight") else 0.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                std = out_std if name.endswith(("wo.weight", "fc2.weight")) else 0.02
+                p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embed(tokens) if self.embed is not None else tokens
+        for layer in self.layers.values():
+            h = layer(h)
+        h = self.norm(h) if self.norm is not None else h
+        return self.output(h) if self.output is not None else h
