@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.optim import ZeroRedundancyOptimizer
-import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
 
 from launcher.config import TrainConfig
@@ -69,15 +69,17 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
             continue
         if isinstance(g, DTensor):
             if any(pl.is_partial() for pl in g.placements):
-                g = g.redistribute(placements=[Replicate() if pl.is_partial() else pl
-                                               for pl in g.placements])
+                g = g.redistribute(
+                    placements=[Replicate() if pl.is_partial() else pl for pl in g.placements]
+                )
             # Not is_shard(): FSDP over a TP-sharded dimension uses _StridedShard, which is not.
             dims = tuple(i for i, pl in enumerate(g.placements) if not pl.is_replicate())
             key, mesh, local = (id(g.device_mesh), dims), g.device_mesh, g.to_local()
         else:
             key, mesh, local = (None, ()), None, g
-        entry = sums.setdefault(key, [mesh, torch.zeros((), dtype=torch.float32,
-                                                        device=local.device)])
+        entry = sums.setdefault(
+            key, [mesh, torch.zeros((), dtype=torch.float32, device=local.device)]
+        )
         entry[1] = entry[1] + local.float().pow(2).sum()
     total = None
     for (_, dims), (mesh, sq) in sums.items():

@@ -59,8 +59,9 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of them.
-        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2)
-                   for w in (self.wq, self.wk, self.wv))  # (B, H, S, E)
+        q, k, v = (
+            w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
+        )  # (B, H, S, E)
         out = self.core(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
 

@@ -72,6 +72,35 @@ def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
     return out.flatten(-2).type_as(x)
 
 
+def _at_least_fp32(x: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+class _RMSNormFunction(torch.autograd.Function):
+    """x / rms(x) * weight, keeping only x and 1/rms(x) for backward.
+
+    Written as one autograd function so that backward recomputes x / rms(x) instead of keeping
+    it: the element-wise version keeps a third (B, S, D) tensor per norm.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.to(_at_least_fp32(x))
+        r = torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)  # (..., 1)
+        ctx.save_for_backward(x, weight, r)
+        return (x32 * r).type_as(x) * weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight, r = ctx.saved_tensors
+        n = x.to(r.dtype) * r  # x / rms(x)
+        g = grad.to(r.dtype)
+        grad_weight = (g * n).sum(dim=tuple(range(g.ndim - 1)))
+        gn = g * weight.to(r.dtype)
+        grad_x = r * (gn - n * (gn * n).mean(-1, keepdim=True))
+        return grad_x.type_as(x), grad_weight.type_as(weight), None
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -79,9 +108,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return normed.type_as(x) * self.weight
+        return _RMSNormFunction.apply(x, self.weight, self.eps)
 
     def reset_parameters(self) -> None:
         nn.init.ones_(self.weight)
@@ -102,8 +129,9 @@ class AttentionCore(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         dropout = self.dropout if self.training else 0.0
         if self.fused:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True,
-                                                  enable_gqa=True)
+            return F.scaled_dot_product_attention(
+                q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=True
+            )
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         s = q.shape[-2]

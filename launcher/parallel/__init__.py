@@ -22,8 +22,13 @@ def parallelize(model: nn.Module, plan: Plan, d: Dist) -> nn.Module:
     """Apply the plan's layout to a model built identically on every rank."""
     cfg, degrees = plan.cfg, plan.degrees
     if degrees["tp"] > 1:
-        apply_tp(model, d.mesh["tp"], cfg.model.family, cfg.tensor.sequence_parallel,
-                 cfg.tensor.loss_parallel)
+        apply_tp(
+            model,
+            d.mesh["tp"],
+            cfg.model.family,
+            cfg.tensor.sequence_parallel,
+            cfg.tensor.loss_parallel,
+        )
     if cfg.recompute.mode.value != "none":
         apply_ac(model, cfg.recompute.mode.value)
     if cfg.train.compile:
@@ -34,6 +39,11 @@ def parallelize(model: nn.Module, plan: Plan, d: Dist) -> nn.Module:
     prec = cfg.precision
     if degrees["dp_shard"] > 1 and stage >= 2:
         dims = ("dp_replicate", "dp_shard") if degrees["dp_replicate"] > 1 else ("dp_shard",)
-        return apply_fsdp(model, d.mesh[dims], reshard_after_forward=stage == 3,
-                          param_dtype=prec.param_dtype.value, reduce_dtype=prec.grad_dtype.value)
+        return apply_fsdp(
+            model,
+            d.mesh[dims],
+            reshard_after_forward=stage == 3,
+            param_dtype=prec.param_dtype.value,
+            reduce_dtype=prec.grad_dtype.value,
+        )
     return apply_ddp(model, d.dp_mesh, d.device)

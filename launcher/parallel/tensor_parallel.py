@@ -23,8 +23,9 @@ from torch.distributed.tensor.parallel import (
 )
 
 
-def apply_tp(model: nn.Module, mesh: DeviceMesh, family: str, sequence_parallel: bool,
-             loss_parallel: bool) -> None:
+def apply_tp(
+    model: nn.Module, mesh: DeviceMesh, family: str, sequence_parallel: bool, loss_parallel: bool
+) -> None:
     """Shard `model` in place over the 1-D tp mesh."""
     sp = sequence_parallel
     residual = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
@@ -34,11 +35,11 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, family: str, sequence_parallel:
         # replicated tensor and the sum is then cut along the sequence.
         root["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
         if sp:
-            root["embed"] = PrepareModuleOutput(output_layouts=Replicate(),
-                                                desired_output_layouts=Shard(1))
+            root["embed"] = PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=Shard(1)
+            )
     else:
-        root["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(),
-                                                 output_layouts=residual)
+        root["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
     if sp:
         root["norm"] = SequenceParallel()
     root["output"] = ColwiseParallel(
@@ -62,14 +63,16 @@ def apply_tp(model: nn.Module, mesh: DeviceMesh, family: str, sequence_parallel:
         if sp:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
-            plan["attention"] = PrepareModuleInput(input_layouts=(Shard(1), *extra),
-                                                   desired_input_layouts=(Replicate(), *extra))
+            plan["attention"] = PrepareModuleInput(
+                input_layouts=(Shard(1), *extra), desired_input_layouts=(Replicate(), *extra)
+            )
         up, down = ("fc1", "fc2") if family == "gpt" else ("w1", "w2")
         plan[f"feed_forward.{up}"] = ColwiseParallel()
         plan[f"feed_forward.{down}"] = RowwiseParallel(output_layouts=residual)
         if family != "gpt":
             plan["feed_forward.w3"] = ColwiseParallel()
         if sp:
-            plan["feed_forward"] = PrepareModuleInput(input_layouts=(Shard(1),),
-                                                      desired_input_layouts=(Replicate(),))
+            plan["feed_forward"] = PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+            )
         parallelize_module(block, mesh, plan)

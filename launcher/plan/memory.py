@@ -59,6 +59,7 @@ def layer_activation_bytes(
     flash: bool,
     dropout: bool,
     act_b: int,
+    sp_keeps_gathered: bool = True,
 ) -> float:
     """Bytes one block saves for backward, per token of one micro-batch on one rank.
 
@@ -74,8 +75,13 @@ def layer_activation_bytes(
     - without fused attention, the softmax output (H s per token) and with dropout its mask
       (1 byte) and output: Korthikanti's 5 a s / h; selective recompute drops these;
     - full recompute keeps only the block input (h), plus one block recomputed at a time
-      (added by the caller).
-    For a GPT layer with dropout in 16 bits this is Korthikanti's 34 + 5 a s / h (times s b h).
+      (added by the caller);
+    - with sequence parallelism, DTensor's column-parallel projections keep the all-gathered
+      (whole-sequence) norm outputs that feed attention and the MLP (2 h, not divided by tp)
+      in place of their sequence shards, where Megatron keeps the shards and gathers them
+      again in backward (sp_keeps_gathered=False).
+    For a GPT layer with dropout in 16 bits and Megatron's SP this is Korthikanti et al.'s table:
+    34 + 5 a s / h (times s b h) without parallelism, (34 + 5 a s / h) / t with TP and SP.
     """
     if recompute == "full":
         return dim * act_b / (tp if sp else 1)
@@ -83,4 +89,7 @@ def layer_activation_bytes(
     inside = (q + k + v + o + mlp) * act_b
     if not flash and recompute != "selective":
         inside += n_heads * seq * (act_b + (1 + act_b if dropout else 0))
+    if sp and tp > 1 and sp_keeps_gathered:  # norm outputs kept whole, not as shards
+        outside -= 2 * dim * act_b
+        inside += 2 * dim * act_b * tp
     return outside / (tp if sp else 1) + inside / tp + latent * act_b

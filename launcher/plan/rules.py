@@ -345,14 +345,29 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
             )
         )
     if lay.tp > 1 and lay.dp > 1 and (lay.zero_stage <= 1 or lay.dp_shard == 1):
-        errors.append(Problem("not_available", f"parallel.tp={lay.tp} with DDP or ZeRO-1: tensor "
-                              "parallelism composes with FSDP/HSDP only (data_parallel=zero2 or "
-                              "fsdp with dp_shard > 1)"))
+        errors.append(
+            Problem(
+                "not_available",
+                f"parallel.tp={lay.tp} with DDP or ZeRO-1: tensor "
+                "parallelism composes with FSDP/HSDP only (data_parallel=zero2 or "
+                "fsdp with dp_shard > 1)",
+            )
+        )
     if lay.tp > 1 and cfg.train.compile and cfg.hardware.device_type.value == "cpu":
-        errors.append(Problem("not_available", f"train.compile=true with parallel.tp={lay.tp} on "
-                              "CPU: torch 2.13's compiled backward hands DTensor redistribution "
-                              "a plain tensor (AttributeError _local_tensor); compile without tp"))
+        errors.append(
+            Problem(
+                "not_available",
+                f"train.compile=true with parallel.tp={lay.tp} on "
+                "CPU: torch 2.13's compiled backward hands DTensor redistribution "
+                "a plain tensor (AttributeError _local_tensor); compile without tp",
+            )
+        )
     if lay.tp > 1 and cfg.model.family == "mixtral":
-        errors.append(Problem("not_available", f"parallel.tp={lay.tp} with model.family=mixtral: "
-                              "tensor parallelism of expert layers is not available yet"))
+        errors.append(
+            Problem(
+                "not_available",
+                f"parallel.tp={lay.tp} with model.family=mixtral: "
+                "tensor parallelism of expert layers is not available yet",
+            )
+        )
     return errors

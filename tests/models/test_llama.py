@@ -87,3 +87,19 @@ def test_initial_loss_is_near_uniform():
     tokens = torch.randint(0, 257, (2, 33))
     loss = F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1), tokens[:, 1:].flatten())
     assert loss.item() == pytest.approx(math.log(cfg.model.vocab_size), rel=0.05)
+
+
+def test_rmsnorm_matches_the_elementwise_definition_and_its_gradients():
+    from models.llama import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(16, 1e-5).double()
+    torch.nn.init.normal_(norm.weight)
+    x = torch.randn(3, 5, 16, dtype=torch.float64, requires_grad=True)
+    want = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * norm.weight
+    torch.testing.assert_close(norm(x), want)
+    g = torch.randn_like(want)
+    got = torch.autograd.grad(norm(x), (x, norm.weight), g)
+    ref = torch.autograd.grad(want, (x, norm.weight), g)
+    for a, b in zip(got, ref, strict=True):
+        torch.testing.assert_close(a, b)

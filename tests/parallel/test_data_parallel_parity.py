@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from parity import assert_params_match, assert_parity, read_layout, run_layout
+from parity import assert_parity, read_layout, run_layout
 
 pytestmark = pytest.mark.dist
 

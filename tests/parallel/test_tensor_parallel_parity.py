@@ -11,29 +11,45 @@ A wrong shard or a missed reduction is off by the whole update, two orders of ma
 from __future__ import annotations
 
 import pytest
-
 from parity import assert_params_match, assert_parity, read_layout, run_layout
 
 pytestmark = pytest.mark.dist
 
-MODELS = {"llama3_debug": ["model=llama3_debug"],
-          "gpt_debug": ["model=gpt_debug", "model.dropout=0.0"]}
+MODELS = {
+    "llama3_debug": ["model=llama3_debug"],
+    "gpt_debug": ["model=gpt_debug", "model.dropout=0.0"],
+}
 TP1 = ["parallel.dp_shard=1"]
 LAYOUTS = {
     "tp=2": ["hardware.devices_per_node=2", "parallel.tp=2", *TP1],
     "tp=4": ["hardware.devices_per_node=4", "parallel.tp=4", *TP1],
-    "tp=2 sp+loss parallel": ["hardware.devices_per_node=2", "parallel.tp=2", *TP1,
-                              "tensor=sequence_parallel"],
-    "dp_shard=2 x tp=2": ["hardware.devices_per_node=4", "parallel.tp=2",
-                          "tensor=sequence_parallel"],
-    "dp_replicate=2 x dp_shard=2 x tp=2": ["hardware.devices_per_node=8", "parallel.tp=2",
-                                           "parallel.dp_replicate=2", "parallel.dp_shard=2",
-                                           "tensor=sequence_parallel"],
-    "tp=2 recompute=full": ["hardware.devices_per_node=2", "parallel.tp=2", *TP1,
-                            "recompute=full"],
+    "tp=2 sp+loss parallel": [
+        "hardware.devices_per_node=2",
+        "parallel.tp=2",
+        *TP1,
+        "tensor=sequence_parallel",
+    ],
+    "dp_shard=2 x tp=2": [
+        "hardware.devices_per_node=4",
+        "parallel.tp=2",
+        "tensor=sequence_parallel",
+    ],
+    "dp_replicate=2 x dp_shard=2 x tp=2": [
+        "hardware.devices_per_node=8",
+        "parallel.tp=2",
+        "parallel.dp_replicate=2",
+        "parallel.dp_shard=2",
+        "tensor=sequence_parallel",
+    ],
+    "tp=2 recompute=full": ["hardware.devices_per_node=2", "parallel.tp=2", *TP1, "recompute=full"],
     # Unfused attention, so that the recomputed core really holds score matrices.
-    "tp=2 recompute=selective": ["hardware.devices_per_node=2", "parallel.tp=2", *TP1,
-                                 "recompute=selective", "model.flash_attention=false"],
+    "tp=2 recompute=selective": [
+        "hardware.devices_per_node=2",
+        "parallel.tp=2",
+        *TP1,
+        "recompute=selective",
+        "model.flash_attention=false",
+    ],
 }
 ROWS = [(m, lay) for m in MODELS for lay in LAYOUTS]
 
@@ -62,8 +78,12 @@ def check(references, tmp_path, model: str, layout: list[str], label: str):
     assert_parity(ref_losses, losses, rtol=1e-5, label=label)
     # Looser than the loss: a vocab-parallel loss sums its softmax in another order, and the
     # norm squares and adds every gradient.
-    assert_parity(read_layout(ref_dir, "grad_norm"), read_layout(tmp_path, "grad_norm"),
-                  rtol=5e-4, label=f"{label} grad_norm")
+    assert_parity(
+        read_layout(ref_dir, "grad_norm"),
+        read_layout(tmp_path, "grad_norm"),
+        rtol=5e-4,
+        label=f"{label} grad_norm",
+    )
     assert_params_match(ref_dir, tmp_path, rtol=1e-4, atol=1e-4, label=label)
 
 

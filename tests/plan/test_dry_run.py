@@ -29,6 +29,20 @@ LAYOUTS = {
         "data_parallel=zero1",
         "train.global_batch_size=64",
     ],
+    "llama3_8b fsdp 8 x tp 8": [
+        "model=llama3_8b",
+        "hardware.nodes=8",
+        "parallel.tp=8",
+        "tensor=sequence_parallel",
+        "train.global_batch_size=64",
+    ],
+    "llama3_8b hsdp 2x4 x tp 8": [
+        "model=llama3_8b",
+        "hardware.nodes=8",
+        "parallel.tp=8",
+        "parallel.dp_replicate=2",
+        "train.global_batch_size=64",
+    ],
     "mixtral_8x7b fsdp 128": [
         "model=mixtral_8x7b",
         "hardware.nodes=16",
@@ -56,13 +70,12 @@ def test_dry_run_matches_analytic_parameters(name):
 
 def test_dry_run_reports_what_the_engine_refuses():
     cfg = compose_config(
-        H100 + ["model=llama3_8b", "hardware.nodes=8", "parallel.tp=8", "train.global_batch_size=8"]
+        H100
+        + ["model=llama3_8b", "hardware.nodes=8", "parallel.pp=2", "train.global_batch_size=64"]
     )
     result = dry_run(cfg, make_plan(cfg))
-    assert (
-        not result.ok
-        and "parallel.tp=8: tensor parallelism is not available yet" in (result.errors[0])
-    )
+    assert not result.ok
+    assert "parallel.pp=2: pipeline parallelism is not available yet" in result.errors[0]
 
 
 @pytest.mark.e2e

@@ -48,6 +48,7 @@ def korthikanti(t=1, sp=False, recompute="none"):
         flash=False,
         dropout=True,
         act_b=2,
+        sp_keeps_gathered=False,  # Megatron's SP gathers the sequence again in backward
     )
     return per_token / H
 
@@ -66,6 +67,31 @@ def korthikanti(t=1, sp=False, recompute="none"):
 )
 def test_korthikanti_activation_table(kwargs, expected):
     assert korthikanti(**kwargs) == pytest.approx(expected)
+
+
+def test_dtensor_sequence_parallel_keeps_the_gathered_inputs():
+    common = dict(
+        dim=H,
+        q=H,
+        k=H,
+        v=H,
+        o=H,
+        latent=0,
+        mlp=8 * H,
+        routed=0,
+        n_heads=A,
+        seq=S,
+        tp=T,
+        sp=True,
+        recompute="selective",
+        flash=True,
+        dropout=True,
+        act_b=2,
+    )
+    ours = layer_activation_bytes(**common)
+    megatron = layer_activation_bytes(**common, sp_keeps_gathered=False)
+    # The two norm outputs (attention and MLP inputs) are kept whole rather than as 1/t shards.
+    assert (ours - megatron) / H == pytest.approx(2 * 2 * (1 - 1 / T))
 
 
 def test_flash_attention_and_no_dropout_drop_their_terms():

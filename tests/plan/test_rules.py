@@ -312,3 +312,29 @@ def test_ep_across_nodes_warns():
     )
     assert plan.valid, plan.errors
     assert "ep_node" in {w.rule for w in plan.warnings}
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["parallel.tp=3", "hardware.devices_per_node=3", "train.global_batch_size=12"],
+            "[tp_heads] tp=3 must divide n_heads=8 (model=llama3_debug)",
+        ),
+        (
+            [
+                "parallel.tp=2",
+                "parallel.dp_shard=1",
+                "tensor=sequence_parallel",
+                "train.seq_len=127",
+            ],
+            "[sp_seq] train.seq_len=127 must be divisible by tp=2",
+        ),
+    ],
+    ids=["tp does not divide heads", "sp with seq not divisible"],
+)
+def test_train_refuses_bad_tp_with_the_planners_error(overrides, expected):
+    result = run_cli("launcher.train", *overrides)
+    assert result.returncode == 2 and expected in result.stderr
+    assert "Traceback" not in result.stderr
