@@ -230,7 +230,9 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
     # Pipeline: stages, schedule shape, micro-batches.
     v = lay.stages_per_rank
     sched = lay.schedule
-    if pp > 1:
+    if v < 1:
+        err("pp_stages", f"pipeline.stages_per_rank={v} must be >= 1")
+    elif pp > 1:
         if sched in pl.V_SCHEDULES and v != 2:
             err(
                 "pp_stages",

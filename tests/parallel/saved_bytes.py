@@ -111,6 +111,7 @@ def main() -> None:
                     flush=True,
                 )
     if tp > 1:
+        dist.barrier()  # gloo aborts if a peer tears down while another still talks
         dist.destroy_process_group()
 
 
