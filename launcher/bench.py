@@ -10,11 +10,10 @@ from __future__ import annotations
 import time
 
 import torch
-from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
-from launcher.cli import CONF_DIR, hydra_app, to_config
+from launcher.cli import compose
 from launcher.plan import make_plan
 from launcher.plan.search import search
 
@@ -40,14 +39,8 @@ def matmul_tflops(n: int = 2048, threads: int = 1, seconds: float = 3.0) -> floa
     return 2 * n**3 * count / (time.perf_counter() - start) / 1e12
 
 
-def load(overrides: list[str]):
-    hydra_app(lambda cfg: None)  # registers the schema and resolvers
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return to_config(compose("config", overrides=overrides))
-
-
 def plans_per_second(seconds: float = 2.0) -> float:
-    cfg = load(["recipe=llama3_405b_8k"])
+    cfg = compose(["recipe=llama3_405b_8k"])
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         make_plan(cfg)
@@ -57,7 +50,7 @@ def plans_per_second(seconds: float = 2.0) -> float:
 
 def search_405b() -> tuple[int, int, float]:
     """(layouts evaluated, layouts that fit, seconds) for the full 405B search."""
-    cfg = load(SEARCH_405B)
+    cfg = compose(SEARCH_405B)
     start = time.perf_counter()
     evaluated, fitting = search(cfg)
     return evaluated, len(fitting), time.perf_counter() - start

@@ -74,6 +74,16 @@ def unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> list[str]:
     return found
 
 
+def compose(overrides: list[str]) -> Config:
+    """The typed Config `launcher.train` would build from these overrides, without running."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    hydra_app(lambda cfg: None)  # registers the schema and resolvers
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return to_config(hydra_compose("config", overrides=overrides))
+
+
 def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
     """Wrap a Hydra task so that composition errors (raised before it starts) exit 2."""
     import hydra

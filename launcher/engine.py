@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -84,8 +85,8 @@ def train(cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist) 
     optimizer = build_optimizer(model, plan, d)
     params = [p for p in model.parameters() if p.requires_grad]
     # FSDP casts to param_dtype itself; replicated models compute under autocast instead.
-    autocast = cfg.precision.compute_dtype != cfg.precision.master_dtype and not hasattr(
-        model, "reshard"
+    autocast = cfg.precision.compute_dtype != cfg.precision.master_dtype and not isinstance(
+        model, FSDPModule
     )
     compute_dtype = DTYPES[cfg.precision.compute_dtype.value]
 

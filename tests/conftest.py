@@ -8,22 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from hydra import compose, initialize_config_dir
-
-from launcher.cli import hydra_app, to_config
+from launcher.cli import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
-# Registers the schema and resolvers exactly as the CLI does.
-hydra_app(lambda cfg: None)
-
 
 def compose_config(overrides: list[str] | None = None):
     """The typed Config the CLI would build from these overrides."""
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return to_config(compose("config", overrides=overrides or []))
+    return compose(overrides or [])
 
 
 def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 600):
@@ -42,8 +35,3 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 6
 
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-@pytest.fixture
-def compose_cfg():
-    return compose_config

@@ -10,11 +10,10 @@ row's residual; EFFICIENCY_MAX and EFFICIENCY_DIM in launcher/plan/estimate.py h
 
 from __future__ import annotations
 
-from hydra import compose, initialize_config_dir
 from rich.console import Console
 from rich.table import Table
 
-from launcher.cli import CONF_DIR, hydra_app, to_config
+from launcher.cli import compose
 from launcher.plan import estimate, make_plan
 
 # (recipe, reported TFLOP/s per GPU) from REFERENCE.md section 2.
@@ -30,12 +29,6 @@ MEGATRON = [
     ("megatron_gpt_529_6b", 163),
     ("megatron_gpt_1008b", 163),
 ]
-
-
-def load(recipe: str):
-    hydra_app(lambda cfg: None)  # registers the schema and resolvers
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return to_config(compose("config", overrides=[f"recipe={recipe}"]))
 
 
 def megatron_flops(cfg) -> float:
@@ -79,7 +72,7 @@ def fit(cfgs, reported) -> tuple[float, float, list[float]]:
 
 
 def main() -> None:
-    cfgs = [load(name) for name, _ in MEGATRON]
+    cfgs = [compose([f"recipe={name}"]) for name, _ in MEGATRON]
     reported = [r for _, r in MEGATRON]
     eff_max, eff_dim, pred = fit(cfgs, reported)
     table = Table(

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
-from launcher.cli import CONF_DIR, hydra_app, to_config
+from launcher.cli import CONF_DIR, compose
 from launcher.plan import make_plan
 from launcher.plan.memory import GIB
 
@@ -14,26 +12,24 @@ RECIPES = Path(CONF_DIR).parent / "recipes"
 
 
 def rows() -> list[str]:
-    hydra_app(lambda cfg: None)  # registers the schema and resolvers
     out = [
         "| recipe | model | GPUs | tp cp pp dp ep | schedule | recompute | memory GiB "
         "(of) | step s | MFU |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        for path in sorted(RECIPES.glob("*.yaml")):
-            cfg = to_config(compose("config", overrides=[f"recipe={path.stem}"]))
-            plan = make_plan(cfg)
-            d, hw = plan.degrees, cfg.hardware
-            lay, est = plan.layout, plan.estimate
-            schedule = f"{lay.schedule} v{lay.stages_per_rank}" if lay.pp > 1 else "-"
-            dp = f"{d['dp_replicate']}x{d['dp_shard']}" if d["dp_replicate"] > 1 else d["dp_shard"]
-            out.append(
-                f"| {path.stem} | {cfg.model.name} | {plan.world_size:,} {hw.name} | "
-                f"{d['tp']} {d['cp']} {d['pp']} {dp} {d['ep']} | {schedule} | {lay.recompute} | "
-                f"{plan.memory.total / GIB:.1f} ({hw.memory_gib:g}) | {est.time.step:.3g} | "
-                f"{est.mfu:.1%} |"
-            )
+    for path in sorted(RECIPES.glob("*.yaml")):
+        cfg = compose([f"recipe={path.stem}"])
+        plan = make_plan(cfg)
+        d, hw = plan.degrees, cfg.hardware
+        lay, est = plan.layout, plan.estimate
+        schedule = f"{lay.schedule} v{lay.stages_per_rank}" if lay.pp > 1 else "-"
+        dp = f"{d['dp_replicate']}x{d['dp_shard']}" if d["dp_replicate"] > 1 else d["dp_shard"]
+        out.append(
+            f"| {path.stem} | {cfg.model.name} | {plan.world_size:,} {hw.name} | "
+            f"{d['tp']} {d['cp']} {d['pp']} {dp} {d['ep']} | {schedule} | {lay.recompute} | "
+            f"{plan.memory.total / GIB:.1f} ({hw.memory_gib:g}) | {est.time.step:.3g} | "
+            f"{est.mfu:.1%} |"
+        )
     return out
 
 

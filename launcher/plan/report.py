@@ -132,28 +132,41 @@ def problems_message(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def memory_json(m, capacity_gib: float) -> dict:
+    """A Memory in GiB ("optimizer" includes the master weights)."""
+    return {
+        "params": m.params / GIB,
+        "grads": m.grads / GIB,
+        "optimizer": (m.master + m.optimizer) / GIB,
+        "activations": m.activations / GIB,
+        "other": m.other / GIB,
+        "total": m.total / GIB,
+        "capacity": capacity_gib,
+    }
+
+
+def predicted_json(est) -> dict:
+    return {
+        "step_time_s": est.time.step,
+        "tokens_per_s_per_device": est.tokens_per_s_per_device,
+        "mfu": est.mfu,
+        "bubble_fraction": est.time.bubble_fraction,
+    }
+
+
+def estimate_json(est, capacity_gib: float) -> dict:
+    """One searched layout: its degrees, settings, memory and predicted speed."""
+    return {
+        "degrees": est.layout.degrees,
+        "layout": layout_json(est.layout),
+        "memory_gib": memory_json(est.memory, capacity_gib),
+        "predicted": predicted_json(est),
+    }
+
+
 def plan_json(plan: Plan) -> dict:
     """The plan as the JSON object `plan.format=json` prints."""
     m, est, ctx = plan.memory, plan.estimate, plan.context
-    memory = None
-    if m is not None:
-        memory = {
-            "params": m.params / GIB,
-            "grads": m.grads / GIB,
-            "optimizer": (m.master + m.optimizer) / GIB,
-            "activations": m.activations / GIB,
-            "other": m.other / GIB,
-            "total": m.total / GIB,
-            "capacity": plan.cfg.hardware.memory_gib,
-        }
-    predicted = None
-    if est is not None and est.time is not None:
-        predicted = {
-            "step_time_s": est.time.step,
-            "tokens_per_s_per_device": est.tokens_per_s_per_device,
-            "mfu": est.mfu,
-            "bubble_fraction": est.time.bubble_fraction,
-        }
     params = None
     if ctx is not None:
         params = {
@@ -170,8 +183,8 @@ def plan_json(plan: Plan) -> dict:
         "degrees": {a: plan.degrees[a] for a in AXES},
         "layout": layout_json(plan.layout) if plan.layout else None,
         "params": params,
-        "memory_gib": memory,
-        "predicted": predicted,
+        "memory_gib": memory_json(m, plan.cfg.hardware.memory_gib) if m else None,
+        "predicted": predicted_json(est) if est is not None and est.time else None,
     }
 
 

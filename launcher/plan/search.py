@@ -19,7 +19,7 @@ from rich.table import Table
 from launcher.config import Config
 from launcher.plan.estimate import Context, Estimate, Layout, evaluate
 from launcher.plan.memory import GIB
-from launcher.plan.report import layout_json
+from launcher.plan.report import estimate_json
 from launcher.plan.rules import config_problems, layout_problems
 
 RECOMPUTE = ("none", "selective", "full")
@@ -117,29 +117,6 @@ def search(cfg: Config) -> tuple[int, list[Estimate]]:
                 break  # a costlier recompute would only be slower
     fitting.sort(key=lambda e: -e.tokens_per_s_per_device)
     return evaluated, fitting
-
-
-def estimate_json(est: Estimate, capacity_gib: float) -> dict:
-    m, tm, lay = est.memory, est.time, est.layout
-    return {
-        "degrees": lay.degrees,
-        "layout": layout_json(lay),
-        "memory_gib": {
-            "params": m.params / GIB,
-            "grads": m.grads / GIB,
-            "optimizer": (m.master + m.optimizer) / GIB,
-            "activations": m.activations / GIB,
-            "other": m.other / GIB,
-            "total": m.total / GIB,
-            "capacity": capacity_gib,
-        },
-        "predicted": {
-            "step_time_s": tm.step,
-            "tokens_per_s_per_device": est.tokens_per_s_per_device,
-            "mfu": est.mfu,
-            "bubble_fraction": tm.bubble_fraction,
-        },
-    }
 
 
 def run_search(cfg: Config, as_json: bool) -> int:
