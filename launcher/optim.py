@@ -54,13 +54,14 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group=None) -> torch.Tensor:
     """Global L2 norm of all gradients across every rank; scale them down to max_norm if > 0.
 
     Gradients may be plain (replicated) tensors or DTensors on different meshes (FSDP shards,
     TP shards, both). Each rank sums the squares of what it holds, grouped by the mesh
     dimensions the gradient is sharded over; each group is all-reduced over exactly those
-    dimensions (replicated dimensions hold copies, which must be counted once).
+    dimensions (replicated dimensions hold copies, which must be counted once); the pipeline
+    stages' totals are then summed over `pp_group`.
     """
     sums: dict[tuple, list] = {}
     for p in params:
@@ -86,7 +87,11 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         for dim in dims:
             dist.all_reduce(sq, group=mesh.get_group(dim))
         total = sq if total is None else total + sq.to(total.device)
-    norm = total.sqrt() if total is not None else torch.zeros(())
+    if total is None:
+        total = torch.zeros(())
+    if pp_group is not None:  # each pipeline stage holds different parameters
+        dist.all_reduce(total, group=pp_group)
+    norm = total.sqrt()
     if max_norm > 0:
         coef = min(1.0, max_norm / (norm.item() + 1e-6))
         if coef < 1.0:

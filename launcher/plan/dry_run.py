@@ -75,14 +75,15 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
 
     import models
     from launcher.distributed import Dist, build_mesh
-    from launcher.parallel import parallelize
+    from launcher.parallel import parallelize, pipeline
 
     mem, lay = plan.memory, plan.layout
     analytic = mem.params / plan.context.param_b if mem else 0.0
     shard = lay.dp_shard * lay.cp
-    if lay.zero_stage == 2 and shard > 1:
-        # The planner counts ZeRO-2's parameters gathered (their peak, forward to backward);
-        # at rest FSDP keeps them sharded like ZeRO-3, which is what the shards show.
+    if shard > 1 and (lay.zero_stage == 2 or (lay.zero_stage == 3 and lay.pp > 1)):
+        # The planner counts these parameters gathered, their peak (ZeRO-2 from forward to
+        # backward; FSDP under a pipeline from the first micro-batch to the last); at rest
+        # FSDP keeps them sharded, which is what the shards show.
         analytic /= shard
     result = DryRun(plan.world_size, analytic)
     refused = engine_problems(cfg, plan.layout)
@@ -97,8 +98,19 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
         d = Dist(0, plan.world_size, 0, torch.device("meta"), mesh, dp_mesh)
         with torch.device("meta"):
             model = models.build(cfg.model.family, vars(cfg.model))
-        model = parallelize(model, plan, d)
-        local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+        lay = plan.layout
+        if lay.pp > 1:  # rank 0's stages: the first (embedding) and, for V schedules, the last
+            parts = [
+                parallelize(m, plan, d)
+                for _, m in pipeline.split(model, 0, lay.pp, lay.stages_per_rank, lay.schedule)
+            ]
+        else:
+            parts = [parallelize(model, plan, d)]
+        local = [
+            p.to_local() if hasattr(p, "to_local") else p
+            for part in parts
+            for p in part.parameters()
+        ]
         result.engine_params = sum(t.numel() for t in local)
         master_b = (
             torch.finfo(

@@ -15,7 +15,6 @@ from launcher.plan import pipeline as pl
 
 # Axes whose engine is not built yet: launcher.train refuses them by name.
 NOT_AVAILABLE = {
-    "pp": "pipeline parallelism",
     "cp": "context parallelism",
     "ep": "expert parallelism",
 }
@@ -362,6 +361,15 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
                 f"train.compile=true with parallel.tp={lay.tp} on "
                 "CPU: torch 2.13's compiled backward hands DTensor redistribution "
                 "a plain tensor (AttributeError _local_tensor); compile without tp",
+            )
+        )
+    if lay.pp > 1 and cfg.model.tie_embeddings:
+        errors.append(
+            Problem(
+                "not_available",
+                f"parallel.pp={lay.pp} with "
+                "model.tie_embeddings=true: the first and last stages would hold "
+                "separate copies of the tied matrix; set model.tie_embeddings=false",
             )
         )
     if lay.tp > 1 and cfg.model.family == "mixtral":

@@ -43,6 +43,20 @@ LAYOUTS = {
         "parallel.dp_replicate=2",
         "train.global_batch_size=64",
     ],
+    "llama3_8b pp 4 x fsdp 16": [
+        "model=llama3_8b",
+        "hardware.nodes=8",
+        "parallel.pp=4",
+        "train.global_batch_size=64",
+    ],
+    "llama3_8b pp 2 zbv x tp 8 x fsdp 4": [
+        "model=llama3_8b",
+        "hardware.nodes=8",
+        "parallel.pp=2",
+        "parallel.tp=8",
+        "pipeline=zbv",
+        "train.global_batch_size=64",
+    ],
     "mixtral_8x7b fsdp 128": [
         "model=mixtral_8x7b",
         "hardware.nodes=16",
@@ -71,11 +85,11 @@ def test_dry_run_matches_analytic_parameters(name):
 def test_dry_run_reports_what_the_engine_refuses():
     cfg = compose_config(
         H100
-        + ["model=llama3_8b", "hardware.nodes=8", "parallel.pp=2", "train.global_batch_size=64"]
+        + ["model=llama3_8b", "hardware.nodes=8", "parallel.cp=2", "train.global_batch_size=64"]
     )
     result = dry_run(cfg, make_plan(cfg))
     assert not result.ok
-    assert "parallel.pp=2: pipeline parallelism is not available yet" in result.errors[0]
+    assert "parallel.cp=2: context parallelism is not available yet" in result.errors[0]
 
 
 @pytest.mark.e2e

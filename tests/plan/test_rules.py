@@ -279,10 +279,10 @@ def test_405b_on_cpu_exits_2_before_any_process():
 
 
 @pytest.mark.e2e
-def test_train_refuses_pp_with_named_error():
-    result = run_cli("launcher.train", "parallel.pp=2", "train.global_batch_size=16")
+def test_train_refuses_cp_with_named_error():
+    result = run_cli("launcher.train", "parallel.cp=2", "train.global_batch_size=16")
     assert result.returncode == 2
-    assert "parallel.pp=2: pipeline parallelism is not available yet" in result.stderr
+    assert "parallel.cp=2: context parallelism is not available yet" in result.stderr
 
 
 @pytest.mark.e2e

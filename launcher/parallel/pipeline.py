@@ -1,0 +1,135 @@
+"""Pipeline parallelism: cut the model into (virtual) stages and run them with a
+torch.distributed.pipelining schedule.
+
+The split comes from the planner (launcher/plan/pipeline.py): layers per stage as even as
+possible with the extra ones in the middle, stage s on rank s % pp for the looped schedules
+and rank s or 2 pp - 1 - s for the V-shaped ones. Each stage is a pruned copy of the whole
+model: layers outside its range removed, tok_embeddings / embed only on the first stage,
+norm and output only on the last. The model classes allow those to be None.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleDualPipeV,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleInterleavedZeroBubble,
+    ScheduleZBVZeroBubble,
+)
+
+from launcher.plan import pipeline as pl
+
+SCHEDULES = {
+    "gpipe": ScheduleGPipe,
+    "1f1b": Schedule1F1B,
+    "interleaved_1f1b": ScheduleInterleaved1F1B,
+    "interleaved_zb": ScheduleInterleavedZeroBubble,
+    "zbv": ScheduleZBVZeroBubble,
+    "dualpipev": ScheduleDualPipeV,
+}
+EMBEDDINGS = ("tok_embeddings", "embed")  # llama / mixtral, gpt
+
+
+def stage_module(
+    model: nn.Module, first_layer: int, n_layers: int, first: bool, last: bool
+) -> nn.Module:
+    """A copy of `model` holding layers [first_layer, first_layer + n_layers) only."""
+    stage = copy.deepcopy(model)
+    keep = {str(i) for i in range(first_layer, first_layer + n_layers)}
+    for name in list(stage.layers.keys()):
+        if name not in keep:
+            del stage.layers[name]
+    if not first:
+        for attr in EMBEDDINGS:
+            if hasattr(stage, attr):
+                setattr(stage, attr, None)
+    if not last:
+        stage.norm, stage.output = None, None
+    return stage
+
+
+def split(
+    model: nn.Module, pp_rank: int, pp: int, v: int, schedule: str
+) -> list[tuple[int, nn.Module]]:
+    """(stage index, module) for every stage this pipeline rank runs, in stage order."""
+    counts = pl.split_layers(len(model.layers), pp * v)
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    n_stages = pp * v
+    return [
+        (s, stage_module(model, starts[s], counts[s], s == 0, s == n_stages - 1))
+        for s in sorted(pl.rank_stages(pp_rank, pp, v, schedule))
+    ]
+
+
+def build_schedule(
+    stages: list[tuple[int, nn.Module]],
+    n_stages: int,
+    schedule: str,
+    microbatches: int,
+    loss_fn,
+    mesh: DeviceMesh,
+    device: torch.device,
+):
+    """The schedule object driving this rank's stages over the pp process group."""
+    group = mesh.get_group()
+    pipeline_stages = [
+        PipelineStage(module, index, n_stages, device, group=group) for index, module in stages
+    ]
+    cls = SCHEDULES[schedule]
+    if schedule in pl.SINGLE:
+        return cls(pipeline_stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
+    return cls(pipeline_stages, n_microbatches=microbatches, loss_fn=loss_fn)
+
+
+def owner(stage: int, pp: int, schedule: str) -> int:
+    """The pipeline rank that holds `stage`."""
+    if schedule in pl.V_SCHEDULES:
+        return stage if stage < pp else 2 * pp - 1 - stage
+    return stage % pp
+
+
+@torch.no_grad()
+def forward_only(
+    stages: dict[int, nn.Module],
+    n_stages: int,
+    schedule: str,
+    mesh: DeviceMesh,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn,
+) -> torch.Tensor | None:
+    """Evaluation: run the batch through the stages in order, passing activations point to point
+    (not every schedule has a forward-only mode); returns the loss on the last stage's rank."""
+    import torch.distributed as dist
+
+    pp, me, group = mesh.size(), mesh.get_local_rank(), mesh.get_group()
+    peer = lambda stage: dist.get_global_rank(group, owner(stage, pp, schedule))  # noqa: E731
+    h = x
+    for s in range(n_stages):
+        if owner(s, pp, schedule) != me:
+            continue
+        if s > 0 and owner(s - 1, pp, schedule) != me:  # (B, S, D) or a sequence shard of it
+            shape = torch.empty(3, dtype=torch.int64, device=x.device)
+            dist.recv(shape, src=peer(s - 1), group=group)
+            h = torch.empty(*shape.tolist(), dtype=torch.float32, device=x.device)
+            dist.recv(h, src=peer(s - 1), group=group)
+            h = h.to(torch.get_default_dtype())
+        h = stages[s](h)
+        if s == n_stages - 1:
+            return loss_fn(h, y)
+        if owner(s + 1, pp, schedule) != me:
+            dist.send(
+                torch.tensor(h.shape, dtype=torch.int64, device=x.device),
+                dst=peer(s + 1),
+                group=group,
+            )
+            dist.send(h.float().contiguous(), dst=peer(s + 1), group=group)
+    return None
