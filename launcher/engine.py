@@ -142,7 +142,7 @@ def train(cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist) 
             stages,
             pp * v,
             schedule_name,
-            len(train_batches.micro_batches(0)),
+            plan.layout.microbatches,
             loss_fn,
             d.mesh["pp"],
             d.device,
