@@ -134,6 +134,12 @@ class PipelineConfig:
     schedule: str = "1f1b"  # one of SCHEDULES
     microbatches: int = 0  # per step and pipeline; 0: global batch / (micro x dp)
     stages_per_rank: int = 1  # virtual stages (interleaved: >= 2, V schedules: exactly 2)
+    # The split of layers over the pp x stages_per_rank stages. Default: as even as possible,
+    # extra layers to the middle stages. first/last_stage_layers fix the ends (0: even) and
+    # the rest is split evenly; layers_per_stage gives every stage's count explicitly.
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
+    layers_per_stage: list[int] = field(default_factory=list)
 
 
 @dataclass

@@ -98,7 +98,9 @@ def train(cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist) 
     if pp > 1:
         # Each pipeline rank keeps its stages of the identically seeded whole model.
         v, schedule_name = cfg.pipeline.stages_per_rank, cfg.pipeline.schedule
-        stages = pipeline.split(base, d.mesh["pp"].get_local_rank(), pp, v, schedule_name)
+        stages = pipeline.split(
+            base, d.mesh["pp"].get_local_rank(), pp, v, schedule_name, plan.layout.stage_layers
+        )
         stages = [(index, parallelize(module, plan, d)) for index, module in stages]
         parts = [module for _, module in stages]
         first = any(index == 0 for index, _ in stages)

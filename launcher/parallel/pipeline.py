@@ -57,10 +57,11 @@ def stage_module(
 
 
 def split(
-    model: nn.Module, pp_rank: int, pp: int, v: int, schedule: str
+    model: nn.Module, pp_rank: int, pp: int, v: int, schedule: str, counts: tuple[int, ...] = ()
 ) -> list[tuple[int, nn.Module]]:
-    """(stage index, module) for every stage this pipeline rank runs, in stage order."""
-    counts = pl.split_layers(len(model.layers), pp * v)
+    """(stage index, module) for every stage this pipeline rank runs, in stage order; `counts`
+    gives the layers per stage (the planner's split), () the even default."""
+    counts = list(counts) or pl.split_layers(len(model.layers), pp * v)
     starts = [sum(counts[:i]) for i in range(len(counts))]
     n_stages = pp * v
     return [

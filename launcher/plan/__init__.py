@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from launcher.config import Config
 from launcher.plan.estimate import Context, Estimate, Layout, evaluate
 from launcher.plan.memory import GIB
+from launcher.plan.pipeline import stage_split
 from launcher.plan.rules import AXES, Problem, config_problems, layout_problems, resolve_degrees
 
 
@@ -84,6 +85,24 @@ def layout_of(cfg: Config, degrees: dict[str, int]) -> Layout:
         or max(1, cfg.train.global_batch_size // max(1, b * dp)),
         recompute=cfg.recompute.mode.value,
         sequence_parallel=cfg.tensor.sequence_parallel,
+        stage_layers=configured_split(cfg, degrees["pp"]),
+    )
+
+
+def configured_split(cfg: Config, pp: int) -> tuple[int, ...]:
+    """The layers per stage the config asks for, or () for the even default."""
+    p = cfg.pipeline
+    if pp == 1 or not (p.layers_per_stage or p.first_stage_layers or p.last_stage_layers):
+        return ()
+    n_stages = pp * p.stages_per_rank
+    return tuple(
+        stage_split(
+            cfg.model.n_layers,
+            n_stages,
+            p.first_stage_layers,
+            p.last_stage_layers,
+            tuple(p.layers_per_stage),
+        )
     )
 
 

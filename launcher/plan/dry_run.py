@@ -102,7 +102,9 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
         if lay.pp > 1:  # rank 0's stages: the first (embedding) and, for V schedules, the last
             parts = [
                 parallelize(m, plan, d)
-                for _, m in pipeline.split(model, 0, lay.pp, lay.stages_per_rank, lay.schedule)
+                for _, m in pipeline.split(
+                    model, 0, lay.pp, lay.stages_per_rank, lay.schedule, lay.stage_layers
+                )
             ]
         else:
             parts = [parallelize(model, plan, d)]

@@ -45,6 +45,7 @@ class Layout:
     microbatches: int  # per pipeline and step: the gradient-accumulation count
     recompute: str
     sequence_parallel: bool
+    stage_layers: tuple[int, ...] = ()  # layers per stage; () = the even default split
 
     @property
     def dp(self) -> int:
@@ -151,9 +152,11 @@ class Context:
 
 
 @lru_cache(maxsize=4096)
-def rank_layers(n_layers: int, n_dense: int, pp: int, v: int, schedule: str):
+def rank_layers(
+    n_layers: int, n_dense: int, pp: int, v: int, schedule: str, split: tuple[int, ...] = ()
+):
     """Per pipeline rank: (layers, dense layers among them)."""
-    counts = pl.split_layers(n_layers, pp * v)
+    counts = list(split) or pl.split_layers(n_layers, pp * v)
     starts = [sum(counts[:i]) for i in range(len(counts))]
     out = []
     for r in range(pp):
@@ -364,7 +367,12 @@ def evaluate(ctx: Context, lay: Layout, errors: list[Problem] | None = None) -> 
     """Memory and time of a layout that passed the rules (errors are carried along)."""
     est = Estimate(lay, errors=list(errors or []))
     ranks = rank_layers(
-        ctx.shape.n_layers, ctx.shape.n_dense_layers, lay.pp, lay.stages_per_rank, lay.schedule
+        ctx.shape.n_layers,
+        ctx.shape.n_dense_layers,
+        lay.pp,
+        lay.stages_per_rank,
+        lay.schedule,
+        lay.stage_layers,
     )
     candidates = {0, pl.last_stage_rank(lay.pp, lay.schedule)}
     est.memory = max(

@@ -26,6 +26,25 @@ def split_layers(n_layers: int, n_stages: int) -> list[int]:
     return counts
 
 
+def stage_split(
+    n_layers: int, n_stages: int, first: int = 0, last: int = 0, explicit: tuple[int, ...] = ()
+) -> list[int]:
+    """Layers per stage from the config: explicit counts, fixed ends, or the even default.
+
+    With fixed ends the stages between them share the rest evenly. The result may hold
+    counts below 1 or not sum to n_layers; the rules report that, naming the values.
+    """
+    if explicit:
+        return list(explicit)
+    if not (first or last) or n_stages < 2:
+        return split_layers(n_layers, n_stages)
+    head, tail = [first] if first else [], [last] if last else []
+    inner = n_stages - len(head) - len(tail)
+    rest = n_layers - first - last
+    middle = split_layers(rest, inner) if inner > 0 and rest >= 0 else [rest] * max(inner, 0)
+    return head + middle + tail
+
+
 def rank_stages(rank: int, pp: int, v: int, schedule: str) -> list[int]:
     """Virtual stage indices that pipeline rank `rank` holds."""
     if schedule in V_SCHEDULES:

@@ -250,6 +250,17 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
                 f"pipeline.schedule={sched} runs one stage per rank; got "
                 f"pipeline.stages_per_rank={v} (use interleaved_1f1b)",
             )
+        split = lay.stage_layers
+        if split and (len(split) != pp * v or sum(split) != m.n_layers or min(split) < 1):
+            err(
+                "pp_split",
+                f"layers per stage {list(split)} (pipeline.first_stage_layers="
+                f"{cfg.pipeline.first_stage_layers}, last_stage_layers="
+                f"{cfg.pipeline.last_stage_layers}, layers_per_stage="
+                f"{list(cfg.pipeline.layers_per_stage)}) must give each of the pp x "
+                f"stages_per_rank = {pp * v} stages at least one layer and sum to "
+                f"n_layers={m.n_layers} ({name})",
+            )
         if pp * v > m.n_layers:
             err(
                 "pp_layers",

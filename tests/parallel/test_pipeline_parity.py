@@ -25,6 +25,10 @@ ROWS = {
         "llama3_debug 6 layers",
         ["hardware.devices_per_node=4", "parallel.pp=4", "parallel.dp_shard=1"],
     ),
+    "pp=2 1f1b first_stage_layers=3 (3, 1)": (
+        "llama3_debug",
+        [*PP2, "pipeline.first_stage_layers=3"],
+    ),
     "pp=2 x dp_shard=2": ("llama3_debug", ["hardware.devices_per_node=4", "parallel.pp=2"]),
     "pp=2 x tp=2": (
         "llama3_debug",

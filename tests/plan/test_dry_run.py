@@ -57,6 +57,13 @@ LAYOUTS = {
         "pipeline=zbv",
         "train.global_batch_size=64",
     ],
+    "llama3_8b pp 4 split 5,9,9,9 x fsdp 16": [
+        "model=llama3_8b",
+        "hardware.nodes=8",
+        "parallel.pp=4",
+        "pipeline.layers_per_stage=[5,9,9,9]",
+        "train.global_batch_size=64",
+    ],
     "mixtral_8x7b fsdp 128": [
         "model=mixtral_8x7b",
         "hardware.nodes=16",

@@ -224,3 +224,10 @@ def test_megatron_gpt_sizes(model, billions):
     formula = 12 * n * h**2 * (1 + 13 / (12 * h) + (m.vocab_size + 2048) / (12 * n * h))
     assert shape(m).total == pytest.approx(formula, rel=1e-4)
     assert shape(m).total / 1e9 == pytest.approx(billions, rel=0.03)
+
+
+def test_configured_stage_splits():
+    assert pl.stage_split(126, 16) == [7] + [8] * 14 + [7]
+    assert pl.stage_split(32, 4, first=5, last=6) == [5, 11, 10, 6]
+    assert pl.stage_split(32, 4, first=2) == [2, 10, 10, 10]
+    assert pl.stage_split(8, 2, explicit=(3, 5)) == [3, 5]

@@ -309,3 +309,21 @@ def test_train_refuses_bad_tp_with_the_planners_error(overrides, expected):
     result = run_cli("launcher.train", *overrides)
     assert result.returncode == 2 and expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_configured_split_must_cover_the_layers():
+    plan, found, msg = rules(
+        PIPE + ["train.global_batch_size=16", "pipeline.layers_per_stage=[8,8,8,7]"]
+    )
+    assert found == {"pp_split"} and "sum to n_layers=32" in msg
+    plan, found, _ = rules(PIPE + ["train.global_batch_size=16", "pipeline.first_stage_layers=30"])
+    assert found == {"pp_split"}
+    plan, found, _ = rules(
+        PIPE
+        + [
+            "train.global_batch_size=16",
+            "pipeline.first_stage_layers=5",
+            "pipeline.last_stage_layers=6",
+        ]
+    )
+    assert plan.valid and plan.layout.stage_layers == (5, 11, 10, 6)
