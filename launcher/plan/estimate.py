@@ -7,14 +7,13 @@ search, a few hundred arithmetic operations.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 
 from launcher.config import Config
 from launcher.plan import pipeline as pl
 from launcher.plan.memory import BYTES, GIB, layer_activation_bytes, reserve_gib, state_bytes
 from launcher.plan.model_size import Shape, active_matmul_params_per_token, flops_per_token, shape
-from launcher.plan.rules import Problem
 
 # Fraction of peak a transformer's matmuls sustain: EFFICIENCY_MAX x dim / (dim + EFFICIENCY_DIM),
 # wider layers running closer to the peak. Both fitted to the Megatron-LM table in REFERENCE.md
@@ -104,8 +103,6 @@ class Time:
 @dataclass
 class Estimate:
     layout: Layout
-    errors: list[Problem] = field(default_factory=list)
-    warnings: list[Problem] = field(default_factory=list)
     memory: Memory | None = None
     time: Time | None = None
     tokens_per_s_per_device: float = 0.0
@@ -245,8 +242,8 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     return Memory(params, grads, master, optim, activations, other, rank)
 
 
-def step_time(ctx: Context, lay: Layout, ranks) -> tuple[Time, float]:
-    """Predicted seconds per step on the bottleneck pipeline rank, and its bubble fraction."""
+def step_time(ctx: Context, lay: Layout, ranks) -> Time:
+    """Predicted seconds per step on the bottleneck pipeline rank, split by cause."""
     s, m = ctx.shape, ctx.model
     recompute = lay.recompute
     full = 4 / 3 if recompute == "full" else 1.0
@@ -316,7 +313,7 @@ def step_time(ctx: Context, lay: Layout, ranks) -> tuple[Time, float]:
     bubble_fraction = pl.bubble_fraction(lay.schedule, lay.pp, lay.stages_per_rank, mbs)
     bubble = bubble_fraction * (compute + t_tp + t_cp + t_ep)
     t_dp = data_parallel_time(ctx, lay, ranks, compute)
-    return Time(compute, t_tp, t_cp, t_ep, bubble, t_dp, bubble_fraction), bubble_fraction
+    return Time(compute, t_tp, t_cp, t_ep, bubble, t_dp, bubble_fraction)
 
 
 def data_parallel_time(ctx: Context, lay: Layout, ranks, compute: float) -> float:
@@ -363,9 +360,9 @@ def data_parallel_time(ctx: Context, lay: Layout, ranks, compute: float) -> floa
     return max(0.0, t - window) + first_and_last
 
 
-def evaluate(ctx: Context, lay: Layout, errors: list[Problem] | None = None) -> Estimate:
-    """Memory and time of a layout that passed the rules (errors are carried along)."""
-    est = Estimate(lay, errors=list(errors or []))
+def evaluate(ctx: Context, lay: Layout) -> Estimate:
+    """Memory and time of a layout that passed the rules."""
+    est = Estimate(lay)
     ranks = rank_layers(
         ctx.shape.n_layers,
         ctx.shape.n_dense_layers,
@@ -378,7 +375,7 @@ def evaluate(ctx: Context, lay: Layout, errors: list[Problem] | None = None) -> 
     est.memory = max(
         (rank_memory(ctx, lay, r, *ranks[r]) for r in candidates), key=lambda mem: mem.total
     )
-    est.time, _ = step_time(ctx, lay, ranks)
+    est.time = step_time(ctx, lay, ranks)
     step = est.time.step
     est.tokens_per_s_per_device = ctx.global_batch * ctx.seq / step / lay.world
     est.mfu = ctx.model_flops_per_token * est.tokens_per_s_per_device / ctx.peak
