@@ -10,32 +10,29 @@ pytestmark = pytest.mark.e2e
 SHORT = ["train.steps=2", "train.eval_interval=0", "logging.wandb.mode=disabled"]
 
 
-def test_joins_an_existing_torchrun_group(tmp_path):
-    result = run_cli(
+def torchrun_train(run_dir, *overrides: str):
+    """`torchrun --nproc-per-node=2 -m launcher.train`: a group launcher.train must join."""
+    return run_cli(
         "torch.distributed.run",
         "--standalone",
         "--nproc-per-node=2",
         "-m",
         "launcher.train",
         *SHORT,
-        f"hydra.run.dir={tmp_path}",
+        *overrides,
+        f"hydra.run.dir={run_dir}",
     )
+
+
+def test_joins_an_existing_torchrun_group(tmp_path):
+    result = torchrun_train(tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("data parallel") == 1  # rank 0 alone prints the plan
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
 
 
 def test_torchrun_world_size_must_match_the_plan(tmp_path):
-    result = run_cli(
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node=2",
-        "-m",
-        "launcher.train",
-        *SHORT,
-        "hardware.devices_per_node=4",
-        f"hydra.run.dir={tmp_path}",
-    )
+    result = torchrun_train(tmp_path, "hardware.devices_per_node=4")
     assert result.returncode != 0
     assert "WORLD_SIZE=2" in result.stderr and "world_size=4" in result.stderr
 

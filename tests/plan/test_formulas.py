@@ -27,27 +27,21 @@ def test_megatron_fp32_grads_and_pure_bf16():
 
 # GPT-3 175B layer (Korthikanti et al. 2022): h 12288, a 96, s 2048, 16-bit, dropout masks.
 H, A, S, T = 12288, 96, 2048, 8
+# Its per-token widths: q, k, v and the attention output are h each, the GeLU MLP keeps 2 x 4h.
+GPT_LAYER = dict(
+    dim=H, q=H, k=H, v=H, o=H, latent=0, mlp=2 * 4 * H, routed=0, n_heads=A, seq=S, act_b=2
+)
 
 
 def korthikanti(t=1, sp=False, recompute="none"):
     """Bytes per layer divided by s b h, from the planner's per-token count (b = 1)."""
     per_token = layer_activation_bytes(
-        dim=H,
-        q=H,
-        k=H,
-        v=H,
-        o=H,
-        latent=0,
-        mlp=2 * 4 * H,
-        routed=0,
-        n_heads=A,
-        seq=S,
+        **GPT_LAYER,
         tp=t,
         sp=sp,
         recompute=recompute,
         flash=False,
         dropout=True,
-        act_b=2,
         sp_keeps_gathered=False,  # Megatron's SP gathers the sequence again in backward
     )
     return per_token / H
@@ -70,24 +64,7 @@ def test_korthikanti_activation_table(kwargs, expected):
 
 
 def test_dtensor_sequence_parallel_keeps_the_gathered_inputs():
-    common = dict(
-        dim=H,
-        q=H,
-        k=H,
-        v=H,
-        o=H,
-        latent=0,
-        mlp=8 * H,
-        routed=0,
-        n_heads=A,
-        seq=S,
-        tp=T,
-        sp=True,
-        recompute="selective",
-        flash=True,
-        dropout=True,
-        act_b=2,
-    )
+    common = dict(**GPT_LAYER, tp=T, sp=True, recompute="selective", flash=True, dropout=True)
     ours = layer_activation_bytes(**common)
     megatron = layer_activation_bytes(**common, sp_keeps_gathered=False)
     # The two norm outputs (attention and MLP inputs) are kept whole rather than as 1/t shards.
@@ -95,22 +72,7 @@ def test_dtensor_sequence_parallel_keeps_the_gathered_inputs():
 
 
 def test_flash_attention_and_no_dropout_drop_their_terms():
-    base = dict(
-        dim=H,
-        q=H,
-        k=H,
-        v=H,
-        o=H,
-        latent=0,
-        mlp=8 * H,
-        routed=0,
-        n_heads=A,
-        seq=S,
-        tp=1,
-        sp=False,
-        recompute="none",
-        act_b=2,
-    )
+    base = dict(**GPT_LAYER, tp=1, sp=False, recompute="none")
     flash = layer_activation_bytes(**base, flash=True, dropout=False) / H
     assert flash == pytest.approx(32)  # 34 less the two residual dropout masks, no scores
 
