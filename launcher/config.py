@@ -212,6 +212,7 @@ class PlanConfig:
     dry_run: bool = False  # build the real mesh and sharded meta model over a fake group
     search: bool = False  # enumerate layouts for this model, hardware and batch
     top_k: int = 5
+    draw: str = ""  # FILE.png/.svg/.pdf: draw the pipeline schedule (ranks x time, bubble shaded)
 
 
 @dataclass

@@ -3,14 +3,17 @@
 Takes the same overrides as launcher.train (recipes included). Prints the plan (or one JSON
 object with plan.format=json); exit status 0 when it is valid and fits, 2 otherwise.
 `plan.search=true` ranks the layouts that fit; `plan.dry_run=true` also builds the real mesh
-and sharded model over a fake process group.
+and sharded model over a fake process group; `plan.draw=FILE.png` (or .svg, .pdf) draws the
+pipeline schedule of a pp > 1 plan.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
+from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
 from launcher.cli import USAGE_ERROR, fail, hydra_app, to_config
@@ -18,6 +21,8 @@ from launcher.config import PlanFormat
 from launcher.plan import make_plan
 from launcher.plan.report import plan_json, print_plan
 from launcher.plan.rules import config_problems
+
+DRAWING_FORMATS = (".png", ".svg", ".pdf")
 
 
 def task(dcfg: DictConfig) -> None:
@@ -30,23 +35,56 @@ def task(dcfg: DictConfig) -> None:
         if problems:  # nothing to search: the model, batch or precision itself is refused
             fail("\n".join(["the search has nothing to search:", *(f"  - {p}" for p in problems)]))
         sys.exit(run_search(cfg, as_json))
+    drawing_suffix = Path(cfg.plan.draw).suffix.lower()
+    if cfg.plan.draw and drawing_suffix not in DRAWING_FORMATS:
+        fail(f"plan.draw={cfg.plan.draw}: the file must end in one of {', '.join(DRAWING_FORMATS)}")
     plan = make_plan(cfg)
     dry = None
     if cfg.plan.dry_run and plan.valid:
         from launcher.plan.dry_run import dry_run
 
         dry = dry_run(cfg, plan)
+    drawing, note = None, ""
+    if cfg.plan.draw:
+        drawing, note = draw(plan, to_absolute_path(cfg.plan.draw))
     if as_json:
         out = plan_json(plan)
         if dry is not None:
             out["dry_run"] = dry.as_json()
+        if cfg.plan.draw:
+            out["drawing"] = (
+                {"path": str(drawing.path), "bubble_fraction": drawing.bubble_fraction}
+                if drawing
+                else {"error": note}
+            )
         print(json.dumps(out, indent=2))
     else:
         print_plan(plan)
         if dry is not None:
             dry.print()
+        if note:
+            print(note)
     ok = plan.ok and (dry is None or dry.ok)
     sys.exit(0 if ok else USAGE_ERROR)
+
+
+def draw(plan, path: str):
+    """(the drawing or None, a line saying what was drawn or why nothing was)."""
+    if not plan.valid or plan.layout is None:
+        return None, "plan.draw: nothing drawn, the plan breaks the rules above"
+    if plan.layout.pp == 1:
+        return None, "plan.draw: nothing drawn, pp=1 has no pipeline schedule"
+    from launcher.plan.draw import draw_plan
+
+    try:
+        drawing = draw_plan(plan, path)
+    except OSError as e:
+        fail(f"plan.draw={path}: cannot write the drawing ({e.strerror or e})")
+    lay = plan.layout
+    return drawing, (
+        f"schedule drawing: {drawing.path} ({lay.schedule}, pp={lay.pp}, "
+        f"{lay.microbatches} micro-batches; bubble {drawing.bubble_fraction:.1%} of compute)"
+    )
 
 
 main = hydra_app(task)

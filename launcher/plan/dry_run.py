@@ -2,10 +2,10 @@
 
 A fake process group (torch's FakeStore, backend "fake") stands in for every rank, the model is
 built on the meta device (no memory) and `launcher.parallel.parallelize` shards it exactly as
-training would. Rank 0's local shards give the parameter count it holds (FSDP gives its first
-ranks the padded, largest chunks, so rank 0 is the most loaded of its stage), which is reported
-next to the planner's analytic figure. Axes the engine does not implement yet are reported as
-the error the engine would raise.
+training would, for the stages of the planner's most loaded pipeline rank. The local shards of
+that stage's first rank give the parameter count it holds (FSDP gives its first ranks the
+padded, largest chunks), reported next to the planner's analytic figure. Axes the engine does
+not implement yet are reported as the error the engine would raise.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ class DryRun:
     analytic_params: float  # parameters on the most loaded rank, from the planner
     engine_params: int | None = None  # the same, from the engine's real shards
     engine_bytes: int | None = None  # their storage (master dtype)
+    rank: int = 0  # the global rank compared: first of the planner's most loaded pp rank
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -61,7 +62,7 @@ class DryRun:
                 console.print(f"  - {escape(e)}", style="red")
             return
         console.print(
-            f"{head} ({self.seconds:.1f} s): rank 0 holds {self.engine_params:,} "
+            f"{head} ({self.seconds:.1f} s): rank {self.rank} holds {self.engine_params:,} "
             f"parameters ({self.engine_bytes / 2**30:,.2f} GiB); the planner says "
             f"{self.analytic_params:,.0f} ({self.relative_error:.3%} apart)"
         )
@@ -85,7 +86,8 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
         # backward; FSDP under a pipeline from the first micro-batch to the last); at rest
         # FSDP keeps them sharded, which is what the shards show.
         analytic /= shard
-    result = DryRun(plan.world_size, analytic)
+    pp_rank = mem.rank if mem else 0
+    result = DryRun(plan.world_size, analytic, rank=pp_rank * plan.world_size // plan.layout.pp)
     refused = engine_problems(cfg, plan.layout)
     if refused:
         result.errors = [str(p) for p in refused]
@@ -99,11 +101,11 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
         with torch.device("meta"):
             model = models.build(cfg.model.family, vars(cfg.model))
         lay = plan.layout
-        if lay.pp > 1:  # rank 0's stages: the first (embedding) and, for V schedules, the last
+        if lay.pp > 1:  # that pipeline rank's stages (FSDP shards as on any dp coordinate 0)
             parts = [
                 parallelize(m, plan, d)
                 for _, m in pipeline.split(
-                    model, 0, lay.pp, lay.stages_per_rank, lay.schedule, lay.stage_layers
+                    model, pp_rank, lay.pp, lay.stages_per_rank, lay.schedule, lay.stage_layers
                 )
             ]
         else:

@@ -217,12 +217,9 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     params, grads, master, optim = (a + b for a, b in zip(dense_states, expert_states, strict=True))
 
     tokens = lay.micro_batch_size * ctx.seq / lay.cp  # per micro-batch on this rank
-    if rank == 0:
-        inflight = pl.inflight_microbatches(
-            lay.schedule, lay.pp, lay.stages_per_rank, lay.microbatches
-        )
-    else:
-        inflight = float(lay.microbatches) if lay.schedule == "gpipe" else 1.0
+    inflight = pl.inflight_microbatches(
+        lay.schedule, lay.pp, lay.stages_per_rank, lay.microbatches, rank
+    )
     per_mb = dense * layer_activation(ctx, lay, True, lay.recompute)
     per_mb += moe_layers * layer_activation(ctx, lay, False, lay.recompute)
     activations = inflight * tokens * per_mb
@@ -371,7 +368,10 @@ def evaluate(ctx: Context, lay: Layout) -> Estimate:
         lay.schedule,
         lay.stage_layers,
     )
-    candidates = {0, pl.last_stage_rank(lay.pp, lay.schedule)}
+    # The first rank holds the most micro-batches, the head's rank the logits, and with an
+    # uneven split the first rank with the most layers may outweigh both.
+    most = max(range(len(ranks)), key=lambda r: ranks[r][0])
+    candidates = {0, pl.last_stage_rank(lay.pp, lay.schedule), most}
     est.memory = max(
         (rank_memory(ctx, lay, r, *ranks[r]) for r in candidates), key=lambda mem: mem.total
     )

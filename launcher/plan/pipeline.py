@@ -60,11 +60,15 @@ def last_stage_rank(pp: int, schedule: str) -> int:
 def bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:
     """Idle over useful time of a pipeline of p ranks, v stages per rank, m micro-batches.
 
-    gpipe, 1f1b: (p-1)/m. interleaved_1f1b: (p-1)/(v m) (Narayanan et al. 2021).
-    Zero-bubble schedules move W into the bubble: of the 3 units idle per warm-up slot,
-    only F + B - W = 1 remain (ZB-H1, Qi et al. 2023): interleaved_zb (p-1)/(3 v m), zbv
-    (v = 2) (p-1)/(6 m). dualpipev: DeepSeek-V3's (p/2 - 1)(F&B + B - 3W) with F&B = F + B
-    leaves 2 units per slot over half the ranks: (p-2)/(3 m).
+    Each rank does 3 v m units of work (F = B = W per stage); the idle units per rank are
+    those of the schedules' own action lists replayed on that clock (launcher/plan/timeline.py,
+    checked against these formulas by tests/plan/test_timeline.py):
+    gpipe, 1f1b: 3(p-1), so (p-1)/m; interleaved_1f1b: 3(p-1) over v times the work,
+    (p-1)/(v m) (Narayanan et al. 2021). The zero-bubble schedules fill the warm-up with W
+    and leave p-1 units (ZB-H1, Qi et al. 2023): interleaved_zb (p-1)/(3 v m), zbv and
+    dualpipev (p-1)/(6 m). torch's zbv fills its V only from 2p-1 micro-batches on; below that
+    it idles 2(2p-1-m) units. DualPipeV's own gain, all-to-alls hidden behind the other
+    chunk's compute, is counted in the EP time, not here.
     """
     if p == 1:
         return 0.0
@@ -75,26 +79,36 @@ def bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:
     if schedule == "interleaved_zb":
         return (p - 1) / (3 * v * m)
     if schedule == "zbv":
-        return (p - 1) / (6 * m)
+        return max(p - 1, 2 * (2 * p - 1 - m)) / (6 * m)
     if schedule == "dualpipev":
-        return max(0, p - 2) / (3 * m)
+        return (p - 1) / (6 * m)
     raise ValueError(f"unknown pipeline schedule {schedule}")
 
 
-def inflight_microbatches(schedule: str, p: int, v: int, m: int) -> float:
-    """Micro-batches whose activations the first rank holds at its peak, counted over that
-    rank's own layers (Korthikanti et al. 2022; DeepSeek-V3 for DualPipe).
+def inflight_microbatches(schedule: str, p: int, v: int, m: int, rank: int = 0) -> float:
+    """Micro-batches whose activations pipeline rank `rank` holds at its peak, counted over
+    that rank's own layers (a virtual stage holds 1/v of them); they are freed by the full
+    backward, or by W for the split schedules (torch keeps the graph from I to W).
 
-    GPipe holds all m; 1F1B and ZB-V hold min(p, m); the interleaved schedules multiply 1F1B's
-    figure by (1 + (p-1)/(p v)); DualPipeV holds p + 1.
+    GPipe holds all m. 1F1B: rank r runs p - r forwards before its first backward (Korthikanti
+    et al. 2022). Interleaved 1F1B: p + (p-1-2r)/v, rank 0's being 1F1B's p times
+    (1 + (p-1)/(p v)) (Narayanan et al. 2021). interleaved_zb holds p on every rank, zbv
+    (m+1+r)/2 up to p, dualpipev p + 1/2. Every figure is capped by m.
     """
     if p == 1:
         return 1.0
     if schedule == "gpipe":
-        return float(m)
-    warm = min(p, m)
-    if schedule in LOOPED:
-        return warm * (1 + (p - 1) / (p * v))
-    if schedule == "dualpipev":
-        return min(p + 1, m)
-    return float(warm)
+        held = float(m)
+    elif schedule == "1f1b":
+        held = float(p - rank)
+    elif schedule == "interleaved_1f1b":
+        held = p + (p - 1 - 2 * rank) / v
+    elif schedule == "interleaved_zb":
+        held = float(p)
+    elif schedule == "zbv":
+        held = min(p, (m + 1 + rank) / 2)
+    elif schedule == "dualpipev":
+        held = p + 0.5
+    else:
+        raise ValueError(f"unknown pipeline schedule {schedule}")
+    return min(held, float(m))

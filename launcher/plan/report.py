@@ -7,6 +7,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from launcher.plan import AXES, Plan
+from launcher.plan import pipeline as pl
 from launcher.plan.estimate import MESH_ORDER
 from launcher.plan.memory import GIB
 
@@ -77,10 +78,13 @@ def plan_table(plan: Plan) -> Group:
             f"{t.global_batch_size * t.seq_len:,} tokens/step",
         )
         if lay.pp > 1:
+            shape = (lay.schedule, lay.pp, lay.stages_per_rank, lay.microbatches)
             main.add_row(
                 "  pipeline",
                 f"{lay.microbatches} micro-batches per step through "
-                f"{lay.pp * lay.stages_per_rank} stages",
+                f"{lay.pp * lay.stages_per_rank} stages; bubble {pl.bubble_fraction(*shape):.1%} "
+                f"of compute; rank 0 holds {pl.inflight_microbatches(*shape):g} micro-batches' "
+                "activations at its peak",
             )
     ctx = plan.context
     if ctx is not None:

@@ -275,6 +275,12 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
                 "the pipeline never fills (raise train.global_batch_size or lower "
                 "train.micro_batch_size)",
             )
+        elif sched == "dualpipev" and mb < 2 * pp:
+            err(
+                "pp_microbatches",
+                f"pipeline.schedule=dualpipev needs at least one micro-batch per stage "
+                f"(2 x pp = {2 * pp}); got {mb}",
+            )
         elif sched in pl.LOOPED and mb % pp:
             err(
                 "pp_microbatches",

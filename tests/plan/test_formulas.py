@@ -109,7 +109,8 @@ def test_swiglu_saves_more_than_gelu():
         ("interleaved_1f1b", 8, 4, 32, 7 / (4 * 32)),
         ("interleaved_zb", 8, 2, 32, 7 / (3 * 2 * 32)),
         ("zbv", 8, 2, 32, 7 / (6 * 32)),
-        ("dualpipev", 8, 2, 32, 6 / (3 * 32)),
+        ("zbv", 8, 2, 9, 2 * (15 - 9) / (6 * 9)),  # fewer than 2p-1: the V is not filled
+        ("dualpipev", 8, 2, 32, 7 / (6 * 32)),
         ("1f1b", 1, 1, 4, 0.0),
     ],
 )
@@ -121,8 +122,12 @@ def test_inflight_microbatches_per_schedule():
     assert pl.inflight_microbatches("gpipe", 4, 1, 16) == 16
     assert pl.inflight_microbatches("1f1b", 4, 1, 16) == 4
     assert pl.inflight_microbatches("1f1b", 4, 1, 2) == 2
+    assert pl.inflight_microbatches("1f1b", 4, 1, 16, rank=3) == 1
     assert pl.inflight_microbatches("interleaved_1f1b", 4, 2, 16) == pytest.approx(4 * (1 + 3 / 8))
-    assert pl.inflight_microbatches("dualpipev", 4, 2, 16) == 5
+    assert pl.inflight_microbatches("interleaved_1f1b", 4, 2, 16, rank=3) == 4 - 3 / 2
+    assert pl.inflight_microbatches("interleaved_zb", 4, 2, 16) == 4
+    assert pl.inflight_microbatches("zbv", 4, 2, 4) == 2.5
+    assert pl.inflight_microbatches("dualpipev", 4, 2, 16) == 4.5
 
 
 def test_llama3_405b_stage_split():

@@ -203,6 +203,12 @@ def test_dualpipev_needs_two_stages_per_rank():
     assert found == {"pp_stages"} and "exactly 2 stages per rank" in msg
 
 
+def test_dualpipev_needs_a_microbatch_per_stage():
+    _, found, msg = rules(PIPE + ["pipeline=dualpipev", "train.global_batch_size=12"])
+    assert found == {"pp_microbatches"}
+    assert "dualpipev needs at least one micro-batch per stage (2 x pp = 8); got 6" in msg
+
+
 def test_interleaved_microbatches_multiple_of_pp():
     _, found, msg = rules(PIPE + ["pipeline=interleaved_1f1b", "train.global_batch_size=12"])
     assert found == {"pp_microbatches"}
