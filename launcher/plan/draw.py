@@ -98,7 +98,7 @@ def draw(timeline: Timeline, path: str | Path, planner_bubble: float | None = No
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return Drawing(path, fraction)
 
