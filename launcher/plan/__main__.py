@@ -28,6 +28,11 @@ DRAWING_FORMATS = (".png", ".svg", ".pdf")
 def task(dcfg: DictConfig) -> None:
     cfg = to_config(dcfg)
     as_json = cfg.plan.format == PlanFormat.json
+    if cfg.plan.search and cfg.plan.draw:
+        fail(
+            f"plan.draw={cfg.plan.draw} draws one plan, not a search: run the search, then "
+            "draw the layout you pick with its overrides"
+        )
     if cfg.plan.search:
         from launcher.plan.search import run_search
 

@@ -1,7 +1,8 @@
 """`plan.draw=FILE.png`: the pipeline schedule of a plan as a picture, ranks x time.
 
 Each rank's row shows the blocks its schedule runs (launcher/plan/timeline.py: the engine's
-own action lists on a clock where a stage's forward takes one unit), coloured by kind
+own action lists), on a time axis whose unit is a micro-batch's forward through all of a
+rank's layers, so that schedules with one and with v stages per rank compare; coloured by kind
 (forward, full backward, input-gradient and weight-gradient backward), the later virtual
 stages of a rank in a lighter shade, micro-batch numbers inside when they fit. The gaps are the
 bubble, shaded grey; the title gives their share of the compute, measured on the drawn boxes.
@@ -42,7 +43,8 @@ def draw(timeline: Timeline, path: str | Path, planner_bubble: float | None = No
     from matplotlib.patches import Patch
 
     tl, p = timeline, timeline.pp
-    span = tl.makespan
+    span = tl.makespan  # in stage units: how many blocks a row holds
+    k = 1 / tl.stages_per_rank  # x unit: a rank's forward through all of its layers
     fig, ax = plt.subplots(figsize=(min(24.0, max(10.0, span * 0.11)), 1.9 + 0.42 * p))
     drawn_busy = drawn_idle = 0.0
     kinds: set[str] = set()
@@ -51,7 +53,7 @@ def draw(timeline: Timeline, path: str | Path, planner_bubble: float | None = No
         stages = pl.rank_stages(rank, p, tl.stages_per_rank, tl.schedule)
         gaps = tl.idle(rank)
         ax.broken_barh(
-            [(a, b - a) for a, b in gaps], (y - 0.4, 0.8), facecolors=BUBBLE, hatch="//",
+            [(a * k, (b - a) * k) for a, b in gaps], (y - 0.4, 0.8), facecolors=BUBBLE, hatch="//",
             edgecolor="#a0a0a0", linewidth=0.0,
         )  # fmt: skip
         drawn_idle += sum(b - a for a, b in gaps)
@@ -59,12 +61,13 @@ def draw(timeline: Timeline, path: str | Path, planner_bubble: float | None = No
         for blk in (b for b in tl.blocks if b.rank == rank):
             later = blk.stage != stages[0]  # the rank's later virtual stages
             width = blk.end - blk.start
-            boxes.setdefault((LIGHT if later else COLOURS)[blk.kind], []).append((blk.start, width))
+            box = (blk.start * k, width * k)
+            boxes.setdefault((LIGHT if later else COLOURS)[blk.kind], []).append(box)
             drawn_busy += width
             kinds.add(blk.kind)
             if span <= LABEL_LIMIT:
                 ax.text(
-                    blk.start + width / 2, y, str(blk.microbatch), ha="center", va="center",
+                    (blk.start + width / 2) * k, y, str(blk.microbatch), ha="center", va="center",
                     fontsize=7 if span <= 80 else 5, color="black" if later else "white",
                 )  # fmt: skip
         for colour, spans in boxes.items():
@@ -74,9 +77,11 @@ def draw(timeline: Timeline, path: str | Path, planner_bubble: float | None = No
             )  # fmt: skip
     fraction = drawn_idle / drawn_busy
     ax.set_yticks(range(p), [f"rank {r}" for r in reversed(range(p))])
-    ax.set_xlim(0, span)
+    ax.set_xlim(0, span * k)
     ax.set_ylim(-0.6, p - 0.4)
-    ax.set_xlabel("time (unit: one stage's forward of one micro-batch; a full backward takes 2)")
+    ax.set_xlabel(
+        "time (unit: one micro-batch's forward through a rank's layers; its backward takes 2)"
+    )
     v = tl.stages_per_rank
     title = (
         f"{tl.schedule}: pp={p}, {v} stage{'s' if v > 1 else ''} per rank, "

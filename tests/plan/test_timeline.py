@@ -129,5 +129,7 @@ def test_plan_draw_cli(tmp_path):
     assert "bubble 18.8% of compute" in text.stdout and (tmp_path / "s.svg").exists()
     bad = run_cli("launcher.plan", *args, "plan.draw=s.jpg")
     assert bad.returncode == 2 and "plan.draw=s.jpg: the file must end in one of" in bad.stderr
+    searched = run_cli("launcher.plan", *args, "plan.search=true", "plan.draw=s.png")
+    assert searched.returncode == 2 and "draws one plan, not a search" in searched.stderr
     flat = run_cli("launcher.plan", f"plan.draw={tmp_path / 'none.png'}")
     assert flat.returncode == 0 and "nothing drawn, pp=1" in flat.stdout
