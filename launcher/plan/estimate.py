@@ -368,10 +368,13 @@ def evaluate(ctx: Context, lay: Layout) -> Estimate:
         lay.schedule,
         lay.stage_layers,
     )
-    # The first rank holds the most micro-batches, the head's rank the logits, and with an
-    # uneven split the first rank with the most layers may outweigh both.
-    most = max(range(len(ranks)), key=lambda r: ranks[r][0])
-    candidates = {0, pl.last_stage_rank(lay.pp, lay.schedule), most}
+    # Ranks holding the same layers differ only by their in-flight micro-batches, which every
+    # schedule makes monotone in the rank: the first and last rank of each such group, plus the
+    # embedding's and the head's ranks, include the most loaded one.
+    candidates = {0, pl.last_stage_rank(lay.pp, lay.schedule)}
+    for held in set(ranks):
+        group = [r for r, h in enumerate(ranks) if h == held]
+        candidates |= {group[0], group[-1]}
     est.memory = max(
         (rank_memory(ctx, lay, r, *ranks[r]) for r in candidates), key=lambda mem: mem.total
     )

@@ -133,3 +133,39 @@ def test_plan_draw_cli(tmp_path):
     assert searched.returncode == 2 and "draws one plan, not a search" in searched.stderr
     flat = run_cli("launcher.plan", f"plan.draw={tmp_path / 'none.png'}")
     assert flat.returncode == 0 and "nothing drawn, pp=1" in flat.stdout
+
+
+@pytest.mark.parametrize("schedule", pl.SINGLE + pl.LOOPED + pl.V_SCHEDULES)
+def test_inflight_is_monotone_in_the_rank(schedule):
+    """evaluate() relies on it to compare only the ends of each group of equally loaded ranks."""
+    for p, v, m in shapes(schedule):
+        held = [pl.inflight_microbatches(schedule, p, v, m, r) for r in range(p)]
+        assert held == sorted(held) or held == sorted(held, reverse=True), (p, v, m, held)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["model=llama3_405b", "parallel.pp=8", "pipeline=zbv", "train.global_batch_size=80"],
+        ["model=llama3_405b", "parallel.pp=16", "pipeline=interleaved_1f1b"],
+        ["model=deepseek_v3", "parallel.pp=16", "parallel.ep=8", "pipeline=dualpipev"],
+        ["model=llama3_70b", "parallel.pp=4", "pipeline.layers_per_stage=[10,30,20,20]"],
+    ],
+    ids=["zbv-underfilled", "interleaved", "dualpipev-moe", "1f1b-uneven"],
+)
+def test_memory_verdict_is_the_most_loaded_pipeline_rank(overrides):
+    from launcher.plan.estimate import rank_layers, rank_memory
+
+    cfg = compose_config(
+        ["hardware=h100_80g", "hardware.nodes=64", "parallel.tp=8", "train.micro_batch_size=1"]
+        + ["train.global_batch_size=128", "recompute=full", *overrides]
+    )
+    plan = make_plan(cfg)
+    assert plan.valid, plan.errors
+    ctx, lay = plan.context, plan.layout
+    s = ctx.shape
+    ranks = rank_layers(
+        s.n_layers, s.n_dense_layers, lay.pp, lay.stages_per_rank, lay.schedule, lay.stage_layers
+    )
+    every = [rank_memory(ctx, lay, r, *ranks[r]).total for r in range(lay.pp)]
+    assert plan.memory.total == max(every)
