@@ -140,6 +140,11 @@ class PipelineConfig:
     first_stage_layers: int = 0
     last_stage_layers: int = 0
     layers_per_stage: list[int] = field(default_factory=list)
+    # FSDP / ZeRO-2 under a pipeline: torch keeps each stage's parameters gathered and its
+    # gradients unreduced from the first micro-batch to the last. true: reshard and
+    # reduce-scatter after every micro-batch's backward (less memory, a gather and a
+    # reduce-scatter per micro-batch). Schedules with a full backward only.
+    reshard_each_microbatch: bool = False
 
 
 @dataclass

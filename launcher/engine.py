@@ -148,6 +148,7 @@ def train(cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist) 
             loss_fn,
             d.mesh["pp"],
             d.device,
+            reshard_each_microbatch=plan.layout.reshard_each_microbatch,
         )
 
     def run_pipeline(micro) -> torch.Tensor | None:

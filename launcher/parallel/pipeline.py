@@ -15,6 +15,7 @@ import copy
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.pipelining import (
     PipelineStage,
     Schedule1F1B,
@@ -24,6 +25,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleavedZeroBubble,
     ScheduleZBVZeroBubble,
 )
+from torch.distributed.pipelining._backward import stage_backward
 
 from launcher.plan import pipeline as pl
 
@@ -70,6 +72,24 @@ def split(
     ]
 
 
+class ReshardingStage(PipelineStage):
+    """A stage whose FSDP module reshards its parameters and reduce-scatters its gradients after
+    every micro-batch's backward (pipeline.reshard_each_microbatch). torch's stage keeps both
+    until the last micro-batch: it turns resharding and gradient sync off before each backward
+    and runs FSDP's post-backward by hand once all micro-batches are done (which then finds
+    nothing left to reduce). Full backward only; the rules refuse the split schedules."""
+
+    def backward_maybe_with_nosync(self, backward_type, bwd_kwargs, last_backward=False):
+        if backward_type != "full" or not isinstance(self.submod, FSDPModule):
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward)
+        self.submod.set_reshard_after_backward(True)
+        self.submod.set_requires_gradient_sync(True)
+        grads = stage_backward(
+            bwd_kwargs["stage_output"], bwd_kwargs["output_grads"], bwd_kwargs["input_values"]
+        )
+        return grads, None
+
+
 def build_schedule(
     stages: list[tuple[int, nn.Module]],
     n_stages: int,
@@ -78,11 +98,13 @@ def build_schedule(
     loss_fn,
     mesh: DeviceMesh,
     device: torch.device,
+    reshard_each_microbatch: bool = False,
 ):
     """The schedule object driving this rank's stages over the pp process group."""
     group = mesh.get_group()
+    stage_cls = ReshardingStage if reshard_each_microbatch else PipelineStage
     pipeline_stages = [
-        PipelineStage(module, index, n_stages, device, group=group) for index, module in stages
+        stage_cls(module, index, n_stages, device, group=group) for index, module in stages
     ]
     cls = SCHEDULES[schedule]
     if schedule in pl.SINGLE:

@@ -86,6 +86,7 @@ def layout_of(cfg: Config, degrees: dict[str, int]) -> Layout:
         recompute=cfg.recompute.mode.value,
         sequence_parallel=cfg.tensor.sequence_parallel,
         stage_layers=configured_split(cfg, degrees["pp"]),
+        reshard_each_microbatch=cfg.pipeline.reshard_each_microbatch,
     )
 
 

@@ -81,10 +81,11 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
     mem, lay = plan.memory, plan.layout
     analytic = mem.params / plan.context.param_b if mem else 0.0
     shard = lay.dp_shard * lay.cp
-    if shard > 1 and (lay.zero_stage == 2 or (lay.zero_stage == 3 and lay.pp > 1)):
+    gathered_under_pp = lay.pp > 1 and not lay.reshard_each_microbatch
+    if shard > 1 and (lay.zero_stage == 2 or (lay.zero_stage == 3 and gathered_under_pp)):
         # The planner counts these parameters gathered, their peak (ZeRO-2 from forward to
-        # backward; FSDP under a pipeline from the first micro-batch to the last); at rest
-        # FSDP keeps them sharded, which is what the shards show.
+        # backward; FSDP under a pipeline from the first micro-batch to the last unless
+        # resharded each micro-batch); at rest FSDP keeps them sharded, as the shards show.
         analytic /= shard
     pp_rank = mem.rank if mem else 0
     result = DryRun(plan.world_size, analytic, rank=pp_rank * plan.world_size // plan.layout.pp)

@@ -45,6 +45,7 @@ class Layout:
     recompute: str
     sequence_parallel: bool
     stage_layers: tuple[int, ...] = ()  # layers per stage; () = the even default split
+    reshard_each_microbatch: bool = False  # FSDP under pp: reshard after every backward
 
     @property
     def dp(self) -> int:
@@ -207,7 +208,7 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     n_dense = lay.dp_shard * lay.cp
     n_expert = max(1, lay.dp_shard * lay.cp * lay.tp // lay.ep)
     stage, grad_b = lay.zero_stage, ctx.grad_b
-    if lay.pp > 1 and stage >= 2:
+    if lay.pp > 1 and stage >= 2 and not lay.reshard_each_microbatch:
         # torch's pipeline stages keep FSDP parameters gathered and gradients unreduced (in
         # param dtype) from the first micro-batch to the last, then reduce-scatter once.
         stage, grad_b = 1, ctx.param_b
@@ -331,7 +332,7 @@ def data_parallel_time(ctx: Context, lay: Layout, ranks, compute: float) -> floa
     shard = lay.dp_shard * lay.cp
     n = lay.dp if lay.zero_stage <= 1 or shard == 1 else shard
     frac = (n - 1) / n if n > 1 else 0.0
-    if lay.zero_stage <= 1 or shard == 1 or lay.pp > 1:
+    if lay.zero_stage <= 1 or shard == 1 or (lay.pp > 1 and not lay.reshard_each_microbatch):
         # Once per step: all-reduce (DDP, ZeRO-1), or gather + reduce-scatter under a pipeline.
         volume = params * (2 * ctx.grad_b if lay.zero_stage <= 1 else ctx.param_b + ctx.grad_b)
         window = compute * 2 / 3 / lay.microbatches  # the last backward hides it

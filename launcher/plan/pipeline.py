@@ -10,6 +10,7 @@ from __future__ import annotations
 V_SCHEDULES = ("zbv", "dualpipev")  # two stages per rank placed as a V: rank r holds r, 2p-1-r
 LOOPED = ("interleaved_1f1b", "interleaved_zb")  # stages r, r+p, r+2p, ...
 SINGLE = ("gpipe", "1f1b")  # one stage per rank
+SPLIT_BACKWARD = ("interleaved_zb", "zbv", "dualpipev")  # input and weight gradients apart
 
 
 def split_layers(n_layers: int, n_stages: int) -> list[int]:

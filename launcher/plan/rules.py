@@ -289,6 +289,21 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
             )
     elif v != 1 and sched not in pl.V_SCHEDULES:
         err("pp_stages", f"pipeline.stages_per_rank={v} needs pp > 1")
+    if lay.reshard_each_microbatch:
+        if pp == 1 or lay.zero_stage < 2 or lay.dp_shard * cp == 1:
+            err(
+                "pp_reshard",
+                "pipeline.reshard_each_microbatch=true applies to FSDP or ZeRO-2 under a "
+                f"pipeline (pp > 1, data_parallel zero_stage >= 2, dp_shard > 1); got pp={pp}, "
+                f"zero_stage={lay.zero_stage}, dp_shard={lay.dp_shard}",
+            )
+        elif sched in pl.SPLIT_BACKWARD:
+            err(
+                "pp_reshard",
+                "pipeline.reshard_each_microbatch=true needs a schedule with a full backward "
+                f"(gpipe, 1f1b, interleaved_1f1b): {sched} computes the weight gradients in a "
+                "separate pass, after FSDP's post-backward hook would have resharded",
+            )
 
     # Batch: global = micro x accumulation x data-parallel size.
     dp, b = lay.dp, lay.micro_batch_size

@@ -5,7 +5,7 @@ schedule to its [kind, stage, micro-batch] list.
 The stages and schedules come from the engine's own launcher.parallel.pipeline (split and
 build_schedule); the recording wraps torch's stage methods, so what is logged is what ran:
 F = forward_one_chunk, B = backward_one_chunk (full), I = backward_one_chunk(full_backward=
-False), W = backward_weight_one_chunk.
+False), W = backward_weight_one_chunk. The helpers are shared with reshard_check.py.
 """
 
 from __future__ import annotations
@@ -26,61 +26,77 @@ from launcher.parallel import pipeline
 from launcher.plan import pipeline as pl
 
 MICROBATCHES, SEQ, VOCAB = 8, 16, 64
-LOG: list[tuple[str, int, int]] = []
+LOG: list = []
 
 
-def record(method, kind_of):
+def record(name: str, entry) -> None:
+    """Append entry(stage, chunk, kwargs) to LOG each time a stage runs method `name`."""
+    method = getattr(_PipelineStageBase, name)
+
     def wrapped(self, chunk, *args, **kwargs):
-        LOG.append((kind_of(kwargs), self.stage_index, chunk))
+        LOG.append(entry(self, chunk, kwargs))
         return method(self, chunk, *args, **kwargs)
 
-    return wrapped
-
-
-_PipelineStageBase.forward_one_chunk = record(_PipelineStageBase.forward_one_chunk, lambda kw: "F")
-_PipelineStageBase.backward_one_chunk = record(
-    _PipelineStageBase.backward_one_chunk, lambda kw: "B" if kw.get("full_backward", True) else "I"
-)
-_PipelineStageBase.backward_weight_one_chunk = record(
-    _PipelineStageBase.backward_weight_one_chunk, lambda kw: "W"
-)
+    setattr(_PipelineStageBase, name, wrapped)
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def run(schedule: str, mesh) -> list[tuple[str, int, int]]:
-    p, rank = mesh.size(), mesh.get_local_rank()
-    v = 1 if schedule in pl.SINGLE else 2
+def tiny_llama(n_layers: int):
     torch.manual_seed(0)
-    model = models.build(
+    return models.build(
         "llama",
-        dict(dim=32, n_layers=p * v, n_heads=2, n_kv_heads=2, ffn_dim=64, vocab_size=VOCAB,
+        dict(dim=32, n_layers=n_layers, n_heads=2, n_kv_heads=2, ffn_dim=64, vocab_size=VOCAB,
              max_seq_len=SEQ),
     )  # fmt: skip
-    stages = pipeline.split(model, rank, p, v, schedule)
-    sched = pipeline.build_schedule(
-        stages, p * v, schedule, MICROBATCHES, loss_fn, mesh, torch.device("cpu")
-    )
-    x = torch.randint(0, VOCAB, (MICROBATCHES, SEQ))
+
+
+def step(sched, stages, n_stages: int, microbatches: int) -> list:
+    """One schedule step on random tokens; what LOG gathered during it."""
+    x = torch.randint(0, VOCAB, (microbatches, SEQ))
     first = any(s == 0 for s, _ in stages)
-    last = any(s == p * v - 1 for s, _ in stages)
+    last = any(s == n_stages - 1 for s, _ in stages)
     LOG.clear()
     sched.step(*((x,) if first else ()), **({"target": x, "losses": []} if last else {}))
     return list(LOG)
 
 
-def main() -> None:
+def write_per_rank(shape: tuple[int, ...], names: tuple[str, ...], compute) -> None:
+    """Join torchrun's gloo group, build the mesh, write compute(mesh) to OUT_DIR/RANK.json."""
     out = Path(sys.argv[1])
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),), mesh_dim_names=("pp",))
-    orders = {s: run(s, mesh) for s in pipeline.SCHEDULES}
-    (out / f"{dist.get_rank()}.json").write_text(json.dumps(orders))
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+    (out / f"{dist.get_rank()}.json").write_text(json.dumps(compute(mesh)))
     dist.barrier()
     dist.destroy_process_group()
 
 
+def run(schedule: str, mesh) -> list:
+    p, rank = mesh.size(), mesh.get_local_rank()
+    v = 1 if schedule in pl.SINGLE else 2
+    stages = pipeline.split(tiny_llama(p * v), rank, p, v, schedule)
+    sched = pipeline.build_schedule(
+        stages, p * v, schedule, MICROBATCHES, loss_fn, mesh, torch.device("cpu")
+    )
+    return step(sched, stages, p * v, MICROBATCHES)
+
+
 if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    main()
+    record("forward_one_chunk", lambda stage, chunk, kw: ("F", stage.stage_index, chunk))
+    record(
+        "backward_one_chunk",
+        lambda stage, chunk, kw: (
+            "B" if kw.get("full_backward", True) else "I",
+            stage.stage_index,
+            chunk,
+        ),
+    )
+    record("backward_weight_one_chunk", lambda stage, chunk, kw: ("W", stage.stage_index, chunk))
+    write_per_rank(
+        (int(os.environ["WORLD_SIZE"]),),
+        ("pp",),
+        lambda mesh: {s: run(s, mesh) for s in pipeline.SCHEDULES},
+    )

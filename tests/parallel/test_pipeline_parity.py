@@ -50,6 +50,20 @@ ROWS = {
         ],
     ),
     "gpt_debug pp=2 1f1b": ("gpt_debug", PP2),
+    "pp=2 x dp_shard=2 resharding every micro-batch": (
+        "llama3_debug",
+        ["hardware.devices_per_node=4", "parallel.pp=2", "pipeline.reshard_each_microbatch=true"],
+    ),
+    "interleaved_1f1b pp=2 v=2 x dp_shard=2 resharding every micro-batch": (
+        "llama3_debug",
+        [
+            "hardware.devices_per_node=4",
+            "parallel.pp=2",
+            "pipeline=interleaved_1f1b",
+            "pipeline.stages_per_rank=2",
+            "pipeline.reshard_each_microbatch=true",
+        ],
+    ),
 }
 
 

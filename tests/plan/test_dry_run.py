@@ -49,6 +49,13 @@ LAYOUTS = {
         "parallel.pp=4",
         "train.global_batch_size=64",
     ],
+    "llama3_8b pp 4 x fsdp 16 resharding every micro-batch": [
+        "model=llama3_8b",
+        "hardware.nodes=8",
+        "parallel.pp=4",
+        "pipeline.reshard_each_microbatch=true",
+        "train.global_batch_size=64",
+    ],
     "llama3_8b pp 2 zbv x tp 8 x fsdp 4": [
         "model=llama3_8b",
         "hardware.nodes=8",

@@ -209,6 +209,22 @@ def test_dualpipev_needs_a_microbatch_per_stage():
     assert "dualpipev needs at least one micro-batch per stage (2 x pp = 8); got 6" in msg
 
 
+def test_reshard_each_microbatch_needs_fsdp_under_a_full_backward_pipeline():
+    _, found, msg = rules(PIPE + ["pipeline.reshard_each_microbatch=true", "data_parallel=zero1"])
+    assert found == {"pp_reshard"} and "got pp=4, zero_stage=1, dp_shard=2" in msg
+    _, found, msg = rules(
+        PIPE
+        + ["pipeline=zbv", "pipeline.reshard_each_microbatch=true", "train.global_batch_size=16"]
+    )
+    assert found == {"pp_reshard"} and "zbv computes the weight gradients in a separate" in msg
+    plan, found, _ = rules(PIPE + ["pipeline.reshard_each_microbatch=true"])
+    assert not found and plan.valid
+    default, _, _ = rules(PIPE)  # gathered parameters, unreduced gradients in param dtype
+    assert plan.memory.params == pytest.approx(default.memory.params / 2)
+    assert plan.memory.total < default.memory.total
+    assert plan.estimate.time.dp > default.estimate.time.dp
+
+
 def test_interleaved_microbatches_multiple_of_pp():
     _, found, msg = rules(PIPE + ["pipeline=interleaved_1f1b", "train.global_batch_size=12"])
     assert found == {"pp_microbatches"}
