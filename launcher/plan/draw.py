@@ -44,7 +44,7 @@ def draw(timeline: Timeline, path: str | Path, planner_bubble: float | None = No
 
     tl, p = timeline, timeline.pp
     span = tl.makespan  # in stage units: how many blocks a row holds
-    k = 1 / tl.stages_per_rank  # x unit: a rank's forward through all of its layers
+    unit = 1 / tl.stages_per_rank  # x unit: a rank's forward through all of its layers
     fig, ax = plt.subplots(figsize=(min(24.0, max(10.0, span * 0.11)), 1.9 + 0.42 * p))
     drawn_busy = drawn_idle = 0.0
     kinds: set[str] = set()
@@ -53,22 +53,23 @@ def draw(timeline: Timeline, path: str | Path, planner_bubble: float | None = No
         stages = pl.rank_stages(rank, p, tl.stages_per_rank, tl.schedule)
         gaps = tl.idle(rank)
         ax.broken_barh(
-            [(a * k, (b - a) * k) for a, b in gaps], (y - 0.4, 0.8), facecolors=BUBBLE, hatch="//",
-            edgecolor="#a0a0a0", linewidth=0.0,
+            [(a * unit, (b - a) * unit) for a, b in gaps], (y - 0.4, 0.8), facecolors=BUBBLE,
+            hatch="//", edgecolor="#a0a0a0", linewidth=0.0,
         )  # fmt: skip
         drawn_idle += sum(b - a for a, b in gaps)
         boxes: dict[str, list[tuple[float, float]]] = {}  # colour -> (start, width)
         for blk in (b for b in tl.blocks if b.rank == rank):
             later = blk.stage != stages[0]  # the rank's later virtual stages
             width = blk.end - blk.start
-            box = (blk.start * k, width * k)
+            box = (blk.start * unit, width * unit)
             boxes.setdefault((LIGHT if later else COLOURS)[blk.kind], []).append(box)
             drawn_busy += width
             kinds.add(blk.kind)
             if span <= LABEL_LIMIT:
                 ax.text(
-                    (blk.start + width / 2) * k, y, str(blk.microbatch), ha="center", va="center",
-                    fontsize=7 if span <= 80 else 5, color="black" if later else "white",
+                    (blk.start + width / 2) * unit, y, str(blk.microbatch), ha="center",
+                    va="center", fontsize=7 if span <= 80 else 5,
+                    color="black" if later else "white",
                 )  # fmt: skip
         for colour, spans in boxes.items():
             ax.broken_barh(
@@ -77,7 +78,7 @@ def draw(timeline: Timeline, path: str | Path, planner_bubble: float | None = No
             )  # fmt: skip
     fraction = drawn_idle / drawn_busy
     ax.set_yticks(range(p), [f"rank {r}" for r in reversed(range(p))])
-    ax.set_xlim(0, span * k)
+    ax.set_xlim(0, span * unit)
     ax.set_ylim(-0.6, p - 0.4)
     ax.set_xlabel(
         "time (unit: one micro-batch's forward through a rank's layers; its backward takes 2)"

@@ -48,9 +48,6 @@ class Timeline:
     def makespan(self) -> float:
         return max(b.end for b in self.blocks)
 
-    def busy(self, rank: int) -> float:
-        return sum(b.end - b.start for b in self.blocks if b.rank == rank)
-
     @property
     def bubble_fraction(self) -> float:
         """Idle over useful time, summed over ranks (the planner's definition)."""
