@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import os
 import sys
 import time
@@ -31,6 +32,15 @@ def run_id() -> str:
     if "SLURM_JOB_ID" in os.environ:
         return f"slurm-{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_STEP_ID', '0')}"
     return time.strftime("%Y-%m-%d_%H-%M-%S")
+
+
+def run_name(model_name: str, overrides: str) -> str:
+    """`outputs/${run_name:...}`: the model's name, plus a hash of the command's overrides when
+    it has any. The same command gets the same directory, so that running it again resumes
+    from its checkpoints; another command gets another one."""
+    if not overrides:
+        return str(model_name)
+    return f"{model_name}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"
 
 
 def on_cuda(device_type: str, dtype: str) -> str:
@@ -91,6 +101,7 @@ def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
     register_configs()
     if not OmegaConf.has_resolver("run_id"):
         OmegaConf.register_new_resolver("run_id", run_id)
+        OmegaConf.register_new_resolver("run_name", run_name)
         OmegaConf.register_new_resolver("on_cuda", on_cuda)
 
     @functools.wraps(task)

@@ -23,10 +23,6 @@ class DeviceType(str, Enum):
     cuda = "cuda"
 
 
-# Pipeline schedules (a plain string in the schema: "1f1b" cannot be an enum member name).
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "interleaved_zb", "zbv", "dualpipev")
-
-
 class ContextMethod(str, Enum):
     allgather = "allgather"  # Llama 3: all-gather K/V, each rank attends with its queries
     ring = "ring"  # ring attention: K/V blocks passed around, overlapped with compute
@@ -36,6 +32,11 @@ class Recompute(str, Enum):
     none = "none"
     selective = "selective"  # recompute attention core and element-wise ops, keep matmul inputs
     full = "full"  # keep only each block's input, recompute the block in backward
+
+
+class Resume(str, Enum):
+    auto = "auto"  # start from the newest complete checkpoint in checkpoint.dir, if any
+    never = "never"  # start from step 0 (refused if checkpoint.dir holds checkpoints)
 
 
 class PlanFormat(str, Enum):
@@ -96,6 +97,7 @@ class HardwareConfig:
     peak_tflops: float = 0.1  # dense peak of the compute dtype, per device
     intra_node_gbps: float = 100.0  # GB/s per device inside a node
     inter_node_gbps: float = 10.0  # GB/s per device across nodes
+    storage_gbps: float = 2.0  # GB/s per node written to the checkpoint storage
 
 
 @dataclass
@@ -131,7 +133,7 @@ class TensorConfig:
 
 @dataclass
 class PipelineConfig:
-    schedule: str = "1f1b"  # one of SCHEDULES
+    schedule: str = "1f1b"  # one of layout.SCHEDULES (a string: "1f1b" is no enum name)
     microbatches: int = 0  # per step and pipeline; 0: global batch / (micro x dp)
     stages_per_rank: int = 1  # virtual stages (interleaved: >= 2, V schedules: exactly 2)
     # The split of layers over the pp x stages_per_rank stages. Default: as even as possible,
@@ -186,6 +188,25 @@ class TrainConfig:
     eval_batches: int = 4  # global batches of the held-out split per evaluation
     compile: bool = False  # torch.compile each block (inductor; needs a C compiler on CPU)
     save_final: bool = False  # write DIR/final_model.pt, the gathered full state dict
+    # Local launches: torchrun restarts every rank this many times after one fails; each
+    # restart resumes from the newest complete checkpoint.
+    max_restarts: int = 0
+    # Seconds a collective (or a stop: the current step plus its checkpoint) may wait for the
+    # other ranks before the run fails, naming the rank and what it was doing.
+    timeout_s: float = 600.0
+
+
+@dataclass
+class CheckpointConfig:
+    """Sharded checkpoints (torch.distributed.checkpoint) in DIR/step_NNNNNNNN."""
+
+    interval: int = 0  # save every N steps; 0: only at the end of the run and on a stop
+    dir: str | None = None  # None: RUN_DIR/checkpoints
+    keep: int = 3  # newest complete checkpoints kept; 0 keeps all
+    async_save: bool = False  # write in the background while training goes on
+    resume: Resume = Resume.auto
+    load_path: str | None = None  # start from this checkpoint (when checkpoint.dir has none)
+    load_weights_only: bool = False  # from load_path take the model only (fine-tuning)
 
 
 @dataclass
@@ -233,6 +254,7 @@ class Config:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
 

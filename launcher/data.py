@@ -155,10 +155,15 @@ class Batches:
 
     def micro_batches(self, k: int) -> list:
         """[(inputs (b, S), targets (b, S))] for this rank's share of global batch k."""
+        return self.at(k * self.g)
+
+    def at(self, position: int) -> list:
+        """This rank's micro-batches of the global batch whose first window is at `position`
+        of the endless stream (the data position a checkpoint records)."""
         import torch  # late: the planner reads headers through this module without torch
 
         per_rank = self.g // self.dp_size
-        first = k * self.g + self.dp_rank * per_rank
+        first = position + self.dp_rank * per_rank
         windows = np.stack(
             [self.data.window(self._window_index(first + j)) for j in range(per_rank)]
         )

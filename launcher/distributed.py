@@ -1,4 +1,4 @@
-"""Process group, device and the named DeviceMesh built from a validated plan."""
+"""Process group, device and the named DeviceMesh built from a validated layout."""
 
 from __future__ import annotations
 
@@ -11,9 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-# Mesh dimensions, outermost first: pipeline stages span the slowest links, tensor parallelism
-# the fastest, so tp is innermost (consecutive ranks, one node).
-MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+from launcher.layout import MESH_DIMS, Layout
 
 
 @dataclass
@@ -29,34 +27,61 @@ class Dist:
     def dp_rank(self) -> int:
         return self.dp_mesh.get_local_rank() if self.dp_mesh is not None else 0
 
+    def local_rank_of(self, dim: str) -> int:
+        """This rank's coordinate along a mesh dimension (0 on a single process)."""
+        return self.mesh[dim].get_local_rank() if self.mesh is not None else 0
 
-def init(device_type: str, degrees: dict[str, int], timeout_s: float = 600) -> Dist:
-    """Join the env:// process group (torchrun, SLURM) and build the mesh; or stay single."""
+    def group(self, dim: str):
+        """The process group of a mesh dimension, or None when it has one rank."""
+        if self.mesh is None or self.mesh[dim].size() == 1:
+            return None
+        return self.mesh[dim].get_group()
+
+
+def init(device_type: str, layout: Layout, timeout_s: float = 600) -> Dist:
+    """Join the env:// process group (torchrun, SLURM) and build the mesh; or stay single.
+
+    Every collective, the first rendezvous included, gives up after `timeout_s` seconds.
+    """
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
         device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
         if device_type == "cuda":
             torch.cuda.set_device(device)
         return Dist(0, 1, 0, device, None, None)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = timedelta(seconds=timeout_s)
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    # torchrun restarts reuse the rendezvous store, which still holds the previous attempt's
+    # gloo addresses (the new group then connects to dead peers); a key prefix per attempt
+    # gives every attempt a clean namespace. See ../shared/MACHINE.md, torchrun restarts.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    store = dist.PrefixStore(f"attempt_{attempt}", store)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", device_id=device, timeout=timedelta(seconds=timeout_s))
+        # gloo beside nccl: the stop flag and async checkpoints use CPU tensors.
+        backend = "cpu:gloo,cuda:nccl"
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world, timeout=timeout, device_id=device
+        )
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
-    mesh = build_mesh(device_type, degrees)
-    return Dist(
-        rank, world, local_rank, device, mesh, mesh["dp_replicate", "dp_shard"]._flatten("dp")
-    )
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    return mesh_dist(layout, device_type, device, rank, local_rank)
 
 
-def build_mesh(device_type: str, degrees: dict[str, int]) -> DeviceMesh:
-    """All of MESH_DIMS, size-1 ones too, so that code can always name them."""
-    return init_device_mesh(
-        device_type, tuple(degrees[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS
-    )
+def mesh_dist(
+    layout: Layout, device_type: str, device: torch.device, rank: int, local_rank: int = 0
+) -> Dist:
+    """The named mesh of every MESH_DIMS dimension (size-1 ones too, so that code can always
+    name them) and the flattened data-parallel mesh, over the current default group.
+
+    The one mesh builder: training calls it after joining the group, the dry run over a fake
+    group of the full world size.
+    """
+    mesh = init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=MESH_DIMS)
+    dp_mesh = mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    return Dist(rank, layout.world, local_rank, device, mesh, dp_mesh)
 
 
 def all_reduce_mean(x: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:

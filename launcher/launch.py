@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from launcher.cli import fail
+from launcher.failures import EXIT_STOPPED, STOPPED_FILE
 
 # Set by relaunch() in the children, so that they do not print the plan a second time.
 CHILD_ENV = "LAUNCHER_CHILD"
@@ -48,8 +55,23 @@ def is_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
 
 
-def relaunch(nodes: int, devices_per_node: int, overrides: list[str], run_dir: str) -> int:
-    """Run this command again under torchrun with one process per device; return its status."""
+def relaunch(
+    nodes: int,
+    devices_per_node: int,
+    overrides: list[str],
+    run_dir: str,
+    max_restarts: int = 0,
+    stop_timeout_s: float = 600,
+) -> int:
+    """Run this command again under torchrun with one process per device; return its status.
+
+    This process stays in charge until every rank has exited. SIGINT, SIGTERM, SIGUSR1 and
+    SIGHUP go to the ranks themselves (torchrun's children): they finish the step, save a
+    checkpoint and exit 0, so that torchrun neither restarts them nor reports a failure, and
+    this process exits EXIT_STOPPED. Ranks still running `stop_timeout_s` later, or at a
+    second SIGINT, are killed. torchrun runs in a session of its own (a terminal's Ctrl-C
+    reaches this process only, once) and gets SIGTERM if this process dies.
+    """
     if nodes > 1:
         fail(
             f"hardware.nodes={nodes}: a multi-node run starts on every node under SLURM or "
@@ -65,10 +87,94 @@ def relaunch(nodes: int, devices_per_node: int, overrides: list[str], run_dir: s
         "torch.distributed.run",
         "--standalone",
         f"--nproc-per-node={devices_per_node}",
+        f"--max-restarts={max_restarts}",
         "-m",
         "launcher.train",
         *overrides,
         f"hydra.run.dir='{run_dir}'",
         "hydra.output_subdir=null",
     ]
-    return subprocess.call(cmd, env=env)
+    stopped = Path(run_dir) / STOPPED_FILE
+    stopped.unlink(missing_ok=True)
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+    received: list[tuple[int, float]] = []
+
+    def forward(signum: int, frame) -> None:
+        if received and signum == signal.SIGINT:
+            kill_tree(proc.pid)  # the second Ctrl-C: no checkpoint, stop now
+        else:
+            for pid in children(proc.pid) or [proc.pid]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signum)
+        received.append((signum, time.monotonic()))
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        while True:
+            try:
+                status = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if received and time.monotonic() - received[0][1] > stop_timeout_s:
+                    late = f"ranks still running {stop_timeout_s:g} s after the stop signal"
+                    print(f"{late} (train.timeout_s): killing them", file=sys.stderr)
+                    kill_tree(proc.pid)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if stopped.exists():
+        record = json.loads(stopped.read_text())
+        name = signal.Signals(record["signal"]).name
+        print(
+            f"stopped by {name} after step {record['step']}: checkpoint {record['checkpoint']} "
+            f"is complete; the same command resumes from it (exit status {EXIT_STOPPED})",
+            file=sys.stderr,
+        )
+        return EXIT_STOPPED
+    if received:
+        name = signal.Signals(received[0][0]).name
+        print(f"stopped by {name} before a checkpoint was complete", file=sys.stderr)
+        return status or 1
+    return status
+
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+
+
+def die_with_parent() -> None:
+    """In the child before exec: get SIGTERM when the launcher process dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and all its descendants (the ranks run in sessions of their own)."""
+    for p in [pid, *descendants(pid)]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+def process_tree() -> dict[int, list[int]]:
+    """Parent pid -> child pids of every process, from /proc (empty where there is none)."""
+    tree: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int(entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        tree.setdefault(ppid, []).append(int(entry.name))
+    return tree
+
+
+def children(pid: int) -> list[int]:
+    return process_tree().get(pid, [])
+
+
+def descendants(pid: int) -> list[int]:
+    tree = process_tree()
+    out, todo = [], [pid]
+    while todo:
+        below = tree.get(todo.pop(), [])
+        out += below
+        todo += below
+    return out

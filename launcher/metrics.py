@@ -7,6 +7,7 @@ import netrc
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from launcher.config import WandbMode
@@ -26,8 +27,34 @@ def wandb_mode(requested: WandbMode) -> str:
     return "offline"
 
 
+def keep_steps_up_to(path: Path, step: int) -> int:
+    """Drop the rows of metrics.jsonl after `step` (a resumed run logs those steps again);
+    returns the last step the file held before."""
+    if not path.exists():
+        return 0
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    kept = [r for r in rows if r["step"] <= step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    os.replace(tmp, path)
+    return max((r["step"] for r in rows), default=0)
+
+
+def wandb_run_id(run_dir: Path) -> str:
+    """One wandb run per run directory: a resumed or restarted run continues it."""
+    path = run_dir / "wandb_run_id"
+    if not path.exists():
+        path.write_text(uuid.uuid4().hex[:8])
+    return path.read_text().strip()
+
+
 class MetricsLogger:
-    """Logs on the rank that holds the loss; every other rank gets a logger that does nothing."""
+    """Logs on the rank that holds the loss; every other rank gets a logger that does nothing.
+
+    A run resumed at step k keeps metrics.jsonl's rows up to k and appends from k+1, so every
+    step appears once. Its wandb run is the same one (same id), and steps it already received
+    before the interruption are not sent again (a resumed run recomputes them bitwise equal).
+    """
 
     def __init__(
         self,
@@ -38,14 +65,18 @@ class MetricsLogger:
         wandb_cfg,
         config: dict,
         run_name: str,
+        start_step: int = 0,
     ):
         self.enabled, self.total, self.interval = enabled, total_steps, max(1, log_interval)
-        self.start = time.perf_counter()
+        self.start, self.start_step = time.perf_counter(), start_step
         self.file = None
         self.wandb_run = None
+        self.wandb_done = 0  # steps up to this one are in the wandb run already
         if not enabled:
             return
-        self.file = open(Path(run_dir) / "metrics.jsonl", "a")  # noqa: SIM115 (closed in close())
+        path = Path(run_dir) / "metrics.jsonl"
+        self.wandb_done = keep_steps_up_to(path, start_step)
+        self.file = open(path, "a")  # noqa: SIM115 (closed in close())
         mode = wandb_mode(wandb_cfg.mode)
         if mode != "disabled":
             import wandb
@@ -56,6 +87,8 @@ class MetricsLogger:
                 mode=mode,
                 dir=run_dir,
                 name=run_name,
+                id=wandb_run_id(Path(run_dir)),
+                resume="allow",
                 config=config,
                 settings=wandb.Settings(console="off", quiet=True),
             )
@@ -67,14 +100,15 @@ class MetricsLogger:
         record = {"step": step, **metrics}
         self.file.write(json.dumps(record) + "\n")
         self.file.flush()
-        if self.wandb_run is not None:
+        if self.wandb_run is not None and step > self.wandb_done:
             self.wandb_run.log(metrics, step=step)
         if step % self.interval == 0 or step == self.total or "eval_loss" in metrics:
             self._progress(step, metrics)
 
     def _progress(self, step: int, m: dict) -> None:
         elapsed = time.perf_counter() - self.start
-        eta = elapsed / step * (self.total - step) if step else 0.0
+        done = step - self.start_step
+        eta = elapsed / done * (self.total - step) if done > 0 else 0.0
         line = (
             f"step {step:>{len(str(self.total))}}/{self.total}  loss {m['loss']:.4f}  "
             f"lr {m['lr']:.2e}  grad_norm {m['grad_norm']:.3f}  "

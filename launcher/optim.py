@@ -1,4 +1,5 @@
-"""AdamW (ZeRO-1: states sharded over dp_shard), warmup + cosine schedule, global-norm clipping."""
+"""AdamW per model part (ZeRO-1: states sharded over dp_shard), warmup + cosine schedule,
+global-norm clipping."""
 
 from __future__ import annotations
 
@@ -7,12 +8,22 @@ import math
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor, Replicate
 
 from launcher.config import TrainConfig
 from launcher.distributed import Dist
-from launcher.plan import Plan
+from launcher.layout import Layout
+
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+# Segments wrappers add to parameter names (DDP, activation checkpointing, compile); a
+# checkpoint names parameters without them, as the plain model does.
+WRAPPER_SEGMENTS = ("module", "_checkpoint_wrapped_module", "_orig_mod")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -24,20 +35,111 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
-def build_optimizer(model: nn.Module, plan: Plan, d: Dist) -> torch.optim.Optimizer:
-    t = plan.cfg.train
+def canonical_name(name: str) -> str:
+    return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
+
+
+class Optimizers:
+    """One AdamW per model part (pipeline stage), stepped together.
+
+    Checkpoint keys are `state.<parameter>.<exp_avg|exp_avg_sq|step>` and
+    `param_groups.<parameter>.<option>` with the model's own parameter names, which stages
+    keep: they do not depend on the pipeline layout, the sharding or the wrappers. ZeRO-1's
+    ZeroRedundancyOptimizer has no such state dict (its own is indexed by position and
+    gathered on one rank), so each rank gives the entries of the parameters it owns and takes
+    them back the same way: DCP reshards them like any other tensor.
+    """
+
+    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
+        self.parts, self.optimizers = parts, optimizers
+
+    def step(self) -> None:
+        for opt in self.optimizers:
+            opt.step()
+
+    def zero_grad(self) -> None:
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
+
+    def set_lr(self, lr: float) -> None:
+        for opt in self.optimizers:
+            for group in opt.param_groups:
+                group["lr"] = lr
+
+    def state_dict(self) -> dict:
+        out: dict = {}
+        for part, opt in zip(self.parts, self.optimizers, strict=True):
+            if isinstance(opt, ZeroRedundancyOptimizer):
+                out.update(zero1_entries(part, opt))
+            else:
+                out.update(get_optimizer_state_dict(part, opt, options=FLAT))
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        for part, opt in zip(self.parts, self.optimizers, strict=True):
+            if isinstance(opt, ZeroRedundancyOptimizer):
+                load_zero1(part, opt, state)
+            else:
+                mine = get_optimizer_state_dict(part, opt, options=FLAT)
+                set_optimizer_state_dict(part, opt, {k: state[k] for k in mine}, options=FLAT)
+
+
+def owned(part: nn.Module, opt: ZeroRedundancyOptimizer):
+    """(canonical name, parameter, its group in the local optimizer) for each parameter whose
+    Adam states this rank keeps."""
+    group_of = {p: g for g in opt.optim.param_groups for p in g["params"]}
+    for name, p in part.named_parameters():
+        if p in group_of:
+            yield canonical_name(name), p, group_of[p]
+
+
+def zero1_entries(part: nn.Module, opt: ZeroRedundancyOptimizer) -> dict:
+    """This rank's share of a ZeRO-1 optimizer in the flattened layout (zeros where no step
+    has made the state yet, so that a fresh optimizer is also a template to load into)."""
+    out: dict = {}
+    for name, p, group in owned(part, opt):
+        state = opt.optim.state.get(p, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            out[f"state.{name}.{key}"] = state[key] if key in state else torch.zeros_like(p)
+        out[f"state.{name}.step"] = state["step"] if "step" in state else torch.zeros(())
+        for key, value in group.items():
+            if key != "params":
+                out[f"param_groups.{name}.{key}"] = value
+    return out
+
+
+def load_zero1(part: nn.Module, opt: ZeroRedundancyOptimizer, state: dict) -> None:
+    for name, p, group in owned(part, opt):
+        opt.optim.state[p] = {
+            "step": state[f"state.{name}.step"].detach().clone().float(),
+            "exp_avg": state[f"state.{name}.exp_avg"].detach().clone().to(p.dtype),
+            "exp_avg_sq": state[f"state.{name}.exp_avg_sq"].detach().clone().to(p.dtype),
+        }
+        for key in group:
+            if key != "params" and f"param_groups.{name}.{key}" in state:
+                group[key] = state[f"param_groups.{name}.{key}"]
+
+
+def build_optimizers(parts: list[nn.Module], layout: Layout, t: TrainConfig, d: Dist) -> Optimizers:
+    """AdamW per part; with ZeRO-1 its states sharded over dp_shard."""
     kwargs = {"lr": t.lr, "betas": (t.beta1, t.beta2), "eps": 1e-8}
-    groups = param_groups(model, t.weight_decay)
-    if plan.cfg.data_parallel.zero_stage == 1 and plan.degrees["dp_shard"] > 1:
-        # Each dp_shard rank keeps the Adam states of its share of the parameters, steps them
-        # and broadcasts the result; gradients arrive whole from DDP's all-reduce.
-        return ZeroRedundancyOptimizer(
-            groups,
-            optimizer_class=torch.optim.AdamW,
-            process_group=d.mesh["dp_shard"].get_group(),
-            **kwargs,
-        )
-    return torch.optim.AdamW(groups, **kwargs)
+    optimizers: list[torch.optim.Optimizer] = []
+    for part in parts:
+        groups = param_groups(part, t.weight_decay)
+        if layout.zero1_enabled:
+            # Each dp_shard rank keeps the Adam states of its share of the parameters, steps
+            # them and broadcasts the result; gradients arrive whole from DDP's all-reduce.
+            optimizers.append(
+                ZeroRedundancyOptimizer(
+                    groups,
+                    optimizer_class=torch.optim.AdamW,
+                    process_group=d.mesh["dp_shard"].get_group(),
+                    **kwargs,
+                )
+            )
+        else:
+            optimizers.append(torch.optim.AdamW(groups, **kwargs))
+    return Optimizers(parts, optimizers)
 
 
 def lr_at(step: int, t: TrainConfig) -> float:
@@ -47,11 +149,6 @@ def lr_at(step: int, t: TrainConfig) -> float:
     span = max(1, t.steps - t.warmup_steps - 1)
     progress = min(1.0, (step - t.warmup_steps) / span)
     return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * progress))
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    for group in optimizer.param_groups:
-        group["lr"] = lr
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group=None) -> torch.Tensor:

@@ -7,6 +7,7 @@ distributed environment a multi-device layout relaunches this command under torc
 
 from __future__ import annotations
 
+import os
 import sys
 
 from hydra.core.hydra_config import HydraConfig
@@ -14,6 +15,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launcher import launch
+from launcher.checkpoint.store import start_problems
 from launcher.cli import fail, hydra_app, to_config
 from launcher.plan import make_plan
 from launcher.plan.report import print_plan, problems_message
@@ -50,6 +52,11 @@ def task(dcfg: DictConfig) -> None:
         fail(problems_message(plan))
     check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)
     run_dir = HydraConfig.get().runtime.output_dir
+    ck = cfg.checkpoint
+    directory = ck.dir or os.path.join(run_dir, "checkpoints")
+    problems = start_problems(directory, ck.resume.value, ck.load_path, vars(cfg.model))
+    if problems:
+        fail("; ".join(problems))
     if launch.in_distributed_env() and launch.world_size() != plan.world_size:
         fail(
             f"this process group has WORLD_SIZE={launch.world_size()} but the plan needs "
@@ -58,7 +65,12 @@ def task(dcfg: DictConfig) -> None:
     if not launch.in_distributed_env() and plan.world_size > 1:
         overrides = list(HydraConfig.get().overrides.task)
         status = launch.relaunch(
-            cfg.hardware.nodes, cfg.hardware.devices_per_node, overrides, run_dir
+            cfg.hardware.nodes,
+            cfg.hardware.devices_per_node,
+            overrides,
+            run_dir,
+            max_restarts=cfg.train.max_restarts,
+            stop_timeout_s=cfg.train.timeout_s,
         )
         if status:
             sys.exit(status)

@@ -42,6 +42,16 @@ def test_every_recipe_is_valid_and_fits_its_hardware(recipe):
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
+def test_every_cluster_recipe_checkpoints_periodically(recipe):
+    cfg = compose_config([f"recipe={recipe}"])
+    if cfg.hardware.device_type.value == "cuda":
+        plan = make_plan(cfg)
+        every = cfg.checkpoint.interval
+        minutes = every * plan.estimate.time.step / 60
+        assert 10 < minutes < 60, f"checkpoint.interval={every}: every {minutes:.0f} min"
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_opens_with_its_command(recipe):
     head = (ROOT / "recipes" / f"{recipe}.yaml").read_text().split("defaults:")[0]
     assert f"recipe={recipe}" in head and "python -m launcher." in head

@@ -11,38 +11,34 @@ from __future__ import annotations
 
 from torch import nn
 
+from launcher.config import Config
 from launcher.distributed import Dist
+from launcher.layout import Layout
 from launcher.parallel.checkpointing import apply_ac, apply_compile
 from launcher.parallel.data_parallel import apply_ddp, apply_fsdp
 from launcher.parallel.tensor_parallel import apply_tp
-from launcher.plan import Plan
 
 
-def parallelize(model: nn.Module, plan: Plan, d: Dist) -> nn.Module:
-    """Apply the plan's layout to a model built identically on every rank."""
-    cfg, degrees = plan.cfg, plan.degrees
-    if degrees["tp"] > 1:
+def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Module:
+    """Apply the layout to a model built identically on every rank (model family, compile and
+    precision come from the config; everything about the layout from `layout`)."""
+    if layout.tp > 1:
         apply_tp(
-            model,
-            d.mesh["tp"],
-            cfg.model.family,
-            cfg.tensor.sequence_parallel,
-            cfg.tensor.loss_parallel,
+            model, d.mesh["tp"], cfg.model.family, layout.sequence_parallel, layout.loss_parallel
         )
-    if cfg.recompute.mode.value != "none":
-        apply_ac(model, cfg.recompute.mode.value)
+    if layout.recompute != "none":
+        apply_ac(model, layout.recompute)
     if cfg.train.compile:
         apply_compile(model)
-    if d.mesh is None or plan.dp == 1:
+    if d.mesh is None or layout.dp == 1:
         return model
-    stage = cfg.data_parallel.zero_stage
     prec = cfg.precision
-    if degrees["dp_shard"] > 1 and stage >= 2:
-        dims = ("dp_replicate", "dp_shard") if degrees["dp_replicate"] > 1 else ("dp_shard",)
+    if layout.fsdp_enabled:
+        dims = ("dp_replicate", "dp_shard") if layout.dp_replicate > 1 else ("dp_shard",)
         return apply_fsdp(
             model,
             d.mesh[dims],
-            reshard_after_forward=stage == 3,
+            reshard_after_forward=layout.zero_stage == 3,
             param_dtype=prec.param_dtype.value,
             reduce_dtype=prec.grad_dtype.value,
         )

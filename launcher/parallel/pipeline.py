@@ -1,7 +1,7 @@
 """Pipeline parallelism: cut the model into (virtual) stages and run them with a
 torch.distributed.pipelining schedule.
 
-The split comes from the planner (launcher/plan/pipeline.py): layers per stage as even as
+The split comes from the layout (launcher/layout.py): layers per stage as even as
 possible with the extra ones in the middle, stage s on rank s % pp for the looped schedules
 and rank s or 2 pp - 1 - s for the V-shaped ones. Each stage is a pruned copy of the whole
 model: layers outside its range removed, tok_embeddings / embed only on the first stage,
@@ -27,16 +27,23 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining._backward import stage_backward
 
-from launcher.plan import pipeline as pl
+from launcher.layout import SCHEDULES, SINGLE, rank_stages, split_layers, stage_owner, stage_starts
 
-SCHEDULES = {
-    "gpipe": ScheduleGPipe,
-    "1f1b": Schedule1F1B,
-    "interleaved_1f1b": ScheduleInterleaved1F1B,
-    "interleaved_zb": ScheduleInterleavedZeroBubble,
-    "zbv": ScheduleZBVZeroBubble,
-    "dualpipev": ScheduleDualPipeV,
-}
+# torch's class for each of layout.SCHEDULES, in that order.
+SCHEDULE_CLASSES = dict(
+    zip(
+        SCHEDULES,
+        (
+            ScheduleGPipe,
+            Schedule1F1B,
+            ScheduleInterleaved1F1B,
+            ScheduleInterleavedZeroBubble,
+            ScheduleZBVZeroBubble,
+            ScheduleDualPipeV,
+        ),
+        strict=True,
+    )
+)
 EMBEDDINGS = ("tok_embeddings", "embed")  # llama / mixtral, gpt
 
 
@@ -63,12 +70,12 @@ def split(
 ) -> list[tuple[int, nn.Module]]:
     """(stage index, module) for every stage this pipeline rank runs, in stage order; `counts`
     gives the layers per stage (the planner's split), () the even default."""
-    counts = list(counts) or pl.split_layers(len(model.layers), pp * v)
-    starts = [sum(counts[:i]) for i in range(len(counts))]
+    counts = list(counts) or split_layers(len(model.layers), pp * v)
+    starts = stage_starts(counts)
     n_stages = pp * v
     return [
         (s, stage_module(model, starts[s], counts[s], s == 0, s == n_stages - 1))
-        for s in sorted(pl.rank_stages(pp_rank, pp, v, schedule))
+        for s in sorted(rank_stages(pp_rank, pp, v, schedule))
     ]
 
 
@@ -106,17 +113,10 @@ def build_schedule(
     pipeline_stages = [
         stage_cls(module, index, n_stages, device, group=group) for index, module in stages
     ]
-    cls = SCHEDULES[schedule]
-    if schedule in pl.SINGLE:
+    cls = SCHEDULE_CLASSES[schedule]
+    if schedule in SINGLE:
         return cls(pipeline_stages[0], n_microbatches=microbatches, loss_fn=loss_fn)
     return cls(pipeline_stages, n_microbatches=microbatches, loss_fn=loss_fn)
-
-
-def owner(stage: int, pp: int, schedule: str) -> int:
-    """The pipeline rank that holds `stage`."""
-    if schedule in pl.V_SCHEDULES:
-        return stage if stage < pp else 2 * pp - 1 - stage
-    return stage % pp
 
 
 @torch.no_grad()
@@ -134,12 +134,12 @@ def forward_only(
     import torch.distributed as dist
 
     pp, me, group = mesh.size(), mesh.get_local_rank(), mesh.get_group()
-    peer = lambda stage: dist.get_global_rank(group, owner(stage, pp, schedule))  # noqa: E731
+    peer = lambda stage: dist.get_global_rank(group, stage_owner(stage, pp, schedule))  # noqa: E731
     h = x
     for s in range(n_stages):
-        if owner(s, pp, schedule) != me:
+        if stage_owner(s, pp, schedule) != me:
             continue
-        if s > 0 and owner(s - 1, pp, schedule) != me:  # (B, S, D) or a sequence shard of it
+        if s > 0 and stage_owner(s - 1, pp, schedule) != me:  # (B, S, D) or a sequence shard of it
             shape = torch.empty(3, dtype=torch.int64, device=x.device)
             dist.recv(shape, src=peer(s - 1), group=group)
             h = torch.empty(*shape.tolist(), dtype=torch.float32, device=x.device)
@@ -148,7 +148,7 @@ def forward_only(
         h = stages[s](h)
         if s == n_stages - 1:
             return loss_fn(h, y)
-        if owner(s + 1, pp, schedule) != me:
+        if stage_owner(s + 1, pp, schedule) != me:
             dist.send(
                 torch.tensor(h.shape, dtype=torch.int64, device=x.device),
                 dst=peer(s + 1),

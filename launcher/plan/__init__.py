@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.config import Config
-from launcher.plan.estimate import Context, Estimate, Layout, evaluate
+from launcher.layout import AXES, Layout, stage_split
+from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
-from launcher.plan.pipeline import stage_split
-from launcher.plan.rules import AXES, Problem, config_problems, layout_problems, resolve_degrees
+from launcher.plan.rules import Problem, config_problems, layout_problems, resolve_degrees
 
 
 @dataclass
@@ -87,6 +87,7 @@ def layout_of(cfg: Config, degrees: dict[str, int]) -> Layout:
         sequence_parallel=cfg.tensor.sequence_parallel,
         stage_layers=configured_split(cfg, degrees["pp"]),
         reshard_each_microbatch=cfg.pipeline.reshard_each_microbatch,
+        loss_parallel=cfg.tensor.loss_parallel and degrees["tp"] > 1,
     )
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.plan import pipeline as pl
+from launcher.layout import rank_stages
 from launcher.plan.timeline import Timeline, simulate
 
 COLOURS = {"F": "#4c72b0", "B": "#c44e52", "I": "#dd8452", "W": "#55a868"}
@@ -50,7 +50,7 @@ def draw(timeline: Timeline, path: str | Path, planner_bubble: float | None = No
     kinds: set[str] = set()
     for rank in range(p):
         y = p - 1 - rank  # rank 0 on top
-        stages = pl.rank_stages(rank, p, tl.stages_per_rank, tl.schedule)
+        stages = rank_stages(rank, p, tl.stages_per_rank, tl.schedule)
         gaps = tl.idle(rank)
         ax.broken_barh(
             [(a * unit, (b - a) * unit) for a, b in gaps], (y - 0.4, 0.8), facecolors=BUBBLE,

@@ -75,7 +75,7 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import models
-    from launcher.distributed import Dist, build_mesh
+    from launcher.distributed import mesh_dist
     from launcher.parallel import parallelize, pipeline
 
     mem, lay = plan.memory, plan.layout
@@ -96,21 +96,18 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
     start = time.perf_counter()
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
     try:
-        mesh = build_mesh("cpu", plan.degrees)
-        dp_mesh = mesh["dp_replicate", "dp_shard"]._flatten("dp")
-        d = Dist(0, plan.world_size, 0, torch.device("meta"), mesh, dp_mesh)
+        d = mesh_dist(lay, "cpu", torch.device("meta"), rank=0)
         with torch.device("meta"):
             model = models.build(cfg.model.family, vars(cfg.model))
-        lay = plan.layout
         if lay.pp > 1:  # that pipeline rank's stages (FSDP shards as on any dp coordinate 0)
             parts = [
-                parallelize(m, plan, d)
+                parallelize(m, lay, cfg, d)
                 for _, m in pipeline.split(
                     model, pp_rank, lay.pp, lay.stages_per_rank, lay.schedule, lay.stage_layers
                 )
             ]
         else:
-            parts = [parallelize(model, plan, d)]
+            parts = [parallelize(model, lay, cfg, d)]
         local = [
             p.to_local() if hasattr(p, "to_local") else p
             for part in parts

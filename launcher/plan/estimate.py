@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from launcher.config import Config
+from launcher.layout import Layout, last_stage_rank, rank_stages, split_layers, stage_starts
 from launcher.plan import pipeline as pl
 from launcher.plan.memory import BYTES, GIB, layer_activation_bytes, reserve_gib, state_bytes
 from launcher.plan.model_size import Shape, active_matmul_params_per_token, flops_per_token, shape
@@ -24,47 +25,6 @@ EFFICIENCY_DIM = 440.0
 
 def compute_efficiency(dim: int) -> float:
     return EFFICIENCY_MAX * dim / (dim + EFFICIENCY_DIM)
-
-
-MESH_ORDER = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # outermost first, as the engine
-
-
-@dataclass(frozen=True)
-class Layout:
-    dp_replicate: int
-    dp_shard: int
-    tp: int
-    pp: int
-    cp: int
-    ep: int
-    zero_stage: int
-    schedule: str
-    stages_per_rank: int
-    micro_batch_size: int
-    microbatches: int  # per pipeline and step: the gradient-accumulation count
-    recompute: str
-    sequence_parallel: bool
-    stage_layers: tuple[int, ...] = ()  # layers per stage; () = the even default split
-    reshard_each_microbatch: bool = False  # FSDP under pp: reshard after every backward
-
-    @property
-    def dp(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    @property
-    def world(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
-
-    @property
-    def degrees(self) -> dict[str, int]:
-        return {
-            "dp_replicate": self.dp_replicate,
-            "dp_shard": self.dp_shard,
-            "tp": self.tp,
-            "pp": self.pp,
-            "cp": self.cp,
-            "ep": self.ep,
-        }
 
 
 @dataclass
@@ -154,15 +114,27 @@ def rank_layers(
     n_layers: int, n_dense: int, pp: int, v: int, schedule: str, split: tuple[int, ...] = ()
 ):
     """Per pipeline rank: (layers, dense layers among them)."""
-    counts = list(split) or pl.split_layers(n_layers, pp * v)
-    starts = [sum(counts[:i]) for i in range(len(counts))]
+    counts = list(split) or split_layers(n_layers, pp * v)
+    starts = stage_starts(counts)
     out = []
     for r in range(pp):
-        stages = pl.rank_stages(r, pp, v, schedule)
+        stages = rank_stages(r, pp, v, schedule)
         layers = sum(counts[i] for i in stages)
         dense = sum(max(0, min(starts[i] + counts[i], n_dense) - starts[i]) for i in stages)
         out.append((layers, dense))
     return tuple(out)
+
+
+def layout_ranks(ctx: Context, lay: Layout):
+    """Per pipeline rank of this layout: (layers, dense layers among them)."""
+    return rank_layers(
+        ctx.shape.n_layers,
+        ctx.shape.n_dense_layers,
+        lay.pp,
+        lay.stages_per_rank,
+        lay.schedule,
+        lay.stage_layers,
+    )
 
 
 def group_bandwidth(ctx: Context, size: int, inner: int) -> float:
@@ -196,7 +168,7 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     s, m = ctx.shape, ctx.model
     moe_layers = layers - dense
     first = rank == 0
-    last = rank == pl.last_stage_rank(lay.pp, lay.schedule)
+    last = rank == last_stage_rank(lay.pp, lay.schedule)
     tp_sharded = (
         layers * s.attn_params + dense * s.dense_mlp_params + moe_layers * s.moe_shared_params
     )
@@ -246,7 +218,7 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
     recompute = lay.recompute
     full = 4 / 3 if recompute == "full" else 1.0
     attn_extra = ctx.attn_core_flops / 3 if recompute == "selective" else 0.0
-    head_rank = pl.last_stage_rank(lay.pp, lay.schedule)
+    head_rank = last_stage_rank(lay.pp, lay.schedule)
     worst, worst_layers, worst_moe = 0.0, 0, 0
     for r, (layers, dense) in enumerate(ranks):
         moe = layers - dense
@@ -361,18 +333,11 @@ def data_parallel_time(ctx: Context, lay: Layout, ranks, compute: float) -> floa
 def evaluate(ctx: Context, lay: Layout) -> Estimate:
     """Memory and time of a layout that passed the rules."""
     est = Estimate(lay)
-    ranks = rank_layers(
-        ctx.shape.n_layers,
-        ctx.shape.n_dense_layers,
-        lay.pp,
-        lay.stages_per_rank,
-        lay.schedule,
-        lay.stage_layers,
-    )
+    ranks = layout_ranks(ctx, lay)
     # Ranks holding the same layers differ only by their in-flight micro-batches, which every
     # schedule makes monotone in the rank: the first and last rank of each such group, plus the
     # embedding's and the head's ranks, include the most loaded one.
-    candidates = {0, pl.last_stage_rank(lay.pp, lay.schedule)}
+    candidates = {0, last_stage_rank(lay.pp, lay.schedule)}
     for held in set(ranks):
         group = [r for r, h in enumerate(ranks) if h == held]
         candidates |= {group[0], group[-1]}

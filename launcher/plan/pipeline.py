@@ -7,55 +7,7 @@ micro-batch is 3 units of work per stage. Bubble fractions are idle time over us
 
 from __future__ import annotations
 
-V_SCHEDULES = ("zbv", "dualpipev")  # two stages per rank placed as a V: rank r holds r, 2p-1-r
-LOOPED = ("interleaved_1f1b", "interleaved_zb")  # stages r, r+p, r+2p, ...
-SINGLE = ("gpipe", "1f1b")  # one stage per rank
-SPLIT_BACKWARD = ("interleaved_zb", "zbv", "dualpipev")  # input and weight gradients apart
-
-
-def split_layers(n_layers: int, n_stages: int) -> list[int]:
-    """Layers per (virtual) stage: as even as possible, extra layers to the middle stages first.
-
-    The first stage also holds the embedding and the last the output head, so they are the
-    ones left a layer short: Llama 3 405B's 126 layers on 16 stages -> 7, 8 x 14, 7.
-    """
-    base, extra = divmod(n_layers, n_stages)
-    order = list(range(1, n_stages - 1)) + [0, n_stages - 1] if n_stages > 2 else [0, 1][:n_stages]
-    counts = [base] * n_stages
-    for i in order[:extra]:
-        counts[i] += 1
-    return counts
-
-
-def stage_split(
-    n_layers: int, n_stages: int, first: int = 0, last: int = 0, explicit: tuple[int, ...] = ()
-) -> list[int]:
-    """Layers per stage from the config: explicit counts, fixed ends, or the even default.
-
-    With fixed ends the stages between them share the rest evenly. The result may hold
-    counts below 1 or not sum to n_layers; the rules report that, naming the values.
-    """
-    if explicit:
-        return list(explicit)
-    if not (first or last) or n_stages < 2:
-        return split_layers(n_layers, n_stages)
-    head, tail = [first] if first else [], [last] if last else []
-    inner = n_stages - len(head) - len(tail)
-    rest = n_layers - first - last
-    middle = split_layers(rest, inner) if inner > 0 and rest >= 0 else [rest] * max(inner, 0)
-    return head + middle + tail
-
-
-def rank_stages(rank: int, pp: int, v: int, schedule: str) -> list[int]:
-    """Virtual stage indices that pipeline rank `rank` holds."""
-    if schedule in V_SCHEDULES:
-        return [rank, 2 * pp - 1 - rank]
-    return [rank + i * pp for i in range(v)]
-
-
-def last_stage_rank(pp: int, schedule: str) -> int:
-    """The rank that holds the output head: the V schedules fold it back onto rank 0."""
-    return 0 if schedule in V_SCHEDULES else pp - 1
+from launcher.layout import SINGLE
 
 
 def bubble_fraction(schedule: str, p: int, v: int, m: int) -> float:

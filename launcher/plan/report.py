@@ -6,9 +6,10 @@ from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
-from launcher.plan import AXES, Plan
+from launcher.layout import AXES, MESH_DIMS
+from launcher.plan import Plan
 from launcher.plan import pipeline as pl
-from launcher.plan.estimate import MESH_ORDER
+from launcher.plan.checkpoint_size import CheckpointSize, checkpoint_size
 from launcher.plan.memory import GIB
 
 
@@ -16,11 +17,23 @@ def _gib(x: float) -> str:
     return f"{x / GIB:,.2f} GiB"
 
 
+def _size(x: float) -> str:
+    """GiB, or MiB below one GiB (a debug model's checkpoint is a few MiB)."""
+    return _gib(x) if x >= GIB else f"{x / 2**20:,.1f} MiB"
+
+
+def plan_checkpoint(plan: Plan) -> CheckpointSize | None:
+    """What one checkpoint save of this plan writes (None when the plan has no layout)."""
+    if plan.context is None or plan.layout is None:
+        return None
+    return checkpoint_size(plan.context, plan.layout)
+
+
 def mesh_rows(plan: Plan) -> list[tuple[str, str]]:
     """For each mesh dimension: its size, and whether its groups stay inside a node."""
     per_node = plan.cfg.hardware.devices_per_node
     rows, stride = [], 1
-    for dim in reversed(MESH_ORDER):  # innermost (tp) first: consecutive ranks
+    for dim in reversed(MESH_DIMS):  # innermost (tp) first: consecutive ranks
         size = plan.degrees[dim]
         if size > 1:
             span = (size - 1) * stride + 1
@@ -116,6 +129,14 @@ def plan_table(plan: Plan) -> Group:
             "throughput",
             f"{est.tokens_per_s_per_device:,.0f} tokens/s per device, MFU {est.mfu:.1%}",
         )
+    ck = plan_checkpoint(plan)
+    if ck is not None:
+        main.add_row(
+            "checkpoint",
+            f"{_size(ck.total)} in total, {_size(ck.rank)} on the most loaded rank, "
+            f"{_size(ck.node)} on the most loaded node; save ~{ck.save_seconds:.3g} s at "
+            f"{ck.storage_gbps:g} GB/s per node",
+        )
     for w in plan.warnings:
         main.add_row("warning", escape(str(w)), style="yellow")
     for e in plan.errors:
@@ -168,9 +189,19 @@ def estimate_json(est, capacity_gib: float) -> dict:
     }
 
 
+def checkpoint_json(ck: CheckpointSize) -> dict:
+    return {
+        "total_bytes": round(ck.total),
+        "rank_bytes": round(ck.rank),
+        "node_bytes": round(ck.node),
+        "save_seconds": ck.save_seconds,
+        "storage_gbps": ck.storage_gbps,
+    }
+
+
 def plan_json(plan: Plan) -> dict:
     """The plan as the JSON object `plan.format=json` prints."""
-    m, est, ctx = plan.memory, plan.estimate, plan.context
+    m, est, ctx, ck = plan.memory, plan.estimate, plan.context, plan_checkpoint(plan)
     params = None
     if ctx is not None:
         params = {
@@ -189,6 +220,7 @@ def plan_json(plan: Plan) -> dict:
         "params": params,
         "memory_gib": memory_json(m, plan.cfg.hardware.memory_gib) if m else None,
         "predicted": predicted_json(est) if est is not None and est.time else None,
+        "checkpoint": checkpoint_json(ck) if ck is not None else None,
     }
 
 

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from launcher.config import SCHEDULES, Config, DType, ParallelConfig
+from launcher.config import Config, DType, ParallelConfig
 from launcher.data import data_vocab_size
+from launcher.layout import AXES, LOOPED, SCHEDULES, SINGLE, SPLIT_BACKWARD, V_SCHEDULES
 from launcher.plan import pipeline as pl
 
 # Axes whose engine is not built yet: launcher.train refuses them by name.
@@ -19,7 +20,6 @@ NOT_AVAILABLE = {
     "ep": "expert parallelism",
 }
 ENGINE_FAMILIES = ("llama", "gpt", "mixtral")
-AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,15 @@ def config_problems(cfg: Config) -> list[Problem]:
     for key in ("eval_interval", "grad_clip", "weight_decay"):
         if getattr(t, key) < 0:
             err("train", f"train.{key}={getattr(t, key)} must be >= 0")
+    if t.max_restarts < 0:
+        err("train", f"train.max_restarts={t.max_restarts} must be >= 0")
+    if t.timeout_s <= 0:
+        err("train", f"train.timeout_s={t.timeout_s} must be > 0")
+    for key in ("interval", "keep"):
+        if getattr(cfg.checkpoint, key) < 0:
+            err("checkpoint", f"checkpoint.{key}={getattr(cfg.checkpoint, key)} must be >= 0")
+    if cfg.checkpoint.load_weights_only and not cfg.checkpoint.load_path:
+        err("checkpoint", "checkpoint.load_weights_only=true needs checkpoint.load_path")
     if t.eval_interval and t.eval_batches < 1:
         err("train", f"train.eval_batches={t.eval_batches} must be >= 1 when evaluating")
     data_vocab = _data_vocab(cfg.data.path, err)
@@ -155,7 +164,7 @@ def config_problems(cfg: Config) -> list[Problem]:
     for key in ("nodes", "devices_per_node"):
         if getattr(hw, key) < 1:
             err("hardware", f"hardware.{key}={getattr(hw, key)} must be >= 1")
-    for key in ("memory_gib", "peak_tflops", "intra_node_gbps", "inter_node_gbps"):
+    for key in ("memory_gib", "peak_tflops", "intra_node_gbps", "inter_node_gbps", "storage_gbps"):
         if getattr(hw, key) <= 0:
             err("hardware", f"hardware.{key}={getattr(hw, key)} must be > 0")
     return errors
@@ -232,19 +241,19 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
     if v < 1:
         err("pp_stages", f"pipeline.stages_per_rank={v} must be >= 1")
     elif pp > 1:
-        if sched in pl.V_SCHEDULES and v != 2:
+        if sched in V_SCHEDULES and v != 2:
             err(
                 "pp_stages",
                 f"pipeline.schedule={sched} places exactly 2 stages per rank in a V; "
                 f"got pipeline.stages_per_rank={v}",
             )
-        elif sched in pl.LOOPED and v < 2:
+        elif sched in LOOPED and v < 2:
             err(
                 "pp_stages",
                 f"pipeline.schedule={sched} needs pipeline.stages_per_rank >= 2 "
                 f"(got {v}); use 1f1b for one stage per rank",
             )
-        elif sched in pl.SINGLE and v != 1:
+        elif sched in SINGLE and v != 1:
             err(
                 "pp_stages",
                 f"pipeline.schedule={sched} runs one stage per rank; got "
@@ -281,13 +290,13 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
                 f"pipeline.schedule=dualpipev needs at least one micro-batch per stage "
                 f"(2 x pp = {2 * pp}); got {mb}",
             )
-        elif sched in pl.LOOPED and mb % pp:
+        elif sched in LOOPED and mb % pp:
             err(
                 "pp_microbatches",
                 f"pipeline.schedule={sched} needs the micro-batches per step "
                 f"({mb}) to be a multiple of pp={pp}",
             )
-    elif v != 1 and sched not in pl.V_SCHEDULES:
+    elif v != 1 and sched not in V_SCHEDULES:
         err("pp_stages", f"pipeline.stages_per_rank={v} needs pp > 1")
     if lay.reshard_each_microbatch:
         if pp == 1 or lay.zero_stage < 2 or lay.dp_shard * cp == 1:
@@ -297,7 +306,7 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
                 f"pipeline (pp > 1, data_parallel zero_stage >= 2, dp_shard > 1); got pp={pp}, "
                 f"zero_stage={lay.zero_stage}, dp_shard={lay.dp_shard}",
             )
-        elif sched in pl.SPLIT_BACKWARD:
+        elif sched in SPLIT_BACKWARD:
             err(
                 "pp_reshard",
                 "pipeline.reshard_each_microbatch=true needs a schedule with a full backward "

@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.config import Config
-from launcher.plan.estimate import Context, Estimate, Layout, evaluate
+from launcher.layout import Layout
+from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
 from launcher.plan.report import estimate_json
 from launcher.plan.rules import config_problems, layout_problems
@@ -134,7 +135,13 @@ def run_search(cfg: Config, as_json: bool) -> int:
                 {
                     "evaluated": evaluated,
                     "fitting": len(fitting),
-                    "top": [estimate_json(e, cfg.hardware.memory_gib) for e in top],
+                    "top": [
+                        {
+                            **estimate_json(e, cfg.hardware.memory_gib),
+                            "overrides": e.layout.overrides(),
+                        }
+                        for e in top
+                    ],
                 },
                 indent=2,
             )
@@ -183,6 +190,13 @@ def run_search(cfg: Config, as_json: bool) -> int:
             f"{e.mfu:.1%}",
         )
     console.print(table)
+    if top:
+        # The same model, hardware and batch overrides as this search, plus the layout's own.
+        console.print(
+            "launch #1 with the overrides of this search plus:\n  "
+            + " ".join(top[0].layout.overrides()),
+            soft_wrap=True,
+        )
     if not top:
         console.print("no layout fits: more devices, a smaller global batch or shorter sequences")
     return 0 if top else 2

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from types import SimpleNamespace
 
-from launcher.plan import pipeline as pl
+from launcher.layout import SINGLE, rank_stages
 
 COST = {"F": 1.0, "I": 1.0, "W": 1.0, "B": 2.0}
 
@@ -100,7 +100,7 @@ def _single_stage_order(schedule: str, rank: int, p: int, m: int) -> list[tuple[
 
 def _torch_orders(schedule: str, p: int, v: int, m: int) -> dict[int, list]:
     """pipeline_order of torch's multi-stage schedule class, built around stand-in stages."""
-    from launcher.parallel.pipeline import SCHEDULES  # torch.distributed.pipelining
+    from launcher.parallel.pipeline import SCHEDULE_CLASSES  # torch.distributed.pipelining
 
     n = p * v
     stages = [
@@ -113,15 +113,15 @@ def _torch_orders(schedule: str, p: int, v: int, m: int) -> dict[int, list]:
             submod=None,
             stage_index_to_group_rank=None,
         )
-        for s in sorted(pl.rank_stages(0, p, v, schedule))
+        for s in sorted(rank_stages(0, p, v, schedule))
     ]
-    return SCHEDULES[schedule](stages, n_microbatches=m).pipeline_order
+    return SCHEDULE_CLASSES[schedule](stages, n_microbatches=m).pipeline_order
 
 
 @lru_cache(maxsize=64)
 def actions(schedule: str, p: int, v: int, m: int) -> dict[int, tuple[tuple[str, int, int], ...]]:
     """rank -> the (kind, stage, micro-batch) compute actions it runs, in order."""
-    if schedule in pl.SINGLE:
+    if schedule in SINGLE:
         return {r: tuple(_single_stage_order(schedule, r, p, m)) for r in range(p)}
     out = {}
     for rank, acts in _torch_orders(schedule, p, v, m).items():

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from conftest import compose_config
 
 import models
-from launcher.engine import build_model
 from launcher.plan.model_size import shape
+from launcher.trainer import build_model
 from models.llama import Attention, LlamaArgs, rope_cache, rope_frequencies
 
 

@@ -22,8 +22,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 import models
+from launcher.layout import SINGLE
 from launcher.parallel import pipeline
-from launcher.plan import pipeline as pl
 
 MICROBATCHES, SEQ, VOCAB = 8, 16, 64
 LOG: list = []
@@ -76,7 +76,7 @@ def write_per_rank(shape: tuple[int, ...], names: tuple[str, ...], compute) -> N
 
 def run(schedule: str, mesh) -> list:
     p, rank = mesh.size(), mesh.get_local_rank()
-    v = 1 if schedule in pl.SINGLE else 2
+    v = 1 if schedule in SINGLE else 2
     stages = pipeline.split(tiny_llama(p * v), rank, p, v, schedule)
     sched = pipeline.build_schedule(
         stages, p * v, schedule, MICROBATCHES, loss_fn, mesh, torch.device("cpu")

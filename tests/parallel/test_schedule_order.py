@@ -14,8 +14,8 @@ import sys
 import pytest
 from conftest import ROOT
 
-from launcher.parallel.pipeline import SCHEDULES
-from launcher.plan import pipeline as pl
+from launcher.layout import SINGLE
+from launcher.parallel.pipeline import SCHEDULE_CLASSES
 from launcher.plan import timeline as tl
 from parallel.schedule_order import MICROBATCHES
 
@@ -50,9 +50,9 @@ def recorded(tmp_path_factory):
     return torchrun("schedule_order.py", tmp_path_factory.mktemp("schedule_order"))
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule", list(SCHEDULE_CLASSES))
 def test_engine_runs_the_planners_action_lists(recorded, schedule):
-    v = 1 if schedule in pl.SINGLE else 2
+    v = 1 if schedule in SINGLE else 2
     planned = tl.actions(schedule, P, v, MICROBATCHES)
     for rank in range(P):
         ran = [tuple(a) for a in recorded[rank][schedule]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import compose_config
 
+from launcher.layout import split_layers, stage_split
 from launcher.plan import pipeline as pl
 from launcher.plan.memory import layer_activation_bytes, state_bytes
 from launcher.plan.model_size import active_matmul_params_per_token, flops_per_token, shape
@@ -131,8 +132,8 @@ def test_inflight_microbatches_per_schedule():
 
 
 def test_llama3_405b_stage_split():
-    assert pl.split_layers(126, 16) == [7] + [8] * 14 + [7]
-    assert sum(pl.split_layers(61, 16)) == 61 and min(pl.split_layers(61, 16)) >= 3
+    assert split_layers(126, 16) == [7] + [8] * 14 + [7]
+    assert sum(split_layers(61, 16)) == 61 and min(split_layers(61, 16)) >= 3
 
 
 def test_llama3_8b_flops_per_token_is_6n_plus_attention():
@@ -194,7 +195,7 @@ def test_megatron_gpt_sizes(model, billions):
 
 
 def test_configured_stage_splits():
-    assert pl.stage_split(126, 16) == [7] + [8] * 14 + [7]
-    assert pl.stage_split(32, 4, first=5, last=6) == [5, 11, 10, 6]
-    assert pl.stage_split(32, 4, first=2) == [2, 10, 10, 10]
-    assert pl.stage_split(8, 2, explicit=(3, 5)) == [3, 5]
+    assert stage_split(126, 16) == [7] + [8] * 14 + [7]
+    assert stage_split(32, 4, first=5, last=6) == [5, 11, 10, 6]
+    assert stage_split(32, 4, first=2) == [2, 10, 10, 10]
+    assert stage_split(8, 2, explicit=(3, 5)) == [3, 5]

@@ -13,27 +13,19 @@ from launcher.plan.search import search
 BASE = ["model=llama3_8b", "hardware=h100_80g", "train.seq_len=8192", "train.global_batch_size=64"]
 
 
-def as_overrides(lay) -> list[str]:
-    pipeline = [f"pipeline={lay.schedule}", f"pipeline.stages_per_rank={lay.stages_per_rank}"]
-    return [
-        *(f"parallel.{k}={v}" for k, v in lay.degrees.items()),
-        f"data_parallel.zero_stage={lay.zero_stage}",
-        *pipeline,
-        f"train.micro_batch_size={lay.micro_batch_size}",
-        f"recompute={lay.recompute}",
-        f"tensor.sequence_parallel={str(lay.sequence_parallel).lower()}",
-    ]
-
-
 def test_search_ranks_fitting_layouts_that_replan_identically():
     cfg = compose_config(BASE)
     evaluated, fitting = search(cfg)
     assert evaluated > len(fitting) > 10
     speeds = [e.tokens_per_s_per_device for e in fitting]
     assert speeds == sorted(speeds, reverse=True)
-    for est in fitting[:5]:
-        plan = make_plan(compose_config(BASE + as_overrides(est.layout)))
+    pipelined = [e for e in fitting if e.layout.pp > 1 and e.layout.stages_per_rank > 1]
+    assert pipelined
+    for est in fitting[:5] + pipelined[:3]:
+        # Launched as it is: the layout's overrides give the engine exactly this layout.
+        plan = make_plan(compose_config(BASE + est.layout.overrides()))
         assert plan.ok, plan.errors
+        assert plan.layout == est.layout
         assert plan.estimate.tokens_per_s_per_device == pytest.approx(est.tokens_per_s_per_device)
 
 
@@ -61,7 +53,7 @@ def test_search_prefers_cheapest_recompute_that_fits():
                     "train.seq_len=8192",
                     "train.global_batch_size=256",
                 ]
-                + [o for o in as_overrides(lay) if "recompute" not in o]
+                + [o for o in lay.overrides() if "recompute" not in o]
                 + ["recompute=none"]
             )
         )

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from conftest import compose_config, run_cli
 
+from launcher.layout import LOOPED, SINGLE, V_SCHEDULES, rank_stages
 from launcher.plan import make_plan
 from launcher.plan import pipeline as pl
 from launcher.plan import timeline as tl
@@ -25,16 +26,16 @@ from launcher.plan.draw import BUBBLE, COLOURS, draw_plan
 def shapes(schedule: str):
     """Every (p, v, m) the rules let through, p up to 8 and m up to 4p."""
     for p in (2, 3, 4, 8):
-        for v in (1,) if schedule in pl.SINGLE else (2,) if schedule in pl.V_SCHEDULES else (2, 3):
+        for v in (1,) if schedule in SINGLE else (2,) if schedule in V_SCHEDULES else (2, 3):
             for m in range(p, 4 * p + 1):
-                if schedule in pl.LOOPED and m % p:
+                if schedule in LOOPED and m % p:
                     continue
                 if schedule == "dualpipev" and m < p * v:
                     continue
                 yield p, v, m
 
 
-@pytest.mark.parametrize("schedule", pl.SINGLE + pl.LOOPED + pl.V_SCHEDULES)
+@pytest.mark.parametrize("schedule", SINGLE + LOOPED + V_SCHEDULES)
 def test_planner_bubble_and_inflight_match_the_action_lists(schedule):
     checked = 0
     for p, v, m in shapes(schedule):
@@ -49,14 +50,14 @@ def test_planner_bubble_and_inflight_match_the_action_lists(schedule):
     assert checked >= 12
 
 
-@pytest.mark.parametrize("schedule", pl.SINGLE + pl.LOOPED + pl.V_SCHEDULES)
+@pytest.mark.parametrize("schedule", SINGLE + LOOPED + V_SCHEDULES)
 def test_action_lists_run_every_piece_once_on_its_rank(schedule):
-    p, v, m = 4, 1 if schedule in pl.SINGLE else 2, 8
+    p, v, m = 4, 1 if schedule in SINGLE else 2, 8
     orders = tl.actions(schedule, p, v, m)
     done = Counter()
     for rank, acts in orders.items():
         for kind, stage, mb in acts:
-            assert stage in pl.rank_stages(rank, p, v, schedule)
+            assert stage in rank_stages(rank, p, v, schedule)
             done[kind, stage, mb] += 1
     assert set(done.values()) == {1}
     for stage in range(p * v):
@@ -70,8 +71,8 @@ def test_action_lists_run_every_piece_once_on_its_rank(schedule):
 def test_zero_bubble_and_interleaving_beat_1f1b():
     """What the README's schedule section claims, on the same p and m."""
     p, m = 8, 16
-    bubble = {s: tl.simulate(s, p, 1 if s in pl.SINGLE else 2, m).bubble_fraction for s in
-              pl.SINGLE + pl.LOOPED + pl.V_SCHEDULES}  # fmt: skip
+    bubble = {s: tl.simulate(s, p, 1 if s in SINGLE else 2, m).bubble_fraction for s in
+              SINGLE + LOOPED + V_SCHEDULES}  # fmt: skip
     assert bubble["gpipe"] == bubble["1f1b"] == pytest.approx(7 / 16)
     assert bubble["interleaved_1f1b"] == pytest.approx(bubble["1f1b"] / 2)
     assert bubble["interleaved_zb"] == pytest.approx(bubble["interleaved_1f1b"] / 3)
@@ -79,7 +80,7 @@ def test_zero_bubble_and_interleaving_beat_1f1b():
 
 
 def pipeline_plan(schedule: str):
-    v = 1 if schedule in pl.SINGLE else 2
+    v = 1 if schedule in SINGLE else 2
     cfg = compose_config(
         [
             "hardware.devices_per_node=4",
@@ -135,7 +136,7 @@ def test_plan_draw_cli(tmp_path):
     assert flat.returncode == 0 and "nothing drawn, pp=1" in flat.stdout
 
 
-@pytest.mark.parametrize("schedule", pl.SINGLE + pl.LOOPED + pl.V_SCHEDULES)
+@pytest.mark.parametrize("schedule", SINGLE + LOOPED + V_SCHEDULES)
 def test_inflight_is_monotone_in_the_rank(schedule):
     """evaluate() relies on it to compare only the ends of each group of equally loaded ranks."""
     for p, v, m in shapes(schedule):

@@ -1,0 +1,108 @@
+"""`python -m launcher.checkpoint list RUN_DIR` and `... export CKPT OUT.pt`.
+
+list: every checkpoint under RUN_DIR/checkpoints (or a checkpoint directory given directly):
+step, complete or not, the layout it was saved under, size on disk.
+export: the model of one complete checkpoint as a plain `torch.save` state dict of full
+tensors, keyed by the plain model's parameter names (loadable with `model.load_state_dict`
+on one process, whatever layout saved it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from launcher.checkpoint.store import CheckpointError, list_checkpoints, open_checkpoint
+from launcher.cli import USAGE_ERROR, fail
+
+# One process (no process group) is a supported way to save and load, not a mistake.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+def checkpoints_dir(path: Path) -> Path:
+    """RUN_DIR/checkpoints when given a run directory, else the directory itself."""
+    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+
+
+def size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def list_command(path: Path) -> int:
+    if not path.is_dir():
+        fail(f"{path} is not a directory")
+    directory = checkpoints_dir(path)
+    entries = list_checkpoints(directory)
+    console = Console(width=None if Console().is_terminal else 120)
+    if not entries:
+        console.print(f"no checkpoints in {directory}")
+        return 0
+    table = Table(title=f"checkpoints in {directory}", title_justify="left")
+    for col in ("step", "status", "saved under", "size", "saved at", "path"):
+        table.add_column(col, justify="right" if col in ("step", "size") else "left")
+    for e in entries:
+        table.add_row(
+            str(e.step),
+            "complete" if e.complete else "[red]incomplete[/red]",
+            e.layout,
+            size(e.size_bytes),
+            (e.meta or {}).get("saved_at", "-"),
+            e.path.name,
+        )
+    console.print(table)
+    return 0
+
+
+def export_command(path: Path, out: Path) -> int:
+    try:
+        entry = open_checkpoint(path)
+    except CheckpointError as e:
+        fail(str(e))
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    metadata = FileSystemReader(str(entry.path)).read_metadata().state_dict_metadata
+    prefix = "model."
+    model = {
+        key[len(prefix) :]: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.items()
+        if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
+    }
+    dcp.load({"model": model}, checkpoint_id=str(entry.path), no_dist=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(model, out)
+    n = sum(t.numel() for t in model.values())
+    print(f"wrote {out}: {len(model)} tensors, {n:,} parameters, step {entry.step}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.checkpoint", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_list = sub.add_parser("list", help="list the checkpoints of a run directory")
+    p_list.add_argument("run_dir", type=Path, help="RUN_DIR (or a checkpoints directory)")
+    p_export = sub.add_parser("export", help="write one checkpoint's model as OUT.pt")
+    p_export.add_argument("checkpoint", type=Path, help="a complete step_NNNNNNNN directory")
+    p_export.add_argument("out", type=Path, help="the .pt file to write")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return USAGE_ERROR if e.code else 0
+    if args.command == "list":
+        return list_command(args.run_dir)
+    return export_command(args.checkpoint, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

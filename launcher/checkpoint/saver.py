@@ -1,0 +1,162 @@
+"""Saving and loading the trainer's state with torch.distributed.checkpoint (DCP).
+
+Every rank writes its own shards (FSDP and TP shards by their owner, replicated tensors once);
+loading reads whatever each rank needs under the current layout, so a checkpoint saved on one
+layout resumes on another. The state is a dict of Stateful objects: `model` (parameter names
+as in the plain model), `optimizer` (launcher.optim.Optimizers, layout-free keys), `train`
+(step and samples consumed), and `rng.<rank>` (each rank's generators, restored only on the
+layout they were saved under).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+from launcher.checkpoint.store import PARTIAL, Entry, prune, publish, step_dir, write_meta
+from launcher.failures import fault
+
+# One process (no process group) is a supported way to save and load, not a mistake.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+
+class ModelState:
+    """All model parts (pipeline stages) as one state dict keyed by the plain model's names."""
+
+    def __init__(self, parts: list[nn.Module]):
+        self.parts = parts
+
+    def state_dict(self) -> dict:
+        return {k: v for part in self.parts for k, v in get_model_state_dict(part).items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for part in self.parts:
+            mine = get_model_state_dict(part)
+            set_model_state_dict(part, {k: state[k] for k in mine})
+
+
+class TrainState:
+    """Where training stands: optimizer steps taken and training windows consumed (the data
+    position; equal to step x global batch unless the batch size changed on a resume)."""
+
+    def __init__(self) -> None:
+        self.step, self.samples = 0, 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "samples": self.samples}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step, self.samples = int(state["step"]), int(state["samples"])
+
+
+class RngState:
+    """This rank's random generators (dropout)."""
+
+    def state_dict(self) -> dict:
+        out = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            out["cuda"] = torch.cuda.get_rng_state()
+        return out
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["cpu"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state(state["cuda"])
+
+
+class Checkpointer:
+    """Saves into DIR/step_N.partial, then global rank 0 writes meta.json and renames it to
+    DIR/step_N once DCP has every rank's shards: complete or invisible.
+
+    With async_save, DCP copies the state to memory and writes it in a background thread over
+    a gloo group of its own (training collectives on the default group must not interleave
+    with the save's: ../shared/MACHINE.md); the next save, a stop and the end of the run wait
+    for it.
+    """
+
+    def __init__(
+        self,
+        directory: str | Path,
+        keep: int,
+        async_save: bool,
+        rank: int,
+        meta: Callable[[int], dict],
+    ):
+        self.directory, self.keep, self.async_save = Path(directory), keep, async_save
+        self.rank, self.meta = rank, meta
+        self.pending: tuple[Future, threading.Event] | None = None
+        self.group = None
+        if async_save and dist.is_initialized():
+            self.group = dist.new_group(backend="gloo")
+        self.last_saved = -1
+
+    def save(self, step: int, state: dict, wait: bool = False) -> None:
+        """Save `state` as step `step`; with wait=True return only once it is complete."""
+        self.wait()  # one save in flight at a time
+        final = step_dir(self.directory, step)
+        partial = final.with_name(final.name + PARTIAL)
+        if self.rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(partial, ignore_errors=True)  # shards of a save that never finished
+        if dist.is_initialized():
+            dist.barrier()
+        meta = {**self.meta(step), "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.last_saved = step
+        if self.async_save:
+            future = dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group)
+            done = threading.Event()
+
+            def finish(f: Future) -> None:
+                try:
+                    self._finish(f, step, partial, final, meta)
+                finally:
+                    done.set()
+
+            # Future.result() may return before callbacks ran: wait() waits for `done` too.
+            future.add_done_callback(finish)
+            self.pending = (future, done)
+            if wait:
+                self.wait()
+        else:
+            dcp.save(state, checkpoint_id=str(partial), no_dist=not dist.is_initialized())
+            self._finish(None, step, partial, final, meta)
+
+    def _finish(self, future: Future | None, step: int, partial: Path, final: Path, meta: dict):
+        """On every rank once its save returned; on rank 0 DCP has by then written .metadata,
+        which it does only after gathering every rank's write results."""
+        if future is not None and future.exception() is not None:
+            print(f"checkpoint step {step} failed: {future.exception()}", file=sys.stderr)
+            return
+        if fault(self.rank, step) == "kill_in_save":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.rank != 0:
+            return
+        write_meta(partial, meta)
+        publish(partial, final)
+        prune(self.directory, self.keep)
+
+    def wait(self) -> None:
+        """Block until the save in flight (if any) is complete."""
+        if self.pending is not None:
+            future, done = self.pending
+            self.pending = None
+            future.result()
+            done.wait()
+
+    def load(self, entry: Entry, state: dict) -> None:
+        """Fill `state` (a subset of what was saved is fine) from a complete checkpoint."""
+        dcp.load(state, checkpoint_id=str(entry.path), no_dist=not dist.is_initialized())

@@ -1,0 +1,177 @@
+"""Checkpoint directories on disk, without torch: names, completeness, listing, checks, pruning.
+
+CHECKPOINT_DIR/step_00000120/ is complete: DCP's shards and `.metadata`, plus `meta.json`
+(step, layout, resolved config, plan: readable with nothing but Python). A save writes into
+step_00000120.partial/ and becomes step_00000120/ by one atomic rename, done by global rank 0
+once DCP has reported every rank's shards written and meta.json is on disk. A crash mid-save
+leaves a `.partial` directory, which resuming skips and loading by path refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+FORMAT = "llm-launcher-checkpoint"
+META = "meta.json"
+PARTIAL = ".partial"
+NAME = re.compile(r"^step_(\d{8})(\.partial)?$")
+# Model fields that decide the shapes (and names) of the parameters a checkpoint holds.
+SHAPE_FIELDS = (
+    "family", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
+    "tie_embeddings", "n_routed_experts", "n_shared_experts", "moe_ffn_dim", "n_dense_layers",
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+)  # fmt: skip
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used, with the reason in words."""
+
+
+def step_dir(directory: str | Path, step: int) -> Path:
+    return Path(directory) / f"step_{step:08d}"
+
+
+@dataclass
+class Entry:
+    path: Path
+    step: int
+    complete: bool
+    meta: dict | None
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(f.stat().st_size for f in self.path.rglob("*") if f.is_file())
+
+    @property
+    def layout(self) -> str:
+        """The degrees it was saved under, e.g. `dp_shard=2 tp=2` (`-` when unknown)."""
+        lay = (self.meta or {}).get("layout") or {}
+        axes = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
+        text = " ".join(f"{a}={lay[a]}" for a in axes if lay.get(a, 1) > 1)
+        if lay.get("pp", 1) > 1:
+            text += f" {lay['schedule']}/{lay['stages_per_rank']}"
+        return text or ("single process" if lay else "-")
+
+
+def list_checkpoints(directory: str | Path) -> list[Entry]:
+    """Every checkpoint directory, complete or not, oldest first."""
+    root = Path(directory)
+    if not root.is_dir():
+        return []
+    out = []
+    for path in root.iterdir():
+        match = NAME.match(path.name)
+        if not match or not path.is_dir():
+            continue
+        complete = match.group(2) is None and (path / META).is_file()
+        meta = read_json(path / META) if complete else None
+        out.append(Entry(path, int(match.group(1)), complete and meta is not None, meta))
+    return sorted(out, key=lambda e: (e.step, e.complete))
+
+
+def newest_complete(directory: str | Path) -> Entry | None:
+    complete = [e for e in list_checkpoints(directory) if e.complete]
+    return complete[-1] if complete else None
+
+
+def read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def open_checkpoint(path: str | Path) -> Entry:
+    """The checkpoint at `path`, refused with the reason unless it is complete."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path} is not a directory")
+    if path.name.endswith(PARTIAL) or not (path / META).is_file():
+        raise CheckpointError(
+            f"{path} is incomplete: a save did not finish (no {META}); the previous complete "
+            "checkpoint in its directory is the one to resume from"
+        )
+    meta = read_json(path / META)
+    if meta is None or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{path}/{META} is not an {FORMAT} file")
+    match = NAME.match(path.name)
+    return Entry(path, int(match.group(1)) if match else meta["step"], True, meta)
+
+
+def shape_mismatches(saved: dict, model: dict) -> list[str]:
+    """`saved.field=x but model.field=y` for every shape field that differs."""
+    fields = SHAPE_FIELDS + (("max_seq_len",) if model.get("family") == "gpt" else ())
+    return [
+        f"{f}={saved.get(f)} in the checkpoint but model.{f}={model.get(f)}"
+        for f in fields
+        if saved.get(f) != model.get(f)
+    ]
+
+
+def start_problems(
+    directory: str | Path, resume: str, load_path: str | None, model: dict
+) -> list[str]:
+    """Why the run cannot start from (or without) its checkpoints, before any process starts:
+    an unusable load_path, a model whose shapes differ from the checkpoint's, or
+    resume=never over a directory that already holds checkpoints (nothing is overwritten)."""
+    newest = newest_complete(directory)
+    if resume == "never" and newest is not None:
+        return [
+            f"checkpoint.resume=never but checkpoint.dir={directory} already holds checkpoints "
+            f"(newest: step {newest.step}); remove them or choose another hydra.run.dir or "
+            "checkpoint.dir"
+        ]
+    if resume == "auto" and newest is not None:
+        entry = newest
+    elif load_path:
+        try:
+            entry = open_checkpoint(load_path)
+        except CheckpointError as e:
+            return [f"checkpoint.load_path: {e}"]
+    else:
+        return []
+    saved = ((entry.meta or {}).get("config") or {}).get("model") or {}
+    wrong = shape_mismatches(saved, model)
+    if wrong:
+        return [f"{entry.path} holds another model: " + "; ".join(wrong)]
+    return []
+
+
+def write_meta(directory: Path, meta: dict) -> None:
+    """meta.json, flushed to disk before the directory is renamed into place."""
+    path = directory / META
+    with open(path, "w") as f:
+        json.dump({"format": FORMAT, "version": 1, **meta}, f, indent=2, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def publish(partial: Path, final: Path) -> None:
+    """Make a finished save visible: one atomic rename (same filesystem)."""
+    if final.exists():  # a checkpoint of the same step, e.g. from before a restart
+        shutil.rmtree(final)
+    os.rename(partial, final)
+    dir_fd = os.open(final.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def prune(directory: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest `keep` complete checkpoints (0 keeps all), and any partial
+    one older than the newest complete one; returns what was deleted."""
+    entries = list_checkpoints(directory)
+    complete = [e for e in entries if e.complete]
+    if not complete:
+        return []
+    doomed = complete[:-keep] if keep > 0 else []
+    doomed += [e for e in entries if not e.complete and e.step < complete[-1].step]
+    for e in doomed:
+        shutil.rmtree(e.path, ignore_errors=True)
+    return [e.path for e in doomed]

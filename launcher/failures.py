@@ -1,0 +1,96 @@
+"""What a run does when something goes wrong: a stop signal, a hung peer, an injected fault.
+
+- A stop signal (SIGTERM, SIGINT, or SIGUSR1 which SLURM sends with `--signal`) only sets a
+  flag; every rank finishes its current step, the ranks agree that one of them was signalled,
+  save a checkpoint together and exit with EXIT_STOPPED. A second SIGINT stops at once.
+- Every collective gives up after `train.timeout_s`; the error names the rank and what it was
+  doing (`timed`).
+- LAUNCHER_FAULT_INJECT="RANK:STEP[:KIND]" makes one rank fail at one step, on the first
+  attempt only (a torchrun restart runs clean): KIND raise (default), kill (SIGKILL itself),
+  hang (sleep forever), kill_in_save (SIGKILL after writing its shards of that step's
+  checkpoint, before the checkpoint is complete). Tests use it; users never need it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from contextlib import contextmanager
+
+# EX_TEMPFAIL (sysexits.h): stopped by a signal after saving a checkpoint of the current
+# step; running the same command again resumes from it. A scheduler can requeue on it.
+EXIT_STOPPED = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+FAULT_ENV = "LAUNCHER_FAULT_INJECT"
+# Written into the run directory by global rank 0 once the stop checkpoint is complete.
+STOPPED_FILE = "stopped.json"
+
+
+class StopRequest:
+    """Remembers the first stop signal; `agreed()` tells every rank whether any rank got one."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.signum and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        self.signum = self.signum or signum
+
+    def agreed(self, group=None) -> int:
+        """The largest signal number any rank received (0: none); a collective."""
+        import torch
+        import torch.distributed as dist
+
+        flag = torch.tensor([self.signum], dtype=torch.int64)
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return int(flag.item())
+
+    def restore(self) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+
+class CollectiveTimeout(RuntimeError):
+    pass
+
+
+@contextmanager
+def timed(what: str, rank: int, timeout_s: float):
+    """Name the rank and the operation when a collective inside gives up waiting."""
+    try:
+        yield
+    except RuntimeError as e:  # torch.distributed.DistError is one
+        text = str(e).lower()
+        if "timed out" in text or "timeout" in text:
+            raise CollectiveTimeout(
+                f"rank {rank}: {what} waited longer than train.timeout_s={timeout_s:g} s for "
+                f"its peers (one of them is hung, stopped or gone): {str(e)[:300]}"
+            ) from e
+        raise
+
+
+def fault(rank: int, step: int) -> str | None:
+    """The kind of fault injected at this rank and step on this attempt, if any."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return None
+    where, _, kind = spec.partition(":")[2].partition(":")
+    if spec.split(":")[0] != str(rank) or where != str(step):
+        return None
+    return kind or "raise"
+
+
+def inject(rank: int, step: int) -> None:
+    """Fail here if LAUNCHER_FAULT_INJECT says so (before the step's work)."""
+    kind = fault(rank, step)
+    if kind == "raise":
+        raise RuntimeError(f"injected fault on rank {rank} at step {step} ({FAULT_ENV})")
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        while True:
+            time.sleep(60)

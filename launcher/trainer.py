@@ -1,0 +1,377 @@
+"""The trainer: one loop for every model family and layout, in a few named steps.
+
+prepare (a batch onto the device; context parallelism will shard it here) -> forward_backward
+(local micro-batches, or the pipeline schedule), inside train_context (loss parallelism; CP
+later) -> optimizer_step (learning rate, global-norm clipping, AdamW per model part) -> the
+loop in `train` (resume, steps, evaluation, checkpoints, stop on a signal). `state` is what a
+checkpoint holds. Every layout fact comes from the plan's Layout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from contextlib import nullcontext
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from omegaconf import DictConfig, OmegaConf
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+import models
+from launcher import distributed
+from launcher.checkpoint.saver import Checkpointer, ModelState, RngState, TrainState
+from launcher.checkpoint.store import Entry, newest_complete, open_checkpoint
+from launcher.data import Batches, load_tokens, split
+from launcher.failures import EXIT_STOPPED, STOPPED_FILE, StopRequest, inject, timed
+from launcher.metrics import MetricsLogger
+from launcher.optim import build_optimizers, clip_grad_norm, lr_at
+from launcher.parallel import parallelize, pipeline
+from launcher.parallel.data_parallel import DTYPES, grad_sync
+from launcher.plan import Plan
+from launcher.plan.report import plan_json
+
+
+class Stopped(Exception):
+    """Training stopped on a signal after saving a checkpoint of the current step."""
+
+    def __init__(self, signum: int, step: int):
+        super().__init__(f"stopped by signal {signum} after step {step}")
+        self.signum, self.step, self.exit_code = signum, step, EXIT_STOPPED
+
+
+def build_model(cfg, seed: int) -> torch.nn.Module:
+    """The family's model from config, initialised from `seed` (identical on every rank)."""
+    model = models.build(cfg.model.family, vars(cfg.model))
+    model.init_weights(seed)
+    return model.to(DTYPES[cfg.precision.master_dtype.value])
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in fp32; logits (B, S, V), targets (B, S)."""
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+def local(x: torch.Tensor) -> torch.Tensor:
+    """A (replicated) DTensor loss as a plain tensor."""
+    return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def checkpoint_dir(cfg, run_dir: str) -> Path:
+    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(run_dir) / "checkpoints"
+
+
+def starting_checkpoint(cfg, run_dir: str) -> tuple[Entry | None, bool]:
+    """(checkpoint to start from, whether it is an initial load): the newest complete one in
+    checkpoint.dir (resume=auto), else checkpoint.load_path, else None. Raises CheckpointError
+    for a load_path that is not a complete checkpoint."""
+    ck = cfg.checkpoint
+    if ck.resume.value == "auto":
+        entry = newest_complete(checkpoint_dir(cfg, run_dir))
+        if entry is not None:
+            return entry, False
+    if ck.load_path:
+        return open_checkpoint(ck.load_path), True
+    return None, False
+
+
+class Trainer:
+    def __init__(self, cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist):
+        self.cfg, self.plan, self.layout, self.d = cfg, plan, plan.layout, d
+        self.run_dir = Path(run_dir)
+        self.dcfg = dcfg
+        t = cfg.train
+        torch.manual_seed(t.seed)
+        if d.device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
+            torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        self._build_model()
+        self.optimizers = build_optimizers(self.parts, self.layout, t, d)
+        self.params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
+        # FSDP casts to param_dtype itself; replicated models compute under autocast instead.
+        self.autocast = cfg.precision.compute_dtype != cfg.precision.master_dtype and not (
+            isinstance(self.parts[0], FSDPModule)
+        )
+        self.compute_dtype = DTYPES[cfg.precision.compute_dtype.value]
+        tokens, _ = load_tokens(cfg.data.path)
+        train_split, val_split = split(tokens, t.seq_len, cfg.data.val_fraction)
+        batches = (t.global_batch_size, t.micro_batch_size, d.dp_rank, self.layout.dp, t.seed)
+        self.train_batches = Batches(train_split, *batches, shuffle=True)
+        self.val_batches = Batches(val_split, *batches, shuffle=False)
+        self.train_state = TrainState()
+        ck = cfg.checkpoint
+        self.checkpointer = Checkpointer(
+            checkpoint_dir(cfg, run_dir), ck.keep, ck.async_save, d.rank, self.checkpoint_meta
+        )
+
+    # -- model ---------------------------------------------------------------------------
+
+    def _build_model(self) -> None:
+        """This rank's model parts (its pipeline stages, or the whole model), parallelized."""
+        cfg, lay, d = self.cfg, self.layout, self.d
+        base = build_model(cfg, cfg.train.seed).to(d.device)
+        if lay.pp > 1:
+            # Each pipeline rank keeps its stages of the identically seeded whole model.
+            stages = pipeline.split(
+                base,
+                d.local_rank_of("pp"),
+                lay.pp,
+                lay.stages_per_rank,
+                lay.schedule,
+                lay.stage_layers,
+            )
+            self.stages = [(i, parallelize(m, lay, cfg, d)) for i, m in stages]
+            self.parts = [m for _, m in self.stages]
+            indices = [i for i, _ in self.stages]
+            self.first, self.last = 0 in indices, lay.n_stages - 1 in indices
+            self.schedule = pipeline.build_schedule(
+                self.stages,
+                lay.n_stages,
+                lay.schedule,
+                lay.microbatches,
+                loss_fn,
+                d.mesh["pp"],
+                d.device,
+                reshard_each_microbatch=lay.reshard_each_microbatch,
+            )
+        else:
+            self.stages, self.schedule = [], None
+            self.parts, self.first, self.last = [parallelize(base, lay, cfg, d)], True, True
+
+    # -- one step, in named pieces -------------------------------------------------------
+
+    def prepare(self, micro: list) -> list:
+        """Move a rank's micro-batches to its device."""
+        return [(x.to(self.d.device), y.to(self.d.device)) for x, y in micro]
+
+    def train_context(self):
+        """With loss parallelism the logits stay sharded over the vocabulary; cross-entropy
+        (and its backward) must run under loss_parallel(), which reduces across tp ranks."""
+        return loss_parallel() if self.layout.loss_parallel else nullcontext()
+
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(self.d.device.type, dtype=self.compute_dtype, enabled=self.autocast):
+            return loss_fn(self.parts[0](x), y)
+
+    def forward_backward(self, micro: list) -> torch.Tensor | None:
+        """Forward and backward of this rank's share of a global batch; its mean loss (None on
+        pipeline ranks without the last stage)."""
+        if self.schedule is not None:
+            return self._pipeline_step(micro)
+        total = torch.zeros((), device=self.d.device)
+        for i, (x, y) in enumerate(micro):
+            with grad_sync(self.parts[0], sync=i == len(micro) - 1), self.train_context():
+                loss = self.forward_loss(x, y)
+                # Each micro-batch holds the same number of tokens: the mean of the
+                # micro-batch means is the mean over this rank's share of the batch.
+                (loss / len(micro)).backward()
+            total += local(loss.detach())
+        return total / len(micro)
+
+    def _pipeline_step(self, micro: list) -> torch.Tensor | None:
+        """The schedule runs every micro-batch; only the last stage sees losses (their mean,
+        as each micro-batch holds the same number of tokens)."""
+        x = torch.cat([x for x, _ in micro])
+        y = torch.cat([y for _, y in micro])
+        losses: list[torch.Tensor] = []
+        args = (x,) if self.first else ()
+        kwargs = {"target": y, "losses": losses} if self.last else {}
+        with self.train_context():
+            self.schedule.step(*args, **kwargs)
+        return torch.stack([local(x.detach()) for x in losses]).mean() if self.last else None
+
+    def optimizer_step(self, step: int) -> tuple[float, torch.Tensor]:
+        """Clip the global gradient norm and step every part's optimizer at step's lr."""
+        lr = lr_at(step - 1, self.cfg.train)
+        self.optimizers.set_lr(lr)
+        grad_norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.d.group("pp"))
+        self.optimizers.step()
+        self.optimizers.zero_grad()
+        return lr, grad_norm
+
+    @torch.no_grad()
+    def eval_loss(self, micro: list) -> torch.Tensor | None:
+        lay = self.layout
+        with self.train_context():
+            if self.schedule is None:
+                return torch.stack([local(self.forward_loss(x, y)) for x, y in micro]).mean()
+            out = [
+                pipeline.forward_only(
+                    dict(self.stages), lay.n_stages, lay.schedule, self.d.mesh["pp"], x, y, loss_fn
+                )
+                for x, y in micro
+            ]
+            return torch.stack([local(o) for o in out]).mean() if self.last else None
+
+    def evaluate(self) -> float | None:
+        for part in self.parts:
+            part.eval()
+        losses = [
+            self.eval_loss(self.prepare(self.val_batches.micro_batches(k)))
+            for k in range(self.cfg.train.eval_batches)
+        ]
+        for part in self.parts:
+            part.train()
+        return self.global_mean(losses)
+
+    def global_mean(self, losses: list) -> float | None:
+        """Mean over the data-parallel ranks of the last stage (None elsewhere)."""
+        if not self.last:
+            return None
+        return distributed.all_reduce_mean(torch.stack(losses).mean(), self.d.dp_mesh).item()
+
+    def train_step(self, step: int) -> dict:
+        t, d, s = self.cfg.train, self.d, self.train_state
+        start = time.perf_counter()
+        inject(d.rank, step)
+        with timed(f"forward/backward of step {step}", d.rank, t.timeout_s):
+            loss = self.forward_backward(self.prepare(self.train_batches.at(s.samples)))
+        with timed(f"optimizer step {step}", d.rank, t.timeout_s):
+            lr, grad_norm = self.optimizer_step(step)
+            step_loss = self.global_mean([loss])
+        s.step, s.samples = step, s.samples + t.global_batch_size
+        elapsed = time.perf_counter() - start
+        tps = t.global_batch_size * t.seq_len / elapsed / d.world_size
+        return {
+            "loss": step_loss,
+            "lr": lr,
+            "grad_norm": grad_norm.item(),
+            "tokens_per_s": tps,
+            "mfu": tps * self.plan.flops_per_token / (self.cfg.hardware.peak_tflops * 1e12),
+            "step_time_s": elapsed,
+        }
+
+    # -- checkpoints ---------------------------------------------------------------------
+
+    def state(self, weights_only: bool = False, rng: bool = True) -> dict:
+        """What a checkpoint holds (DCP Stateful objects)."""
+        if weights_only:
+            return {"model": ModelState(self.parts)}
+        out = {
+            "model": ModelState(self.parts),
+            "optimizer": self.optimizers,
+            "train": self.train_state,
+        }
+        if rng:
+            out[f"rng.{self.d.rank}"] = RngState()
+        return out
+
+    def checkpoint_meta(self, step: int) -> dict:
+        """meta.json: readable without torch.distributed."""
+        return {
+            "step": step,
+            "samples": self.train_state.samples,
+            "world_size": self.d.world_size,
+            "layout": asdict(self.layout),
+            "config": OmegaConf.to_container(self.dcfg, resolve=True, enum_to_str=True),
+            "plan": plan_json(self.plan),
+        }
+
+    def resume(self) -> int:
+        """Load the starting checkpoint, if any (every rank takes rank 0's choice); returns
+        the step training continues after."""
+        choice = [starting_checkpoint(self.cfg, str(self.run_dir))]
+        if dist.is_initialized():
+            dist.broadcast_object_list(choice, src=0)
+        entry, initial = choice[0]
+        if entry is None:
+            return 0
+        weights_only = initial and self.cfg.checkpoint.load_weights_only
+        same = entry.meta.get("layout") == json.loads(json.dumps(asdict(self.layout)))
+        state = self.state(weights_only, rng=same and not weights_only)
+        with timed(f"loading {entry.path}", self.d.rank, self.cfg.train.timeout_s):
+            self.checkpointer.load(entry, state)
+        if self.d.rank == 0:
+            what = "the weights of" if weights_only else f"step {entry.step} of"
+            moved = "" if same else f", saved under {entry.layout}: resharded"
+            print(f"starting from {what} {entry.path}{moved}", flush=True)
+        if weights_only:
+            return 0
+        return self.train_state.step
+
+    def save(self, step: int, wait: bool = False) -> None:
+        with timed(f"checkpoint of step {step}", self.d.rank, self.cfg.train.timeout_s):
+            self.checkpointer.save(step, self.state(), wait=wait)
+
+    # -- the loop ------------------------------------------------------------------------
+
+    def train(self) -> None:
+        t, d = self.cfg.train, self.d
+        start = self.resume()
+        if start >= t.steps:
+            if d.rank == 0:
+                print(
+                    f"nothing left to train: the checkpoint is at step {start} of "
+                    f"train.steps={t.steps} (raise train.steps, or start over in another "
+                    "hydra.run.dir)",
+                    flush=True,
+                )
+            return
+        # The loss lives on the last pipeline stage: its first data- and tensor-parallel rank.
+        logger = MetricsLogger(
+            str(self.run_dir),
+            enabled=self.last and d.dp_rank == 0 and d.local_rank_of("tp") == 0,
+            total_steps=t.steps,
+            log_interval=self.cfg.logging.log_interval,
+            wandb_cfg=self.cfg.logging.wandb,
+            run_name=self.run_dir.name,
+            config=OmegaConf.to_container(self.dcfg, resolve=True, enum_to_str=True),
+            start_step=start,
+        )
+        interval = self.cfg.checkpoint.interval
+        stop = StopRequest()
+        ok = False
+        try:
+            for step in range(start + 1, t.steps + 1):
+                metrics = self.train_step(step)
+                if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps):
+                    with timed(f"evaluation at step {step}", d.rank, t.timeout_s):
+                        metrics["eval_loss"] = self.evaluate()
+                logger.log(step, metrics)
+                with timed(f"the stop check after step {step}", d.rank, t.timeout_s):
+                    signum = stop.agreed()
+                if signum and step < t.steps:  # on the last step the run just finishes
+                    self.save(step, wait=True)
+                    self.write_stopped(step, signum)
+                    ok = True  # stopped cleanly: the wandb run is not failed, it will resume
+                    raise Stopped(signum, step)
+                if step == t.steps or (interval and step % interval == 0):
+                    self.save(step, wait=step == t.steps)
+            if t.save_final:
+                save_full_state_dict(self.parts, d, self.run_dir / "final_model.pt")
+            ok = True
+        finally:
+            stop.restore()
+            logger.close(ok)
+
+    def write_stopped(self, step: int, signum: int) -> None:
+        """Tell the launcher process (if any) that the stop checkpoint is complete."""
+        if self.d.rank == 0:
+            path = self.checkpointer.directory / f"step_{step:08d}"
+            record = {"step": step, "signal": signum, "checkpoint": str(path)}
+            (self.run_dir / STOPPED_FILE).write_text(json.dumps(record) + "\n")
+
+
+def save_full_state_dict(parts: list[torch.nn.Module], d: distributed.Dist, path: Path) -> None:
+    """Gather every shard (FSDP, TP) and every pipeline stage into one full state dict;
+    rank 0 writes it."""
+    # Not cpu_offload: that hands the full tensors to global rank 0 only, and every pipeline
+    # stage's first rank needs its own to pass on.
+    options = StateDictOptions(full_state_dict=True)
+    state: dict = {}
+    for part in parts:
+        state.update({k: v.cpu() for k, v in get_model_state_dict(part, options=options).items()})
+    if d.mesh is not None and d.mesh["pp"].size() > 1:
+        pp = d.mesh["pp"]
+        gathered = [None] * pp.size() if pp.get_local_rank() == 0 else None
+        dist.gather_object(state, gathered, group=pp.get_group(), group_dst=0)
+        if gathered is not None:
+            state = {k: v for part in gathered for k, v in part.items()}
+    if d.rank == 0:
+        torch.save(state, path)

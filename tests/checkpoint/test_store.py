@@ -1,0 +1,106 @@
+"""Checkpoint directories without torch: completeness, the newest complete one, pruning, and
+the checks made before any process starts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from launcher.checkpoint.store import (
+    CheckpointError,
+    list_checkpoints,
+    newest_complete,
+    open_checkpoint,
+    prune,
+    publish,
+    shape_mismatches,
+    start_problems,
+    step_dir,
+    write_meta,
+)
+
+MODEL = {"family": "llama", "dim": 128, "n_layers": 4, "n_heads": 8, "vocab_size": 320}
+
+
+def make(directory, step: int, complete: bool = True, model: dict = MODEL):
+    """A checkpoint directory as a save leaves it: shards, then meta.json and the rename."""
+    final = step_dir(directory, step)
+    partial = final.with_name(final.name + ".partial")
+    partial.mkdir(parents=True)
+    (partial / "__0_0.distcp").write_bytes(b"x" * 100)
+    if complete:
+        write_meta(partial, {"step": step, "config": {"model": model}, "layout": {"pp": 1}})
+        publish(partial, final)
+        return final
+    return partial
+
+
+def test_partial_saves_are_invisible(tmp_path):
+    make(tmp_path, 2)
+    make(tmp_path, 4, complete=False)
+    entries = list_checkpoints(tmp_path)
+    assert [(e.step, e.complete) for e in entries] == [(2, True), (4, False)]
+    assert newest_complete(tmp_path).step == 2
+
+
+def test_loading_a_partial_one_is_refused_with_the_reason(tmp_path):
+    partial = make(tmp_path, 4, complete=False)
+    with pytest.raises(CheckpointError, match="incomplete: a save did not finish"):
+        open_checkpoint(partial)
+    # The same directory without its rename (meta.json never written) is refused too.
+    final = step_dir(tmp_path, 4)
+    partial.rename(final)
+    with pytest.raises(CheckpointError, match="incomplete"):
+        open_checkpoint(final)
+
+
+def test_prune_keeps_the_newest_complete_and_drops_older_partials(tmp_path):
+    for step in (2, 4, 6):
+        make(tmp_path, step)
+    make(tmp_path, 5, complete=False)  # a crashed save older than the newest complete one
+    make(tmp_path, 8, complete=False)  # one that may still be in flight: kept
+    deleted = prune(tmp_path, keep=2)
+    assert sorted(p.name for p in deleted) == ["step_00000002", "step_00000005.partial"]
+    assert [(e.step, e.complete) for e in list_checkpoints(tmp_path)] == [
+        (4, True),
+        (6, True),
+        (8, False),
+    ]
+    assert prune(tmp_path, keep=0) == []  # 0 keeps every complete checkpoint
+
+
+def test_shape_mismatches_name_each_field():
+    other = {**MODEL, "dim": 256, "n_layers": 8}
+    assert shape_mismatches(MODEL, other) == [
+        "dim=128 in the checkpoint but model.dim=256",
+        "n_layers=4 in the checkpoint but model.n_layers=8",
+    ]
+    # max_seq_len sizes gpt's learned positions only; llama's RoPE table is not saved.
+    assert shape_mismatches(MODEL, {**MODEL, "max_seq_len": 4096}) == []
+    gpt = {**MODEL, "family": "gpt", "max_seq_len": 1024}
+    assert shape_mismatches(gpt, {**gpt, "max_seq_len": 2048}) == [
+        "max_seq_len=1024 in the checkpoint but model.max_seq_len=2048"
+    ]
+
+
+def test_start_problems(tmp_path):
+    ckpts = tmp_path / "run" / "checkpoints"
+    assert start_problems(ckpts, "auto", None, MODEL) == []
+    make(ckpts, 3)
+    assert start_problems(ckpts, "auto", None, MODEL) == []
+    (wrong,) = start_problems(ckpts, "auto", None, {**MODEL, "dim": 64})
+    assert "holds another model" in wrong and "dim=128 in the checkpoint but model.dim=64" in wrong
+    (never,) = start_problems(ckpts, "never", None, MODEL)
+    assert "already holds checkpoints (newest: step 3)" in never
+    partial = make(tmp_path / "other", 9, complete=False)
+    (bad,) = start_problems(tmp_path / "empty", "auto", str(partial), MODEL)
+    assert bad.startswith("checkpoint.load_path:") and "incomplete" in bad
+    # A checkpoint in checkpoint.dir wins over load_path (a restarted run resumes its own).
+    assert start_problems(ckpts, "auto", str(partial), MODEL) == []
+
+
+def test_meta_is_plain_json(tmp_path):
+    final = make(tmp_path, 7)
+    meta = json.loads((final / "meta.json").read_text())
+    assert meta["format"] == "llm-launcher-checkpoint" and meta["step"] == 7

@@ -1,0 +1,143 @@
+"""Surviving failures, with real processes and real signals (2 local processes, FSDP).
+
+Every run here trains the same 16 steps with a checkpoint every 2; the uninterrupted run is
+the reference each interrupted-then-resumed run must equal, step for step.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, read_metrics, run_cli
+from wandb_log import history
+
+pytestmark = pytest.mark.e2e
+
+STEPS = 16
+ARGS = [
+    f"train.steps={STEPS}",
+    "train.eval_interval=0",
+    "train.global_batch_size=8",
+    "train.micro_batch_size=2",
+    "checkpoint.interval=2",
+    "logging.wandb.mode=disabled",
+]
+EXIT_STOPPED = 75
+
+
+def train(run_dir: Path, *extra: str, env: dict | None = None, timeout: float = 300):
+    return run_cli(
+        "launcher.train", *ARGS, *extra, f"hydra.run.dir={run_dir}", env=env, timeout=timeout
+    )
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    rows = read_metrics(run_dir)
+    steps = [r["step"] for r in rows]
+    assert steps == sorted(set(steps)), f"metrics.jsonl repeats or reorders steps: {steps}"
+    return {r["step"]: r["loss"] for r in rows}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference")
+    result = train(run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return losses(run_dir)
+
+
+def survivors(run_dir: Path) -> list[str]:
+    """Command lines of processes still running for this run directory."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = entry.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(run_dir) in cmd and int(entry.name) != os.getpid():
+            found.append(f"{entry.name}: {cmd}")
+    return found
+
+
+def test_killed_rank_is_restarted_and_resumes(reference, tmp_path):
+    """SIGKILL of rank 1 at step 7 (its own real SIGKILL, first attempt only): torchrun
+    restarts both ranks, they resume from step 6, and the run ends as if nothing happened.
+    wandb (offline) continues the same run id without sending a step twice."""
+    result = train(
+        tmp_path,
+        "train.max_restarts=1",
+        "logging.wandb.mode=offline",
+        env={"LAUNCHER_FAULT_INJECT": "1:7:kill"},
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "starting from step 6 of" in result.stdout
+    assert losses(tmp_path) == reference
+    files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 2 and len({f.name for f in files}) == 1, files  # one id, two attempts
+    sent = [r["_step"] for f in files for r in history(str(f)) if "loss" in r]
+    assert sorted(sent) == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_to_the_launcher_stops_saves_and_resumes(sig, reference, tmp_path):
+    cmd = [sys.executable, "-m", "launcher.train", *ARGS, f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "training never reached step 3"
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == EXIT_STOPPED, err[-3000:]
+    assert not survivors(tmp_path)
+    done = max(losses(tmp_path))
+    assert done < STEPS, "the signal came too late to test a stop"
+    assert (tmp_path / "checkpoints" / f"step_{done:08d}" / "meta.json").exists()
+    assert f"stopped by {sig.name} after step {done}" in err
+    again = train(tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"starting from step {done} of" in again.stdout
+    assert losses(tmp_path) == reference
+
+
+def test_kill_during_a_save_leaves_the_previous_checkpoint(reference, tmp_path):
+    """Rank 0 is SIGKILLed after writing its shards of step 4, before the checkpoint is
+    complete: step 4 stays partial, is listed as incomplete and refused by path; the rerun
+    resumes from step 2."""
+    result = train(tmp_path, env={"LAUNCHER_FAULT_INJECT": "0:4:kill_in_save"})
+    assert result.returncode not in (0, 2)
+    listed = run_cli("launcher.checkpoint", "list", str(tmp_path))
+    assert "step_00000004.partial" in listed.stdout and "incomplete" in listed.stdout
+    refused = train(
+        tmp_path / "other",
+        f"checkpoint.load_path={tmp_path / 'checkpoints' / 'step_00000004.partial'}",
+    )
+    assert refused.returncode == 2 and "incomplete: a save did not finish" in refused.stderr
+    again = train(tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "starting from step 2 of" in again.stdout
+    assert losses(tmp_path) == reference
+
+
+def test_a_hung_rank_fails_the_run_within_the_timeout(tmp_path):
+    start = time.monotonic()
+    result = train(
+        tmp_path, "train.timeout_s=10", env={"LAUNCHER_FAULT_INJECT": "1:3:hang"}, timeout=240
+    )
+    assert result.returncode not in (0, 2)
+    assert "rank 0: forward/backward of step 3 waited longer than train.timeout_s=10" in (
+        result.stderr
+    )
+    assert time.monotonic() - start < 120
+    assert not survivors(tmp_path)
