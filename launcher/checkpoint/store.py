@@ -16,6 +16,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.layout import AXES
+
 FORMAT = "llm-launcher-checkpoint"
 META = "meta.json"
 PARTIAL = ".partial"
@@ -51,8 +53,7 @@ class Entry:
     def layout(self) -> str:
         """The degrees it was saved under, e.g. `dp_shard=2 tp=2` (`-` when unknown)."""
         lay = (self.meta or {}).get("layout") or {}
-        axes = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
-        text = " ".join(f"{a}={lay[a]}" for a in axes if lay.get(a, 1) > 1)
+        text = " ".join(f"{a}={lay[a]}" for a in AXES if lay.get(a, 1) > 1)
         if lay.get("pp", 1) > 1:
             text += f" {lay['schedule']}/{lay['stages_per_rank']}"
         return text or ("single process" if lay else "-")
