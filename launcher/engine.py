@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from launcher import distributed, launch
-from launcher.failures import EXIT_STOPPED
+from launcher.failures import EXIT_STOPPED, StopRequest
 from launcher.plan import Plan
 from launcher.trainer import Stopped, Trainer
 
@@ -22,9 +22,11 @@ from launcher.trainer import Stopped, Trainer
 @record
 def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
     """Train the planned layout; every rank calls this."""
+    # From the first moment: a stop signal during start-up stops after the first step.
+    stop = StopRequest()
     d = distributed.init(cfg.hardware.device_type.value, plan.layout, cfg.train.timeout_s)
     try:
-        Trainer(cfg, plan, run_dir, dcfg, d).train()
+        Trainer(cfg, plan, run_dir, dcfg, d).train(stop)
     except Stopped as e:
         distributed.shutdown()
         if launch.is_child():

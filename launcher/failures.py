@@ -32,7 +32,8 @@ class StopRequest:
 
     def __init__(self) -> None:
         self.signum = 0
-        self._previous = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+        for s in STOP_SIGNALS:  # for the rest of the process's life
+            signal.signal(s, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum and signum == signal.SIGINT:
@@ -48,10 +49,6 @@ class StopRequest:
         if dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
         return int(flag.item())
-
-    def restore(self) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
 
 
 class CollectiveTimeout(RuntimeError):

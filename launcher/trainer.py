@@ -301,7 +301,7 @@ class Trainer:
 
     # -- the loop ------------------------------------------------------------------------
 
-    def train(self) -> None:
+    def train(self, stop: StopRequest) -> None:
         t, d = self.cfg.train, self.d
         start = self.resume()
         if start >= t.steps:
@@ -325,7 +325,6 @@ class Trainer:
             start_step=start,
         )
         interval = self.cfg.checkpoint.interval
-        stop = StopRequest()
         ok = False
         try:
             for step in range(start + 1, t.steps + 1):
@@ -347,7 +346,6 @@ class Trainer:
                 save_full_state_dict(self.parts, d, self.run_dir / "final_model.pt")
             ok = True
         finally:
-            stop.restore()
             logger.close(ok)
 
     def write_stopped(self, step: int, signum: int) -> None:
