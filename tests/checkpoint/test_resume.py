@@ -28,6 +28,12 @@ LAYOUTS = {
     "pp=2 interleaved": [*PP2, "pipeline=interleaved_1f1b", "pipeline.stages_per_rank=2"],
     "zero1 dp_shard=2": ["hardware.devices_per_node=2", "data_parallel=zero1"],
     "fsdp dp_shard=2 async save": ["hardware.devices_per_node=2", "checkpoint.async_save=true"],
+    # Dropout draws from the generator every step: bitwise only if its state is restored.
+    "gpt dropout=0.1 one process": [
+        "model=gpt_debug",
+        "model.dropout=0.1",
+        "hardware.devices_per_node=1",
+    ],
     # Targets of the reshard pairs only.
     "dp_shard=2 x tp=2": [*FOUR, "parallel.tp=2", "tensor=sequence_parallel"],
     "one process": ["hardware.devices_per_node=1"],
@@ -41,6 +47,7 @@ BITWISE = [
     "pp=2 interleaved",
     "zero1 dp_shard=2",
     "fsdp dp_shard=2 async save",
+    "gpt dropout=0.1 one process",
 ]
 RESHARD = [
     ("fsdp dp_shard=4", "dp_shard=2 x tp=2"),
