@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from launcher.failures import restart_attempt
 from launcher.layout import MESH_DIMS, Layout
 
 
@@ -53,8 +54,7 @@ def init(device_type: str, layout: Layout, timeout_s: float = 600) -> Dist:
     # torchrun restarts reuse the rendezvous store, which still holds the previous attempt's
     # gloo addresses (the new group then connects to dead peers); a key prefix per attempt
     # gives every attempt a clean namespace. See ../shared/MACHINE.md, torchrun restarts.
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"attempt_{attempt}", store)
+    store = dist.PrefixStore(f"attempt_{restart_attempt()}", store)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)

@@ -70,10 +70,21 @@ def timed(what: str, rank: int, timeout_s: float):
         raise
 
 
+def restart_attempt() -> int:
+    """0 on a first start, n on torchrun's n-th restart of the ranks."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def resume_mode(configured: str) -> str:
+    """checkpoint.resume for this start: a restart always resumes its own run (never means
+    "do not continue an earlier run", not "lose the steps before a crash")."""
+    return "auto" if restart_attempt() > 0 else configured
+
+
 def fault(rank: int, step: int) -> str | None:
     """The kind of fault injected at this rank and step on this attempt, if any."""
     spec = os.environ.get(FAULT_ENV)
-    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+    if not spec or restart_attempt() != 0:
         return None
     where, _, kind = spec.partition(":")[2].partition(":")
     if spec.split(":")[0] != str(rank) or where != str(step):

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 from launcher import launch
 from launcher.checkpoint.store import start_problems
 from launcher.cli import fail, hydra_app, to_config
+from launcher.failures import resume_mode
 from launcher.plan import make_plan
 from launcher.plan.report import print_plan, problems_message
 from launcher.plan.rules import engine_problems
@@ -54,7 +55,8 @@ def task(dcfg: DictConfig) -> None:
     run_dir = HydraConfig.get().runtime.output_dir
     ck = cfg.checkpoint
     directory = ck.dir or os.path.join(run_dir, "checkpoints")
-    problems = start_problems(directory, ck.resume.value, ck.load_path, vars(cfg.model))
+    resume = resume_mode(ck.resume.value)
+    problems = start_problems(directory, resume, ck.load_path, vars(cfg.model))
     if problems:
         fail("; ".join(problems))
     if launch.in_distributed_env() and launch.world_size() != plan.world_size:

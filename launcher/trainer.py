@@ -30,7 +30,14 @@ from launcher import distributed
 from launcher.checkpoint.saver import Checkpointer, ModelState, RngState, TrainState
 from launcher.checkpoint.store import Entry, newest_complete, open_checkpoint
 from launcher.data import Batches, load_tokens, split
-from launcher.failures import EXIT_STOPPED, STOPPED_FILE, StopRequest, inject, timed
+from launcher.failures import (
+    EXIT_STOPPED,
+    STOPPED_FILE,
+    StopRequest,
+    inject,
+    resume_mode,
+    timed,
+)
 from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
 from launcher.parallel import parallelize, pipeline
@@ -73,7 +80,7 @@ def starting_checkpoint(cfg, run_dir: str) -> tuple[Entry | None, bool]:
     checkpoint.dir (resume=auto), else checkpoint.load_path, else None. Raises CheckpointError
     for a load_path that is not a complete checkpoint."""
     ck = cfg.checkpoint
-    if ck.resume.value == "auto":
+    if resume_mode(ck.resume.value) == "auto":
         entry = newest_complete(checkpoint_dir(cfg, run_dir))
         if entry is not None:
             return entry, False

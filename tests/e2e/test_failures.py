@@ -68,10 +68,12 @@ def survivors(run_dir: Path) -> list[str]:
 def test_killed_rank_is_restarted_and_resumes(reference, tmp_path):
     """SIGKILL of rank 1 at step 7 (its own real SIGKILL, first attempt only): torchrun
     restarts both ranks, they resume from step 6, and the run ends as if nothing happened.
-    wandb (offline) continues the same run id without sending a step twice."""
+    wandb (offline) continues the same run id without sending a step twice. A restart resumes
+    even with checkpoint.resume=never, which only keeps a new run from continuing an old one."""
     result = train(
         tmp_path,
         "train.max_restarts=1",
+        "checkpoint.resume=never",
         "logging.wandb.mode=offline",
         env={"LAUNCHER_FAULT_INJECT": "1:7:kill"},
     )
