@@ -108,7 +108,8 @@ class Trainer:
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype.value]
         tokens, _ = load_tokens(cfg.data.path)
         train_split, val_split = split(tokens, t.seq_len, cfg.data.val_fraction)
-        batches = (t.global_batch_size, t.micro_batch_size, d.dp_rank, self.layout.dp, t.seed)
+        lay = self.layout
+        batches = (t.global_batch_size, lay.micro_batch_size, d.dp_rank, lay.dp, t.seed)
         self.train_batches = Batches(train_split, *batches, shuffle=True)
         self.val_batches = Batches(val_split, *batches, shuffle=False)
         self.train_state = TrainState()
