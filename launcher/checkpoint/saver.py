@@ -102,7 +102,6 @@ class Checkpointer:
         self.group = None
         if async_save and dist.is_initialized():
             self.group = dist.new_group(backend="gloo")
-        self.last_saved = -1
 
     def save(self, step: int, state: dict, wait: bool = False) -> None:
         """Save `state` as step `step`; with wait=True return only once it is complete."""
@@ -115,7 +114,6 @@ class Checkpointer:
         if dist.is_initialized():
             dist.barrier()
         meta = {**self.meta(step), "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-        self.last_saved = step
         if self.async_save:
             future = dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group)
             done = threading.Event()
