@@ -7,14 +7,13 @@ failures.EXIT_STOPPED once a checkpoint of the current step is complete.
 
 from __future__ import annotations
 
-import signal
 import sys
 
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from launcher import distributed, launch
-from launcher.failures import EXIT_STOPPED, StopRequest
+from launcher.failures import EXIT_STOPPED, StopRequest, stopped_message
 from launcher.plan import Plan
 from launcher.trainer import Stopped, Trainer
 
@@ -34,15 +33,8 @@ def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
             # status here would make torchrun restart the ranks or report a failure.
             sys.exit(0)
         if d.rank == 0:
-            print(stopped_message(e.signum, e.step, run_dir), file=sys.stderr, flush=True)
+            print(stopped_message(e.signum, e.step, e.checkpoint), file=sys.stderr, flush=True)
         sys.exit(EXIT_STOPPED)
     # Only after a clean finish: the model (DDP's reducer, FSDP's hooks) is gone by now, and
     # every rank leaves together. After a crash the launcher ends the other ranks instead.
     distributed.shutdown()
-
-
-def stopped_message(signum: int, step: int, run_dir: str) -> str:
-    return (
-        f"stopped by {signal.Signals(signum).name} after step {step}; its checkpoint is complete "
-        f"under {run_dir}; the same command resumes from it (exit status {EXIT_STOPPED})"
-    )

@@ -40,15 +40,23 @@ class StopRequest:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         self.signum = self.signum or signum
 
-    def agreed(self, group=None) -> int:
+    def agreed(self) -> int:
         """The largest signal number any rank received (0: none); a collective."""
         import torch
         import torch.distributed as dist
 
         flag = torch.tensor([self.signum], dtype=torch.int64)
         if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
+
+
+def stopped_message(signum: int, step: int, checkpoint: str) -> str:
+    """What the launcher says when a run stopped on a signal and saved."""
+    return (
+        f"stopped by {signal.Signals(signum).name} after step {step}: checkpoint {checkpoint} "
+        f"is complete; the same command resumes from it (exit status {EXIT_STOPPED})"
+    )
 
 
 class CollectiveTimeout(RuntimeError):
@@ -86,10 +94,10 @@ def fault(rank: int, step: int) -> str | None:
     spec = os.environ.get(FAULT_ENV)
     if not spec or restart_attempt() != 0:
         return None
-    where, _, kind = spec.partition(":")[2].partition(":")
-    if spec.split(":")[0] != str(rank) or where != str(step):
+    at_rank, at_step, *kind = spec.split(":")
+    if (at_rank, at_step) != (str(rank), str(step)):
         return None
-    return kind or "raise"
+    return kind[0] if kind else "raise"
 
 
 def inject(rank: int, step: int) -> None:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from launcher.cli import fail
-from launcher.failures import EXIT_STOPPED, STOPPED_FILE
+from launcher.failures import EXIT_STOPPED, STOPPED_FILE, stopped_message
 
 # Set by relaunch() in the children, so that they do not print the plan a second time.
 CHILD_ENV = "LAUNCHER_CHILD"
@@ -124,12 +124,8 @@ def relaunch(
             signal.signal(s, handler)
     if stopped.exists():
         record = json.loads(stopped.read_text())
-        name = signal.Signals(record["signal"]).name
-        print(
-            f"stopped by {name} after step {record['step']}: checkpoint {record['checkpoint']} "
-            f"is complete; the same command resumes from it (exit status {EXIT_STOPPED})",
-            file=sys.stderr,
-        )
+        message = stopped_message(record["signal"], record["step"], record["checkpoint"])
+        print(message, file=sys.stderr)
         return EXIT_STOPPED
     if received:
         name = signal.Signals(received[0][0]).name

@@ -149,17 +149,6 @@ class Layout:
     def n_stages(self) -> int:
         return self.pp * self.stages_per_rank
 
-    def stage_counts(self, n_layers: int) -> list[int]:
-        """Layers per virtual stage."""
-        return list(self.stage_layers) or split_layers(n_layers, self.n_stages)
-
-    def stage_starts(self, n_layers: int) -> list[int]:
-        """First layer index of every virtual stage."""
-        return stage_starts(self.stage_counts(n_layers))
-
-    def rank_stages(self, pp_rank: int) -> list[int]:
-        return sorted(rank_stages(pp_rank, self.pp, self.stages_per_rank, self.schedule))
-
     def overrides(self) -> list[str]:
         """The `launcher.train` overrides that give this layout (degrees and layout options)."""
         out = [f"parallel.{a}={getattr(self, a)}" for a in AXES]

@@ -7,7 +7,6 @@ distributed environment a multi-device layout relaunches this command under torc
 
 from __future__ import annotations
 
-import os
 import sys
 
 from hydra.core.hydra_config import HydraConfig
@@ -15,7 +14,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launcher import launch
-from launcher.checkpoint.store import start_problems
+from launcher.checkpoint.store import checkpoint_dir, start_problems
 from launcher.cli import fail, hydra_app, to_config
 from launcher.failures import resume_mode
 from launcher.plan import make_plan
@@ -54,7 +53,7 @@ def task(dcfg: DictConfig) -> None:
     check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)
     run_dir = HydraConfig.get().runtime.output_dir
     ck = cfg.checkpoint
-    directory = ck.dir or os.path.join(run_dir, "checkpoints")
+    directory = checkpoint_dir(ck.dir, run_dir)
     resume = resume_mode(ck.resume.value)
     problems = start_problems(directory, resume, ck.load_path, vars(cfg.model))
     if problems:

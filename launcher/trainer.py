@@ -28,10 +28,9 @@ from torch.distributed.tensor.parallel import loss_parallel
 import models
 from launcher import distributed
 from launcher.checkpoint.saver import Checkpointer, ModelState, RngState, TrainState
-from launcher.checkpoint.store import Entry, newest_complete, open_checkpoint
+from launcher.checkpoint.store import checkpoint_dir, starting_checkpoint, step_dir
 from launcher.data import Batches, load_tokens, split
 from launcher.failures import (
-    EXIT_STOPPED,
     STOPPED_FILE,
     StopRequest,
     inject,
@@ -49,9 +48,9 @@ from launcher.plan.report import plan_json
 class Stopped(Exception):
     """Training stopped on a signal after saving a checkpoint of the current step."""
 
-    def __init__(self, signum: int, step: int):
+    def __init__(self, signum: int, step: int, checkpoint: str):
         super().__init__(f"stopped by signal {signum} after step {step}")
-        self.signum, self.step, self.exit_code = signum, step, EXIT_STOPPED
+        self.signum, self.step, self.checkpoint = signum, step, checkpoint
 
 
 def build_model(cfg, seed: int) -> torch.nn.Module:
@@ -71,29 +70,11 @@ def local(x: torch.Tensor) -> torch.Tensor:
     return x.full_tensor() if isinstance(x, DTensor) else x
 
 
-def checkpoint_dir(cfg, run_dir: str) -> Path:
-    return Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else Path(run_dir) / "checkpoints"
-
-
-def starting_checkpoint(cfg, run_dir: str) -> tuple[Entry | None, bool]:
-    """(checkpoint to start from, whether it is an initial load): the newest complete one in
-    checkpoint.dir (resume=auto), else checkpoint.load_path, else None. Raises CheckpointError
-    for a load_path that is not a complete checkpoint."""
-    ck = cfg.checkpoint
-    if resume_mode(ck.resume.value) == "auto":
-        entry = newest_complete(checkpoint_dir(cfg, run_dir))
-        if entry is not None:
-            return entry, False
-    if ck.load_path:
-        return open_checkpoint(ck.load_path), True
-    return None, False
-
-
 class Trainer:
     def __init__(self, cfg, plan: Plan, run_dir: str, dcfg: DictConfig, d: distributed.Dist):
         self.cfg, self.plan, self.layout, self.d = cfg, plan, plan.layout, d
         self.run_dir = Path(run_dir)
-        self.dcfg = dcfg
+        self.config = OmegaConf.to_container(dcfg, resolve=True, enum_to_str=True)
         t = cfg.train
         torch.manual_seed(t.seed)
         if d.device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
@@ -115,7 +96,7 @@ class Trainer:
         self.train_state = TrainState()
         ck = cfg.checkpoint
         self.checkpointer = Checkpointer(
-            checkpoint_dir(cfg, run_dir), ck.keep, ck.async_save, d.rank, self.checkpoint_meta
+            checkpoint_dir(ck.dir, run_dir), ck.keep, ck.async_save, d.rank, self.checkpoint_meta
         )
 
     # -- model ---------------------------------------------------------------------------
@@ -277,20 +258,24 @@ class Trainer:
             "samples": self.train_state.samples,
             "world_size": self.d.world_size,
             "layout": asdict(self.layout),
-            "config": OmegaConf.to_container(self.dcfg, resolve=True, enum_to_str=True),
+            "config": self.config,
             "plan": plan_json(self.plan),
         }
 
     def resume(self) -> int:
         """Load the starting checkpoint, if any (every rank takes rank 0's choice); returns
         the step training continues after."""
-        choice = [starting_checkpoint(self.cfg, str(self.run_dir))]
+        ck = self.cfg.checkpoint
+        choice = [None]
+        if self.d.rank == 0:
+            directory = self.checkpointer.directory
+            choice = [starting_checkpoint(directory, resume_mode(ck.resume.value), ck.load_path)]
         if dist.is_initialized():
             dist.broadcast_object_list(choice, src=0)
         entry, initial = choice[0]
         if entry is None:
             return 0
-        weights_only = initial and self.cfg.checkpoint.load_weights_only
+        weights_only = initial and ck.load_weights_only
         same = entry.meta.get("layout") == json.loads(json.dumps(asdict(self.layout)))
         state = self.state(weights_only, rng=same and not weights_only)
         with timed(f"loading {entry.path}", self.d.rank, self.cfg.train.timeout_s):
@@ -329,7 +314,7 @@ class Trainer:
             log_interval=self.cfg.logging.log_interval,
             wandb_cfg=self.cfg.logging.wandb,
             run_name=self.run_dir.name,
-            config=OmegaConf.to_container(self.dcfg, resolve=True, enum_to_str=True),
+            config=self.config,
             start_step=start,
         )
         interval = self.cfg.checkpoint.interval
@@ -345,9 +330,12 @@ class Trainer:
                     signum = stop.agreed()
                 if signum and step < t.steps:  # on the last step the run just finishes
                     self.save(step, wait=True)
-                    self.write_stopped(step, signum)
+                    stopped = Stopped(
+                        signum, step, str(step_dir(self.checkpointer.directory, step))
+                    )
+                    self.write_stopped(stopped)
                     ok = True  # stopped cleanly: the wandb run is not failed, it will resume
-                    raise Stopped(signum, step)
+                    raise stopped
                 if step == t.steps or (interval and step % interval == 0):
                     self.save(step, wait=step == t.steps)
             if t.save_final:
@@ -356,11 +344,14 @@ class Trainer:
         finally:
             logger.close(ok)
 
-    def write_stopped(self, step: int, signum: int) -> None:
+    def write_stopped(self, stopped: Stopped) -> None:
         """Tell the launcher process (if any) that the stop checkpoint is complete."""
         if self.d.rank == 0:
-            path = self.checkpointer.directory / f"step_{step:08d}"
-            record = {"step": step, "signal": signum, "checkpoint": str(path)}
+            record = {
+                "step": stopped.step,
+                "signal": stopped.signum,
+                "checkpoint": stopped.checkpoint,
+            }
             (self.run_dir / STOPPED_FILE).write_text(json.dumps(record) + "\n")
 
 

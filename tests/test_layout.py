@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-from launcher.layout import MESH_DIMS, SCHEDULES, Layout
+from launcher.layout import MESH_DIMS, SCHEDULES, Layout, split_layers, stage_starts
 
 LAUNCHER = ROOT / "launcher"
 
@@ -56,4 +56,4 @@ def test_derived_groups():
     assert lay.fsdp_enabled and not lay.zero1_enabled
     assert lay.seq_len_divisor == 2 * 2 * 2  # tp (sequence parallel) x 2 cp chunks
     assert lay.mesh_shape == (2, 2, 4, 2, 2)
-    assert lay.stage_starts(10) == [0, 5]
+    assert stage_starts(split_layers(10, lay.n_stages)) == [0, 5]

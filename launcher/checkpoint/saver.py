@@ -113,7 +113,10 @@ class Checkpointer:
             shutil.rmtree(partial, ignore_errors=True)  # shards of a save that never finished
         if dist.is_initialized():
             dist.barrier()
-        meta = {**self.meta(step), "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        # meta.json is rank 0's to write (_finish); the other ranks need not build it.
+        meta = {}
+        if self.rank == 0:
+            meta = {**self.meta(step), "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")}
         if self.async_save:
             future = dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group)
             done = threading.Event()

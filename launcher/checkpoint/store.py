@@ -114,6 +114,26 @@ def shape_mismatches(saved: dict, model: dict) -> list[str]:
     ]
 
 
+def checkpoint_dir(configured: str | None, run_dir: str | Path) -> Path:
+    """checkpoint.dir, or RUN_DIR/checkpoints by default."""
+    return Path(configured) if configured else Path(run_dir) / "checkpoints"
+
+
+def starting_checkpoint(
+    directory: str | Path, resume: str, load_path: str | None
+) -> tuple[Entry | None, bool]:
+    """(checkpoint to start from, whether it is an initial load): the newest complete one in
+    `directory` (resume=auto), else load_path, else None. Raises CheckpointError for a
+    load_path that is not a complete checkpoint."""
+    if resume == "auto":
+        entry = newest_complete(directory)
+        if entry is not None:
+            return entry, False
+    if load_path:
+        return open_checkpoint(load_path), True
+    return None, False
+
+
 def start_problems(
     directory: str | Path, resume: str, load_path: str | None, model: dict
 ) -> list[str]:
@@ -127,14 +147,11 @@ def start_problems(
             f"(newest: step {newest.step}); remove them or choose another hydra.run.dir or "
             "checkpoint.dir"
         ]
-    if resume == "auto" and newest is not None:
-        entry = newest
-    elif load_path:
-        try:
-            entry = open_checkpoint(load_path)
-        except CheckpointError as e:
-            return [f"checkpoint.load_path: {e}"]
-    else:
+    try:
+        entry, _ = starting_checkpoint(directory, resume, load_path)
+    except CheckpointError as e:
+        return [f"checkpoint.load_path: {e}"]
+    if entry is None:
         return []
     saved = ((entry.meta or {}).get("config") or {}).get("model") or {}
     wrong = shape_mismatches(saved, model)
