@@ -39,6 +39,11 @@ class Resume(str, Enum):
     never = "never"  # start from step 0 (refused if checkpoint.dir holds checkpoints)
 
 
+class LoadFormat(str, Enum):
+    dcp = "dcp"  # a checkpoint of this launcher (a step_NNNNNNNN directory)
+    hf = "hf"  # a Hugging Face model directory: config.json + *.safetensors (weights only)
+
+
 class PlanFormat(str, Enum):
     text = "text"
     json = "json"
@@ -205,8 +210,10 @@ class CheckpointConfig:
     keep: int = 3  # newest complete checkpoints kept; 0 keeps all
     async_save: bool = False  # write in the background while training goes on
     resume: Resume = Resume.auto
-    load_path: str | None = None  # start from this checkpoint (when checkpoint.dir has none)
-    load_weights_only: bool = False  # from load_path take the model only (fine-tuning)
+    # Start from this checkpoint when checkpoint.dir has none (a restart resumes its own).
+    initial_load_path: str | None = None
+    initial_load_format: LoadFormat = LoadFormat.dcp
+    initial_load_weights_only: bool = False  # take the model only (fine-tuning); hf always is
 
 
 @dataclass

@@ -3,8 +3,11 @@
 Token file format (written by `python -m launcher.prepare`):
 - `NAME.bin`: the token ids of all documents back to back, little-endian, dtype uint16 when
   the vocabulary fits in 16 bits, else uint32; each document ends with the EOS id.
-- `NAME.json`: {"format": "llm-launcher-tokens", "version": 1, "dtype": "uint16",
-  "n_tokens": int, "vocab_size": int, "tokenizer": "bytes", "eos_id": int, "sources": [...]}.
+- `NAME.json`: {"format": "llm-launcher-tokens", "version": 2, "dtype": "uint16",
+  "n_tokens": int, "vocab_size": int, "eos_id": int, "eos_token": str | null,
+  "tokenizer": "bytes" | "huggingface", "tokenizer_path": str | null,
+  "tokenizer_sha256": str | null, "sources": [...]}. Version 1 (still read) lacks the
+  eos_token and tokenizer_* fields. The header is written after the .bin is complete.
 
 Batching: the stream is cut into non-overlapping windows of seq_len + 1 tokens (inputs and
 shifted targets). Each epoch visits the windows in a seeded permutation; global batch k is
@@ -17,13 +20,16 @@ from __future__ import annotations
 
 import gzip
 import json
+import math
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 FORMAT = "llm-launcher-tokens"
+VERSIONS = (1, 2)  # header versions read; write_tokens writes the last
 EMBEDDED = Path(__file__).parent / "data" / "python_docs.txt.gz"
 
 
@@ -48,12 +54,23 @@ def embedded_tokens() -> np.ndarray:
     return np.append(np.frombuffer(raw, dtype=np.uint8).astype(np.uint16), ByteTokenizer.eos_id)
 
 
+def embedded_n_tokens() -> int:
+    """Tokens in the embedded corpus (its bytes and one EOS), for the planner."""
+    with gzip.open(EMBEDDED, "rb") as f:
+        return len(f.read()) + 1
+
+
 def read_header(path: str) -> dict:
     header_path = Path(path).with_suffix(".json")
     with open(header_path) as f:
         header = json.load(f)
     if header.get("format") != FORMAT:
         raise ValueError(f"{header_path} is not an {FORMAT} header")
+    if header.get("version") not in VERSIONS:
+        raise ValueError(
+            f"{header_path} has version {header.get('version')}; this launcher reads "
+            f"versions {', '.join(map(str, VERSIONS))}"
+        )
     return header
 
 
@@ -68,36 +85,69 @@ def load_tokens(path: str | None) -> tuple[np.ndarray, int]:
     return tokens, header["vocab_size"]
 
 
-def data_vocab_size(path: str | None) -> int:
-    """The vocabulary a model needs for this data, without reading the tokens."""
-    return ByteTokenizer.vocab_size if path is None else read_header(path)["vocab_size"]
+def data_sizes(path: str | None) -> tuple[int, int]:
+    """(n_tokens, vocabulary size) of a token file or the embedded corpus, without reading the
+    tokens; ValueError when the .bin does not hold the n_tokens its header promises."""
+    if path is None:
+        return embedded_n_tokens(), ByteTokenizer.vocab_size
+    header = read_header(path)
+    bin_path = Path(path).with_suffix(".bin")
+    expected = header["n_tokens"] * np.dtype(header["dtype"]).itemsize
+    found = bin_path.stat().st_size
+    if found != expected:
+        raise ValueError(
+            f"{bin_path} has {found:,} bytes but its header promises n_tokens="
+            f"{header['n_tokens']:,} of {header['dtype']} ({expected:,} bytes)"
+        )
+    return header["n_tokens"], header["vocab_size"]
+
+
+def token_file_base(path: str) -> Path:
+    """DIR/NAME for `--out DIR/NAME`, DIR/NAME.bin or DIR/NAME.json (a dot inside NAME stays)."""
+    p = Path(path)
+    return p.with_suffix("") if p.suffix in (".bin", ".json") else p
 
 
 def write_tokens(
-    path: str,
-    documents: list[list[int]],
-    vocab_size: int,
-    eos_id: int,
-    tokenizer: str,
-    sources: list[str],
+    path: str, chunks: Iterable[np.ndarray], tokenizer: dict, sources: list[str]
 ) -> dict:
-    """Write NAME.bin and NAME.json; returns the header."""
+    """Stream chunks of token ids (EOS already in place) into NAME.bin, then write NAME.json.
+
+    `tokenizer` holds the header's vocab_size, eos_id, eos_token, tokenizer, tokenizer_path and
+    tokenizer_sha256. The ids go to NAME.bin.partial first: a failed or interrupted write leaves
+    any earlier NAME.bin and NAME.json as they were, and NAME.json never describes a .bin it
+    was not written for. Returns the header.
+    """
+    vocab_size = tokenizer["vocab_size"]
     dtype = "uint16" if vocab_size <= 2**16 else "uint32"
-    ids = np.fromiter((t for doc in documents for t in [*doc, eos_id]), dtype=dtype)
-    base = Path(path).with_suffix("")
+    base = token_file_base(path)
+    bin_path, header_path = (base.with_name(base.name + s) for s in (".bin", ".json"))
+    partial = base.with_name(base.name + ".bin.partial")
     os.makedirs(base.parent, exist_ok=True)
-    ids.tofile(base.with_suffix(".bin"))
+    n_tokens = 0
+    try:
+        with open(partial, "wb") as f:
+            for ids in chunks:
+                if ids.size and int(ids.max()) >= vocab_size:
+                    raise ValueError(
+                        f"token id {int(ids.max())} is outside the vocabulary of {vocab_size}"
+                    )
+                ids.astype(np.dtype(dtype).newbyteorder("<")).tofile(f)
+                n_tokens += ids.size
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    header_path.unlink(missing_ok=True)
+    os.replace(partial, bin_path)
     header = {
         "format": FORMAT,
-        "version": 1,
+        "version": VERSIONS[-1],
         "dtype": dtype,
-        "n_tokens": int(ids.size),
-        "vocab_size": vocab_size,
-        "tokenizer": tokenizer,
-        "eos_id": eos_id,
+        "n_tokens": n_tokens,
+        **tokenizer,
         "sources": sources,
     }
-    base.with_suffix(".json").write_text(json.dumps(header, indent=2) + "\n")
+    header_path.write_text(json.dumps(header, indent=2) + "\n")
     return header
 
 
@@ -117,12 +167,38 @@ class Split:
         return np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64)
 
 
+def split_sizes(n_tokens: int, seq_len: int, val_fraction: float) -> tuple[int, int]:
+    """(train, validation) tokens of a stream of n_tokens: the tail val_fraction is held out,
+    with at least one window of seq_len + 1 tokens on each side. Pure arithmetic, shared by
+    `split` and the planner; a ValueError names the sizes and the fewest tokens that would do."""
+
+    def sizes(n: int) -> tuple[int, int]:
+        n_val = max(int(n * val_fraction), seq_len + 1)
+        return n - n_val, n_val
+
+    if not 0 < val_fraction < 1:
+        raise ValueError(f"data.val_fraction={val_fraction} must be in (0, 1)")
+    n_train, n_val = sizes(n_tokens)
+    if n_train >= seq_len + 1:
+        return n_train, n_val
+    # The smallest n whose train part holds a window: near (seq_len + 1) / (1 - val_fraction),
+    # at least 2 windows; n_train grows by 0 or 1 per token, so walk to it from the estimate.
+    need = max(2 * (seq_len + 1), math.ceil((seq_len + 1) / (1 - val_fraction)))
+    while need > 2 * (seq_len + 1) and sizes(need - 1)[0] >= seq_len + 1:
+        need -= 1
+    while sizes(need)[0] < seq_len + 1:
+        need += 1
+    raise ValueError(
+        f"n_tokens={n_tokens:,} is too few for train.seq_len={seq_len} with "
+        f"data.val_fraction={val_fraction}: training and validation each need a window of "
+        f"seq_len + 1 = {seq_len + 1} tokens, so at least {need:,} tokens"
+    )
+
+
 def split(tokens: np.ndarray, seq_len: int, val_fraction: float) -> tuple[Split, Split]:
     """Train on the head of the stream, hold out the tail."""
-    n_val = max(int(len(tokens) * val_fraction), seq_len + 1)
-    if len(tokens) - n_val < seq_len + 1:
-        raise ValueError(f"{len(tokens)} tokens are too few for seq_len={seq_len}")
-    return Split(tokens[:-n_val], seq_len), Split(tokens[-n_val:], seq_len)
+    n_train, _ = split_sizes(len(tokens), seq_len, val_fraction)
+    return Split(tokens[:n_train], seq_len), Split(tokens[n_train:], seq_len)
 
 
 class Batches:

@@ -1,46 +1,274 @@
-"""`python -m launcher.prepare --out DIR/NAME FILE...`: build a token file from text files.
+"""`python -m launcher.prepare --out DIR/NAME [--tokenizer tokenizer.json] FILE...`: build a
+token file from text and JSON-lines files.
 
-Each input file is one document, tokenized with the byte-level tokenizer and ended with EOS.
-Writes DIR/NAME.bin and DIR/NAME.json (format in launcher/data.py); train on it with
-`python -m launcher.train data.path=DIR/NAME.bin`.
+Inputs, in the order given (a progress bar runs over their bytes):
+  NAME.jsonl    one document per line, its text under --text-field (default: text); blank
+                lines are skipped; a line that is not a JSON object holding that string field
+                stops prepare with FILE:LINE
+  any other     UTF-8 text, the whole file one document
+
+Tokenizer:
+  (default)     byte-level: UTF-8 bytes are ids 0-255, 256 ends a document (vocabulary 257)
+  --tokenizer   a Hugging Face tokenizer.json, the file Llama 3, Mixtral and DeepSeek ship; its
+                own special tokens are kept (Llama 3 starts each document with <|begin_of_text|>,
+                Mixtral with <s>); truncation and padding saved in the file are switched off
+  EOS ends every document. Its token: --eos TOKEN, else the eos_token of the
+  tokenizer_config.json beside tokenizer.json, else the first of <|end_of_text|>,
+  <|endoftext|>, </s>, <｜end▁of▁sentence｜>, <eos> in the vocabulary.
+
+Output:
+  DIR/NAME.bin  the token ids, uint16 when the vocabulary fits in 16 bits, else uint32
+  DIR/NAME.json its header: n_tokens, dtype, vocab_size, eos_id, eos_token, the tokenizer's
+                path and sha256, the sources; written once the .bin is complete
+
+Example:
+  python -m launcher.prepare --tokenizer llama3/tokenizer.json --out data/web \\
+      web-00.jsonl web-01.jsonl notes.txt
+  python -m launcher.train data.path=data/web.bin model=llama3_8b
+
+model.vocab_size must be at least the vocabulary size (the plan refuses a smaller one).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-from rich.progress import track
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from tokenizers import Tokenizer
 
-from launcher.data import ByteTokenizer, write_tokens
+from launcher.data import ByteTokenizer, token_file_base, write_tokens
+
+# End-of-document tokens of well-known tokenizers: Llama 3, GPT-2 / Qwen, Llama 2 / Mistral /
+# Mixtral, DeepSeek V2 / V3, Gemma. The first one in the vocabulary is the EOS.
+END_TOKENS = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<｜end▁of▁sentence｜>", "<eos>")
+CHUNK_CHARS = 1 << 22  # characters per encode_batch call: bounds the ids held as Python lists
 
 
-def main(argv: list[str] | None = None) -> int:
+class InputError(Exception):
+    """A mistake in the command or its inputs: one line on stderr, exit 2."""
+
+
+@dataclass
+class Encoder:
+    """What prepare needs of a tokenizer: batch encoding and its fields of the header."""
+
+    encode_batch: Callable[[list[str]], list[np.ndarray]]
+    header: dict  # vocab_size, eos_id, eos_token, tokenizer, tokenizer_path, tokenizer_sha256
+
+
+def byte_encoder() -> Encoder:
+    encode = lambda texts: [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
+    return Encoder(
+        encode,
+        {
+            "vocab_size": ByteTokenizer.vocab_size,
+            "eos_id": ByteTokenizer.eos_id,
+            "eos_token": None,
+            "tokenizer": ByteTokenizer.name,
+            "tokenizer_path": None,
+            "tokenizer_sha256": None,
+        },
+    )
+
+
+def hf_encoder(path: Path, eos: str | None) -> tuple[Encoder, str]:
+    """A Hugging Face tokenizer.json, and where its EOS came from."""
+    if not path.is_file():
+        raise InputError(f"--tokenizer {path}: not a file")
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+        raise InputError(f"--tokenizer {path} is not a tokenizer.json: {e}") from None
+    # Documents are tokenized whole: a max_length saved for fine-tuning must not cut them.
+    tok.no_truncation()
+    tok.no_padding()
+    eos, source = eos_token(tok, path, eos)
+    encode = lambda texts: [np.array(e.ids, dtype=np.uint32) for e in tok.encode_batch(texts)]
+    # The vocabulary a model needs: every id below it. That is get_vocab_size(with_added_tokens=
+    # True), unless the ids have a gap (which that count does not see).
+    vocab = tok.get_vocab(with_added_tokens=True)
+    header = {
+        "vocab_size": max(tok.get_vocab_size(with_added_tokens=True), max(vocab.values()) + 1),
+        "eos_id": tok.token_to_id(eos),
+        "eos_token": eos,
+        "tokenizer": "huggingface",
+        "tokenizer_path": str(path.resolve()),
+        "tokenizer_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+    }
+    return Encoder(encode, header), source
+
+
+def eos_token(tok, path: Path, eos: str | None) -> tuple[str, str]:
+    """(EOS token, where it came from): --eos, tokenizer_config.json, then END_TOKENS."""
+    source = "--eos"
+    if eos is None:
+        eos, source = config_eos(path.parent / "tokenizer_config.json"), "tokenizer_config.json"
+    if eos is None:
+        eos = next((t for t in END_TOKENS if tok.token_to_id(t) is not None), None)
+        source = "a well-known end token"
+    if eos is None:
+        raise InputError(
+            f"cannot tell the EOS token of {path}: no eos_token in a tokenizer_config.json "
+            f"beside it and none of {' '.join(END_TOKENS)} in its vocabulary; pass --eos TOKEN"
+        )
+    if tok.token_to_id(eos) is None:
+        raise InputError(f"EOS token {eos!r} (from {source}) is not in the vocabulary of {path}")
+    return eos, source
+
+
+def config_eos(path: Path) -> str | None:
+    """The eos_token of a tokenizer_config.json: a string or {"content": ...}; None if absent."""
+    if not path.is_file():
+        return None
+    try:
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token")
+    except (ValueError, AttributeError) as e:
+        raise InputError(f"{path} is not a JSON object: {e}") from None
+    if isinstance(eos, dict):
+        eos = eos.get("content")
+    return eos if isinstance(eos, str) else None
+
+
+def documents(
+    files: list[Path], text_field: str, read: Callable[[int, int], None]
+) -> Iterator[str]:
+    """The text of every document, file after file; read(bytes, documents) reports progress."""
+    for path in files:
+        if path.suffix != ".jsonl":
+            raw = path.read_bytes()
+            read(len(raw), 1)
+            yield raw.decode("utf-8", errors="replace")
+            continue
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                blank = not line.strip()
+                read(len(line), 0 if blank else 1)
+                if not blank:
+                    yield jsonl_text(line, text_field, f"{path}:{lineno}")
+
+
+def jsonl_text(line: bytes, text_field: str, where: str) -> str:
+    """The text of one JSON-lines record; `where` (FILE:LINE) names it in an error."""
+    try:
+        record = json.loads(line.rstrip(b"\r\n").decode("utf-8", errors="replace"))
+    except json.JSONDecodeError as e:
+        raise InputError(f"{where}: not valid JSON ({e.msg} at column {e.pos + 1})") from None
+    if not isinstance(record, dict):
+        raise InputError(f"{where}: a JSON {type(record).__name__}, not an object")
+    if text_field not in record:
+        fields = ", ".join(list(record)[:8]) or "none"
+        raise InputError(f"{where}: no field {text_field!r} (fields: {fields}); see --text-field")
+    text = record[text_field]
+    if not isinstance(text, str):
+        raise InputError(f"{where}: field {text_field!r} is not a string ({type(text).__name__})")
+    return text
+
+
+def token_chunks(texts: Iterable[str], tok: Encoder) -> Iterator[np.ndarray]:
+    """The ids of the documents, each ended by EOS, a batch of about CHUNK_CHARS at a time."""
+    eos = np.array([tok.header["eos_id"]], dtype=np.uint32)
+    batch, chars = [], 0
+    for text in texts:
+        batch.append(text)
+        chars += len(text)
+        if chars >= CHUNK_CHARS:
+            yield with_eos(tok.encode_batch(batch), eos)
+            batch, chars = [], 0
+    if batch:
+        yield with_eos(tok.encode_batch(batch), eos)
+
+
+def with_eos(docs: list[np.ndarray], eos: np.ndarray) -> np.ndarray:
+    """Documents back to back, each ended by EOS (not twice when its post-processor added it)."""
+    parts = []
+    for ids in docs:
+        parts.append(ids)
+        if not (ids.size and ids[-1] == eos[0]):
+            parts.append(eos)
+    return np.concatenate(parts)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m launcher.prepare",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("files", nargs="+", type=Path, help="UTF-8 text files, one document each")
-    parser.add_argument("--out", required=True, help="output path; .bin and .json are written")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "files", nargs="+", type=Path, help="text files (one document each) and .jsonl files"
+    )
+    parser.add_argument(
+        "--out", required=True, metavar="DIR/NAME", help="DIR/NAME: writes DIR/NAME.bin and .json"
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="PATH",
+        help="a Hugging Face tokenizer.json (default: byte-level)",
+    )
+    parser.add_argument(
+        "--eos", metavar="TOKEN", help="the token that ends each document (with --tokenizer)"
+    )
+    parser.add_argument(
+        "--text-field",
+        default="text",
+        metavar="FIELD",
+        help="the JSON-lines field holding the text (text)",
+    )
+    return parser.parse_args(argv)
+
+
+def prepare(args: argparse.Namespace) -> str:
+    """Write the token file; returns the line that reports it."""
     missing = [str(f) for f in args.files if not f.is_file()]
     if missing:
-        print(f"error: not a file: {', '.join(missing)}", file=sys.stderr)
+        raise InputError(f"not a file: {', '.join(missing)}")
+    if args.tokenizer is None:
+        if args.eos is not None:
+            raise InputError("--eos needs --tokenizer: the byte-level tokenizer's EOS is id 256")
+        tok, eos = byte_encoder(), f"eos id {ByteTokenizer.eos_id}"
+    else:
+        tok, source = hf_encoder(args.tokenizer, args.eos)
+        eos = f"eos {tok.header['eos_token']} (id {tok.header['eos_id']}, from {source})"
+    columns = (TextColumn("tokenizing {task.fields[docs]:,} documents"), BarColumn())
+    columns += (DownloadColumn(), TimeRemainingColumn())
+    console = Console(stderr=True)
+    progress = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
+    n_docs = 0
+
+    def read(n_bytes: int, docs: int) -> None:
+        nonlocal n_docs
+        n_docs += docs
+        progress.update(task, advance=n_bytes, docs=n_docs)
+
+    with progress:
+        task = progress.add_task("", total=sum(f.stat().st_size for f in args.files), docs=0)
+        texts = documents(args.files, args.text_field, read)
+        header = write_tokens(
+            args.out, token_chunks(texts, tok), tok.header, [str(f) for f in args.files]
+        )
+    return (
+        f"wrote {header['n_tokens']:,} tokens from {n_docs:,} document(s) to "
+        f"{token_file_base(args.out)}.bin ({header['dtype']}, vocabulary "
+        f"{header['vocab_size']:,}, {eos})"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        print(prepare(args))
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    tok = ByteTokenizer()
-    docs = [
-        tok.encode(f.read_text(encoding="utf-8", errors="replace"))
-        for f in track(args.files, description="tokenizing", transient=True)
-    ]
-    header = write_tokens(
-        args.out, docs, tok.vocab_size, tok.eos_id, tok.name, [str(f) for f in args.files]
-    )
-    print(
-        f"wrote {header['n_tokens']:,} tokens from {len(docs)} document(s) to "
-        f"{Path(args.out).with_suffix('.bin')} ({header['dtype']})"
-    )
     return 0
 
 

@@ -55,7 +55,9 @@ def task(dcfg: DictConfig) -> None:
     ck = cfg.checkpoint
     directory = checkpoint_dir(ck.dir, run_dir)
     resume = resume_mode(ck.resume.value)
-    problems = start_problems(directory, resume, ck.load_path, vars(cfg.model))
+    problems = start_problems(
+        directory, resume, ck.initial_load_path, ck.initial_load_format.value, vars(cfg.model)
+    )
     if problems:
         fail("; ".join(problems))
     if launch.in_distributed_env() and launch.world_size() != plan.world_size:

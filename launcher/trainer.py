@@ -37,6 +37,7 @@ from launcher.failures import (
     resume_mode,
     timed,
 )
+from launcher.hf import weights as hf_weights
 from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
 from launcher.parallel import parallelize, pipeline
@@ -266,27 +267,50 @@ class Trainer:
         """Load the starting checkpoint, if any (every rank takes rank 0's choice); returns
         the step training continues after."""
         ck = self.cfg.checkpoint
+        hf = ck.initial_load_format.value == "hf"
         choice = [None]
         if self.d.rank == 0:
             directory = self.checkpointer.directory
-            choice = [starting_checkpoint(directory, resume_mode(ck.resume.value), ck.load_path)]
+            dcp_path = None if hf else ck.initial_load_path
+            choice = [starting_checkpoint(directory, resume_mode(ck.resume.value), dcp_path)]
         if dist.is_initialized():
             dist.broadcast_object_list(choice, src=0)
         entry, initial = choice[0]
         if entry is None:
+            if hf and ck.initial_load_path:
+                self.load_hf(ck.initial_load_path)
             return 0
-        weights_only = initial and ck.load_weights_only
+        # A checkpoint converted from Hugging Face holds the model only.
+        weights_only = initial and (ck.initial_load_weights_only or entry.meta.get("weights_only"))
         same = entry.meta.get("layout") == json.loads(json.dumps(asdict(self.layout)))
         state = self.state(weights_only, rng=same and not weights_only)
         with timed(f"loading {entry.path}", self.d.rank, self.cfg.train.timeout_s):
             self.checkpointer.load(entry, state)
         if self.d.rank == 0:
             what = "the weights of" if weights_only else f"step {entry.step} of"
-            moved = "" if same else f", saved under {entry.layout}: resharded"
+            moved = (
+                ""
+                if same or not entry.meta.get("layout")
+                else f", saved under {entry.layout}: resharded"
+            )
             print(f"starting from {what} {entry.path}{moved}", flush=True)
         if weights_only:
             return 0
         return self.train_state.step
+
+    def load_hf(self, path: str) -> int:
+        """The model's weights from a Hugging Face directory; each rank reads its shards.
+        Returns the number of values this rank read."""
+        with timed(f"loading {path}", self.d.rank, self.cfg.train.timeout_s):
+            read = hf_weights.load_into(self.parts, path, vars(self.cfg.model))
+        total = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.params)
+        if self.d.rank == 0:
+            print(
+                f"starting from the Hugging Face weights in {path} (rank 0 read {read:,} "
+                f"values for the {total:,} it holds)",
+                flush=True,
+            )
+        return read
 
     def save(self, step: int, wait: bool = False) -> None:
         with timed(f"checkpoint of step {step}", self.d.rank, self.cfg.train.timeout_s):

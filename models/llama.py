@@ -33,6 +33,7 @@ class LlamaArgs:
     norm_eps: float = 1e-5
     dropout: float = 0.0
     flash_attention: bool = True
+    tie_embeddings: bool = False  # output projection shares the embedding (Llama 3.2 1B, 3B)
 
     def __post_init__(self) -> None:
         if self.head_dim is None:
@@ -205,6 +206,12 @@ class Transformer(nn.Module):
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         # Not persistent: derived from args, rebuilt after meta-device init by init_weights().
         self.register_buffer("rope", rope_cache(args, args.max_seq_len), persistent=False)
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the output projection with the token embedding (when both live here)."""
+        if self.args.tie_embeddings and self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
 
     def make_block(self, args: LlamaArgs, index: int) -> nn.Module:
         """Block `index`; families that differ only in their blocks override this."""
@@ -218,7 +225,7 @@ class Transformer(nn.Module):
         std = 0.02
         # Output projections of each residual branch get the depth-scaled std of GPT-2.
         out_std = std / math.sqrt(2 * self.args.n_layers)
-        for name, p in self.named_parameters():
+        for name, p in self.named_parameters():  # a tied weight is listed once
             if name.endswith("norm.weight"):
                 p.fill_(1.0)
             else:

@@ -107,10 +107,17 @@ def open_checkpoint(path: str | Path) -> Entry:
 def shape_mismatches(saved: dict, model: dict) -> list[str]:
     """`saved.field=x but model.field=y` for every shape field that differs."""
     fields = SHAPE_FIELDS + (("max_seq_len",) if model.get("family") == "gpt" else ())
+
+    def value(config: dict, f: str):
+        # head_dim None means dim // n_heads: compared as such when the other side sets it.
+        if f == "head_dim" and config.get(f) is None and (saved.get(f) or model.get(f)):
+            return config["dim"] // config["n_heads"]
+        return config.get(f)
+
     return [
-        f"{f}={saved.get(f)} in the checkpoint but model.{f}={model.get(f)}"
+        f"{f}={value(saved, f)} in the checkpoint but model.{f}={value(model, f)}"
         for f in fields
-        if saved.get(f) != model.get(f)
+        if value(saved, f) != value(model, f)
     ]
 
 
@@ -123,8 +130,8 @@ def starting_checkpoint(
     directory: str | Path, resume: str, load_path: str | None
 ) -> tuple[Entry | None, bool]:
     """(checkpoint to start from, whether it is an initial load): the newest complete one in
-    `directory` (resume=auto), else load_path, else None. Raises CheckpointError for a
-    load_path that is not a complete checkpoint."""
+    `directory` (resume=auto), else load_path (a checkpoint of ours), else None. Raises
+    CheckpointError for a load_path that is not a complete checkpoint."""
     if resume == "auto":
         entry = newest_complete(directory)
         if entry is not None:
@@ -135,11 +142,12 @@ def starting_checkpoint(
 
 
 def start_problems(
-    directory: str | Path, resume: str, load_path: str | None, model: dict
+    directory: str | Path, resume: str, load_path: str | None, load_format: str, model: dict
 ) -> list[str]:
     """Why the run cannot start from (or without) its checkpoints, before any process starts:
-    an unusable load_path, a model whose shapes differ from the checkpoint's, or
-    resume=never over a directory that already holds checkpoints (nothing is overwritten)."""
+    an unusable initial_load_path (a checkpoint of ours, or a Hugging Face directory), a
+    model that differs from the checkpoint's, or resume=never over a directory that already
+    holds checkpoints (nothing is overwritten)."""
     newest = newest_complete(directory)
     if resume == "never" and newest is not None:
         return [
@@ -147,11 +155,16 @@ def start_problems(
             f"(newest: step {newest.step}); remove them or choose another hydra.run.dir or "
             "checkpoint.dir"
         ]
+    hf = load_format == "hf"
     try:
-        entry, _ = starting_checkpoint(directory, resume, load_path)
+        entry, _ = starting_checkpoint(directory, resume, None if hf else load_path)
     except CheckpointError as e:
-        return [f"checkpoint.load_path: {e}"]
+        return [f"checkpoint.initial_load_path: {e}"]
     if entry is None:
+        if hf and load_path:
+            from launcher.hf.names import check
+
+            return [f"checkpoint.initial_load_path: {p}" for p in check(load_path, model)]
         return []
     saved = ((entry.meta or {}).get("config") or {}).get("model") or {}
     wrong = shape_mismatches(saved, model)

@@ -48,8 +48,7 @@ def apply_tp(
         use_local_output=not loss_parallel,
     )
     parallelize_module(model, mesh, root)
-    if family == "gpt":
-        model.tie_weights()  # both halves are now the same vocab-sharded DTensor
+    model.tie_weights()  # tied halves are now the same vocab-sharded DTensor
 
     for block in model.layers.values():
         plan: dict[str, object] = {

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.config import Config, DType, ParallelConfig
-from launcher.data import data_vocab_size
+from launcher.data import data_sizes, split_sizes
 from launcher.layout import AXES, LOOPED, SCHEDULES, SINGLE, SPLIT_BACKWARD, V_SCHEDULES
 from launcher.plan import pipeline as pl
 
@@ -119,19 +119,29 @@ def config_problems(cfg: Config) -> list[Problem]:
     for key in ("interval", "keep"):
         if getattr(cfg.checkpoint, key) < 0:
             err("checkpoint", f"checkpoint.{key}={getattr(cfg.checkpoint, key)} must be >= 0")
-    if cfg.checkpoint.load_weights_only and not cfg.checkpoint.load_path:
-        err("checkpoint", "checkpoint.load_weights_only=true needs checkpoint.load_path")
+    ck = cfg.checkpoint
+    if ck.initial_load_weights_only and not ck.initial_load_path:
+        err("checkpoint", "checkpoint.initial_load_weights_only=true needs initial_load_path")
+    if ck.initial_load_format.value == "hf" and not ck.initial_load_path:
+        err("checkpoint", "checkpoint.initial_load_format=hf needs initial_load_path=HF_DIR")
     if t.eval_interval and t.eval_batches < 1:
         err("train", f"train.eval_batches={t.eval_batches} must be >= 1 when evaluating")
-    data_vocab = _data_vocab(cfg.data.path, err)
-    if data_vocab is not None and m.vocab_size < data_vocab:
+    data = _data_sizes(cfg.data.path, err)
+    val_fraction = cfg.data.val_fraction
+    source = "the embedded corpus" if cfg.data.path is None else f"data.path={cfg.data.path}"
+    if data is not None and m.vocab_size < data[1]:
         err(
             "vocab",
-            f"model.vocab_size={m.vocab_size} is smaller than the data's vocabulary "
-            f"{data_vocab} ({name}, data.path={cfg.data.path})",
+            f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of {source}, "
+            f"{data[1]:,} tokens ({name}): set model.vocab_size >= {data[1]}",
         )
-    if not 0 < cfg.data.val_fraction < 1:
-        err("data", f"data.val_fraction={cfg.data.val_fraction} must be in (0, 1)")
+    if not 0 < val_fraction < 1:
+        err("data", f"data.val_fraction={val_fraction} must be in (0, 1)")
+    elif data is not None and t.seq_len >= 1:
+        try:
+            split_sizes(data[0], t.seq_len, val_fraction)
+        except ValueError as e:
+            err("data_size", f"{source}: {e}")
     if cfg.data_parallel.zero_stage not in (0, 1, 2, 3):
         err("zero_stage", f"data_parallel.zero_stage={cfg.data_parallel.zero_stage} must be 0-3")
     if cfg.pipeline.schedule not in SCHEDULES:
@@ -170,9 +180,11 @@ def config_problems(cfg: Config) -> list[Problem]:
     return errors
 
 
-def _data_vocab(path: str | None, err) -> int | None:
+def _data_sizes(path: str | None, err) -> tuple[int, int] | None:
+    """(n_tokens, vocabulary size) of the run's data from its header; None, and a problem,
+    when it cannot be read."""
     try:
-        return data_vocab_size(path)
+        return data_sizes(path)
     except (OSError, ValueError, KeyError) as e:
         err(
             "data",

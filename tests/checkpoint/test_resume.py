@@ -1,7 +1,7 @@
 """Resume from a checkpoint: bitwise on the same layout, within 1e-5 on another (resharding).
 
 Each source layout trains 6 steps and checkpoints every 3 (fp32, the parity harness's batch).
-A second run starts from its step-3 checkpoint (checkpoint.load_path: the run continues at
+A second run starts from its step-3 checkpoint (checkpoint.initial_load_path: the run continues at
 the step the checkpoint holds) and trains steps 4-6; on the same layout its losses, gradient
 norms and final parameters must equal the source run's exactly, on another layout the losses
 must agree within 1e-5 relative (another summation order).
@@ -81,7 +81,7 @@ def resume(run_dir, source_dir, layout: str) -> list[dict]:
         "launcher.train",
         *BASE,
         *LAYOUTS[layout],
-        f"checkpoint.load_path={ckpt}",
+        f"checkpoint.initial_load_path={ckpt}",
         f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-4000:]
@@ -119,7 +119,7 @@ def test_another_model_shape_is_refused_by_name(sources, tmp_path):
         *BASE,
         "model.dim=64",
         "model.n_layers=2",
-        f"checkpoint.load_path={ckpt}",
+        f"checkpoint.initial_load_path={ckpt}",
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 2
@@ -135,8 +135,8 @@ def test_weights_only_starts_at_step_one(sources, tmp_path):
         "launcher.train",
         *BASE,
         "hardware.devices_per_node=1",
-        f"checkpoint.load_path={ckpt}",
-        "checkpoint.load_weights_only=true",
+        f"checkpoint.initial_load_path={ckpt}",
+        "checkpoint.initial_load_weights_only=true",
         f"hydra.run.dir={tmp_path}",
     )
     assert result.returncode == 0, result.stderr[-3000:]

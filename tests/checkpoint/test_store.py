@@ -86,18 +86,24 @@ def test_shape_mismatches_name_each_field():
 
 def test_start_problems(tmp_path):
     ckpts = tmp_path / "run" / "checkpoints"
-    assert start_problems(ckpts, "auto", None, MODEL) == []
+    assert start_problems(ckpts, "auto", None, "dcp", MODEL) == []
     make(ckpts, 3)
-    assert start_problems(ckpts, "auto", None, MODEL) == []
-    (wrong,) = start_problems(ckpts, "auto", None, {**MODEL, "dim": 64})
+    assert start_problems(ckpts, "auto", None, "dcp", MODEL) == []
+    (wrong,) = start_problems(ckpts, "auto", None, "dcp", {**MODEL, "dim": 64})
     assert "holds another model" in wrong and "dim=128 in the checkpoint but model.dim=64" in wrong
-    (never,) = start_problems(ckpts, "never", None, MODEL)
+    (never,) = start_problems(ckpts, "never", None, "dcp", MODEL)
     assert "already holds checkpoints (newest: step 3)" in never
     partial = make(tmp_path / "other", 9, complete=False)
-    (bad,) = start_problems(tmp_path / "empty", "auto", str(partial), MODEL)
-    assert bad.startswith("checkpoint.load_path:") and "incomplete" in bad
-    # A checkpoint in checkpoint.dir wins over load_path (a restarted run resumes its own).
-    assert start_problems(ckpts, "auto", str(partial), MODEL) == []
+    (bad,) = start_problems(tmp_path / "empty", "auto", str(partial), "dcp", MODEL)
+    assert bad.startswith("checkpoint.initial_load_path:") and "incomplete" in bad
+    # A checkpoint in checkpoint.dir wins over initial_load_path (a restarted run resumes
+    # its own), whatever its format; without one, a Hugging Face directory is checked.
+    assert start_problems(ckpts, "auto", str(partial), "dcp", MODEL) == []
+    assert start_problems(ckpts, "auto", str(tmp_path / "no_hf"), "hf", MODEL) == []
+    (hf,) = start_problems(tmp_path / "empty", "auto", str(tmp_path / "no_hf"), "hf", MODEL)
+    assert hf == f"checkpoint.initial_load_path: {tmp_path / 'no_hf'} is not a directory"
+    # A head_dim left to its default (None) is dim // n_heads.
+    assert shape_mismatches({**MODEL, "head_dim": None}, {**MODEL, "head_dim": 16}) == []
 
 
 def test_meta_is_plain_json(tmp_path):

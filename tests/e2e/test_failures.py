@@ -123,7 +123,7 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint(reference, tmp_path):
     assert "step_00000004.partial" in listed.stdout and "incomplete" in listed.stdout
     refused = train(
         tmp_path / "other",
-        f"checkpoint.load_path={tmp_path / 'checkpoints' / 'step_00000004.partial'}",
+        f"checkpoint.initial_load_path={tmp_path / 'checkpoints' / 'step_00000004.partial'}",
     )
     assert refused.returncode == 2 and "incomplete: a save did not finish" in refused.stderr
     again = train(tmp_path)

@@ -1,0 +1,221 @@
+"""`python -m launcher.convert`: Hugging Face checkpoints in and out.
+
+  to-hf CKPT OUT_DIR        a checkpoint of ours -> a directory that
+                            transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR) loads
+                            (config.json, sharded safetensors + index)
+  from-hf HF_DIR OUT_CKPT   a Hugging Face directory -> a checkpoint of ours (weights only),
+                            for checkpoint.initial_load_path=OUT_CKPT
+  model-config HF_DIR       print the conf/model preset for HF_DIR/config.json
+
+Training can also start from a Hugging Face directory directly, each rank reading only its
+shards: checkpoint.initial_load_path=HF_DIR checkpoint.initial_load_format=hf.
+Families: llama, mixtral. Our q/k projections rotate interleaved pairs, transformers' rotate
+halves: their rows are permuted per head both ways (launcher/hf/weights.py).
+
+Examples:
+  python -m launcher.convert to-hf outputs/RUN/checkpoints/step_00000200 /tmp/my-llama --dtype bf16
+  python -m launcher.convert model-config /models/Llama-3.1-8B > conf/model/my_llama.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+from launcher.checkpoint.store import (
+    PARTIAL,
+    CheckpointError,
+    list_checkpoints,
+    open_checkpoint,
+    publish,
+    write_meta,
+)
+from launcher.cli import USAGE_ERROR, fail
+from launcher.config import ModelConfig
+from launcher.hf.config import (
+    HFConfigError,
+    model_fields,
+    preset_yaml,
+    read_config,
+    to_hf_config,
+    unsupported,
+)
+from launcher.hf.names import check, sources
+
+warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+def newest(path: Path):
+    """The checkpoint at path, or the newest complete one under a run / checkpoints dir."""
+    if not (path / "meta.json").is_file():
+        for directory in (path / "checkpoints", path):
+            complete = [e for e in list_checkpoints(directory) if e.complete]
+            if complete:
+                return complete[-1]
+    return open_checkpoint(path)
+
+
+def refuse_existing(out: Path) -> None:
+    """Nothing is overwritten."""
+    if out.exists():
+        fail(f"{out} already exists; choose another output path or remove it")
+
+
+def fresh(out: Path) -> Path:
+    """OUT.partial to write into, renamed to OUT once complete."""
+    refuse_existing(out)
+    partial = out.with_name(out.name + PARTIAL)
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    return partial
+
+
+def parse_size(text: str) -> int:
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([KMG]?)B?", text.strip().upper())
+    if not match:
+        fail(f"--max-shard-size={text} is not a size like 5GB, 500MB or 100KB")
+    scale = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[match.group(2)]
+    return int(float(match.group(1)) * scale)
+
+
+def to_hf_command(ckpt: Path, out: Path, dtype: str | None, max_shard: int) -> int:
+    refuse_existing(out)
+    try:
+        entry = newest(ckpt)
+    except CheckpointError as e:
+        fail(str(e))
+    model = ((entry.meta or {}).get("config") or {}).get("model")
+    if not model:
+        fail(f"{entry.path}/meta.json holds no model config")
+    try:
+        table = sources(model)
+    except HFConfigError as e:
+        fail(str(e))
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from rich.progress import track
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from launcher.hf.weights import shard_plan, to_hf, write_index, write_shard
+
+    metadata = FileSystemReader(str(entry.path)).read_metadata().state_dict_metadata
+    saved = metadata[f"model.{next(iter(table))}"].properties.dtype
+    target = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype] if dtype else saved
+    config = to_hf_config(model, str(target).removeprefix("torch."))
+    partial = fresh(out)
+    groups = shard_plan(table, target.itemsize, max_shard)
+    weight_map: dict[str, str] = {}
+    total = 0
+    for i, names in enumerate(track(groups, description="writing safetensors", transient=True)):
+        # One file's parameters at a time: memory stays at one shard, whatever the model.
+        state = {n: torch.empty(metadata[f"model.{n}"].size, dtype=saved) for n in names}
+        dcp.load({"model": state}, checkpoint_id=str(entry.path), no_dist=True)
+        tensors = {
+            hf_name: t.to(target)
+            for name in names
+            for hf_name, t in to_hf(name, state[name], table[name])
+        }
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        write_shard(partial, i + 1, len(groups), tensors, weight_map)
+    if len(groups) == 1:  # one file: named as transformers names a single shard
+        (partial / weight_map[next(iter(weight_map))]).rename(partial / "model.safetensors")
+    else:
+        write_index(partial, weight_map, total)
+    (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    partial.rename(out)
+    print(
+        f"wrote {out}: {config['architectures'][0]}, {len(weight_map)} tensors in "
+        f"{len(groups)} file(s), {total / 1e6:,.1f} MB {config['torch_dtype']}, from step "
+        f"{entry.step} of {entry.path}"
+    )
+    return 0
+
+
+def hf_model(hf_dir: Path) -> tuple[dict, dict]:
+    """(config.json, our model fields) of a usable Hugging Face directory, or exit 2."""
+    try:
+        hf = read_config(hf_dir)
+        fields = model_fields(hf)
+    except HFConfigError as e:
+        fail(str(e))
+    problems = [f"config.json has {u}" for u in unsupported(hf)] or check(hf_dir, fields)
+    if problems:
+        fail(f"{hf_dir}: " + "; ".join(problems))
+    return hf, fields
+
+
+def from_hf_command(hf_dir: Path, out: Path) -> int:
+    refuse_existing(out)
+    _, fields = hf_model(hf_dir)
+    import torch.distributed.checkpoint as dcp
+
+    from launcher.hf.weights import from_hf
+
+    state = from_hf(hf_dir, fields)
+    partial = fresh(out)
+    dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
+    model = {**asdict(ModelConfig()), "name": _name(hf_dir), **fields}
+    # The model only: a run started from it begins at step 1 with fresh optimizer states.
+    write_meta(
+        partial,
+        {"step": 0, "samples": 0, "weights_only": True, "source": str(hf_dir),
+         "layout": {}, "config": {"model": model}},
+    )  # fmt: skip
+    publish(partial, out)
+    n = sum(t.numel() for t in state.values())
+    print(
+        f"wrote {out}: {len(state)} tensors, {n:,} parameters ({fields['family']}); start a "
+        f"run from it with checkpoint.initial_load_path={out}"
+    )
+    return 0
+
+
+def _name(hf_dir: Path) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", hf_dir.resolve().name.lower()).strip("_") or "hf_model"
+
+
+def model_config_command(hf_dir: Path, name: str | None) -> int:
+    hf, _ = hf_model(hf_dir)
+    sys.stdout.write(preset_yaml(name or _name(hf_dir), str(hf_dir), hf))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.convert",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("to-hf", help="a checkpoint of ours -> a Hugging Face directory")
+    p.add_argument("checkpoint", type=Path, help="step_NNNNNNNN dir (or a run dir: its newest)")
+    p.add_argument("out", type=Path, help="the directory to write (must not exist)")
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="default: as saved (the fp32 master)")
+    p.add_argument("--max-shard-size", default="5GB", help="per safetensors file (default 5GB)")
+    p = sub.add_parser("from-hf", help="a Hugging Face directory -> a checkpoint of ours")
+    p.add_argument("hf_dir", type=Path, help="config.json + *.safetensors")
+    p.add_argument("out", type=Path, help="the checkpoint directory to write (must not exist)")
+    p = sub.add_parser("model-config", help="print the conf/model YAML for HF_DIR/config.json")
+    p.add_argument("hf_dir", type=Path)
+    p.add_argument("--name", help="the preset's name (default: from the directory name)")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return USAGE_ERROR if e.code else 0
+    if args.command == "to-hf":
+        return to_hf_command(args.checkpoint, args.out, args.dtype, parse_size(args.max_shard_size))
+    if args.command == "from-hf":
+        return from_hf_command(args.hf_dir, args.out)
+    return model_config_command(args.hf_dir, args.name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

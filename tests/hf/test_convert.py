@@ -1,0 +1,162 @@
+"""`python -m launcher.convert` and the checks before a run starts from Hugging Face weights,
+against transformers' own models (built from config objects, saved with save_pretrained)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import compose_config, read_metrics, run_cli
+from omegaconf import OmegaConf
+from safetensors import safe_open
+
+import models
+from hf import hf_models
+from launcher.config import ModelConfig
+
+pytestmark = pytest.mark.e2e
+
+
+def tensors(directory) -> dict[str, torch.Tensor]:
+    out = {}
+    for path in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as f:
+            out.update({k: f.get_tensor(k) for k in f.keys()})  # noqa: SIM118
+    return out
+
+
+def train_from_hf(src, run_dir, *overrides: str):
+    """launcher.train on the llama debug shape, started from the Hugging Face directory."""
+    return run_cli(
+        "launcher.train",
+        *hf_models.LLAMA_RUN,
+        *overrides,
+        "logging.wandb.mode=disabled",
+        f"checkpoint.initial_load_path={src}",
+        "checkpoint.initial_load_format=hf",
+        f"hydra.run.dir={run_dir}",
+    )
+
+
+def convert(*args) -> str:
+    result = run_cli("launcher.convert", *map(str, args))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize(
+    ("family", "dtype"), [("llama", torch.float32), ("llama", torch.bfloat16), ("mixtral", None)]
+)
+def test_round_trip_is_bitwise(tmp_path, family, dtype):
+    """HF -> from-hf -> to-hf: the same tensor names, dtypes and bytes, and a config.json that
+    transformers builds the same model from."""
+    model = hf_models.build(family)
+    if dtype is not None:
+        model = model.to(dtype)
+    src = hf_models.save(model, tmp_path / "hf")
+    convert("from-hf", src, tmp_path / "ours")
+    meta = json.loads((tmp_path / "ours" / "meta.json").read_text())
+    assert meta["weights_only"] and meta["config"]["model"]["family"] == family
+    convert("to-hf", tmp_path / "ours", tmp_path / "back", "--max-shard-size", "200KB")
+    before, after = tensors(src), tensors(tmp_path / "back")
+    assert before.keys() == after.keys()
+    for name, t in before.items():
+        assert after[name].dtype == t.dtype, name
+        assert torch.equal(after[name].view(torch.uint8), t.view(torch.uint8)), name
+    assert (tmp_path / "back" / "model.safetensors.index.json").is_file()
+
+    from transformers import AutoModelForCausalLM
+
+    original = AutoModelForCausalLM.from_pretrained(src).eval()
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    assert type(again) is type(model)
+    x = torch.randint(0, 320, (2, 20))
+    assert torch.equal(hf_models.logits(again, x), hf_models.logits(original, x))
+
+
+def test_trained_run_exports_to_transformers(tmp_path):
+    """Start from HF on 2 processes, train 3 steps, to-hf: transformers' logits equal our
+    final model's (gathered by train.save_final, run on one process)."""
+    src = hf_models.save(hf_models.build("llama"), tmp_path / "hf")
+    run_dir = tmp_path / "run"
+    result = train_from_hf(
+        src,
+        run_dir,
+        "hardware.devices_per_node=2",
+        "train.steps=3",
+        "train.eval_interval=0",
+        "train.save_final=true",
+        "precision=fp32",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "starting from the Hugging Face weights" in result.stdout
+    assert len(read_metrics(run_dir)) == 3
+    out = convert("to-hf", run_dir, tmp_path / "exported")
+    assert "from step 3" in out
+
+    from transformers import AutoModelForCausalLM
+
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "exported").eval()
+    config = json.loads((tmp_path / "exported" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"]
+    assert config["rope_scaling"]["rope_type"] == "llama3"
+    cfg = OmegaConf.to_object(
+        OmegaConf.merge(
+            OmegaConf.structured(ModelConfig),
+            OmegaConf.load(run_dir / ".hydra" / "config.yaml").model,
+        )
+    )
+    ours = models.build("llama", vars(cfg))
+    ours.load_state_dict(torch.load(run_dir / "final_model.pt"))
+    x = torch.randint(0, 320, (2, 24))
+    with torch.no_grad():
+        hf_models.assert_close(ours.eval()(x), hf_models.logits(theirs, x), "exported")
+        start = hf_models.logits(hf_models.build("llama"), x)
+        assert not torch.allclose(hf_models.logits(theirs, x), start)  # it did train
+
+
+def test_mismatched_config_is_refused_before_any_process(tmp_path):
+    src = hf_models.save(
+        hf_models.build("llama", num_key_value_heads=8, rms_norm_eps=1e-6), tmp_path / "hf"
+    )
+    result = train_from_hf(src, tmp_path / "run", "hardware.devices_per_node=2")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "num_key_value_heads=8 but model.n_kv_heads=4" in result.stderr
+    assert "rms_norm_eps=1e-06 but model.norm_eps=1e-05" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_unusable_directories_are_refused(tmp_path):
+    hf = hf_models.save(hf_models.build("llama", attention_bias=True), tmp_path / "biased")
+    result = run_cli("launcher.convert", "from-hf", str(hf), str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "attention_bias=true" in result.stderr and "Traceback" not in result.stderr
+    result = run_cli("launcher.convert", "model-config", str(tmp_path / "nothing"))
+    assert result.returncode == 2 and "is not a directory" in result.stderr
+    # A shard missing from an indexed directory is named before anything loads.
+    good = hf_models.save(hf_models.build("llama"), tmp_path / "good")
+    gone = sorted(good.glob("model-*.safetensors"))[-1]
+    gone.unlink()
+    result = train_from_hf(good, tmp_path / "run", "hardware.devices_per_node=1")
+    assert result.returncode == 2 and gone.name in result.stderr, result.stderr[-2000:]
+    # Nothing is overwritten.
+    result = run_cli("launcher.convert", "from-hf", str(hf), str(good))
+    assert result.returncode == 2 and "already exists" in result.stderr
+
+
+def test_model_config_makes_a_preset(tmp_path):
+    """model-config's YAML, read into the schema, is the model the run overrides describe."""
+    src = hf_models.save(hf_models.build("mixtral"), tmp_path / "Mixtral-Tiny")
+    yaml = convert("model-config", src)
+    assert yaml.splitlines()[2] == "name: mixtral_tiny"
+    preset = OmegaConf.to_object(
+        OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.create(yaml))
+    )
+
+    expected = compose_config(hf_models.MIXTRAL_RUN).model
+    fields = ["family", "dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "top_k"]
+    fields += ["n_routed_experts", "moe_ffn_dim", "rope_theta", "norm_eps", "max_seq_len"]
+    for field in fields:
+        assert getattr(preset, field) == getattr(expected, field), field
