@@ -20,6 +20,7 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import shutil
@@ -38,6 +39,7 @@ from launcher.checkpoint.store import (
 )
 from launcher.cli import USAGE_ERROR, fail
 from launcher.config import ModelConfig
+from launcher.data import read_header
 from launcher.hf.config import (
     HFConfigError,
     model_fields,
@@ -50,6 +52,45 @@ from launcher.hf.names import check, sources
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+# Copied into a to-hf directory from beside the tokenizer.json, when present.
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+
+
+def run_tokenizer(meta: dict) -> tuple[Path, int] | None:
+    """(tokenizer.json, EOS id) the checkpoint's run prepared its data with: named in its token
+    file's header, still there and unchanged (same sha256). None otherwise."""
+    path = ((meta.get("config") or {}).get("data") or {}).get("path")
+    try:
+        header = read_header(path) if path else {}
+    except (OSError, ValueError):
+        return None
+    tok = header.get("tokenizer_path")
+    if not tok or not Path(tok).is_file():
+        return None
+    if hashlib.sha256(Path(tok).read_bytes()).hexdigest() != header.get("tokenizer_sha256"):
+        return None
+    return Path(tok), header["eos_id"]
+
+
+def explicit_tokenizer(path: Path) -> tuple[Path, int]:
+    from launcher.prepare import InputError, hf_encoder
+
+    try:
+        encoder, _ = hf_encoder(path, None)
+    except InputError as e:
+        fail(str(e))
+    return path, encoder.header["eos_id"]
+
+
+def copy_tokenizer(tok: Path, out: Path) -> list[str]:
+    """tokenizer.json and its companions into out; the names copied."""
+    shutil.copyfile(tok, out / "tokenizer.json")
+    copied = ["tokenizer.json"]
+    for name in TOKENIZER_FILES:
+        if (tok.parent / name).is_file():
+            shutil.copyfile(tok.parent / name, out / name)
+            copied.append(name)
+    return copied
 
 
 def newest(path: Path):
@@ -85,7 +126,9 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * scale)
 
 
-def to_hf_command(ckpt: Path, out: Path, dtype: str | None, max_shard: int) -> int:
+def to_hf_command(
+    ckpt: Path, out: Path, dtype: str | None, max_shard: int, tokenizer: Path | None
+) -> int:
     refuse_existing(out)
     try:
         entry = newest(ckpt)
@@ -129,12 +172,17 @@ def to_hf_command(ckpt: Path, out: Path, dtype: str | None, max_shard: int) -> i
         (partial / weight_map[next(iter(weight_map))]).rename(partial / "model.safetensors")
     else:
         write_index(partial, weight_map, total)
+    tok = explicit_tokenizer(tokenizer) if tokenizer else run_tokenizer(entry.meta or {})
+    note = "; no tokenizer (pass --tokenizer PATH/tokenizer.json to add one)"
+    if tok is not None:
+        config["eos_token_id"] = tok[1]
+        note = f"; {', '.join(copy_tokenizer(tok[0], partial))} from {tok[0].parent}"
     (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     partial.rename(out)
     print(
         f"wrote {out}: {config['architectures'][0]}, {len(weight_map)} tensors in "
         f"{len(groups)} file(s), {total / 1e6:,.1f} MB {config['torch_dtype']}, from step "
-        f"{entry.step} of {entry.path}"
+        f"{entry.step} of {entry.path}{note}"
     )
     return 0
 
@@ -200,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("out", type=Path, help="the directory to write (must not exist)")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default: as saved (the fp32 master)")
     p.add_argument("--max-shard-size", default="5GB", help="per safetensors file (default 5GB)")
+    p.add_argument(
+        "--tokenizer",
+        type=Path,
+        help="tokenizer.json to include (default: the one the run's data was prepared with, "
+        "if its token file's header names it and it is unchanged)",
+    )
     p = sub.add_parser("from-hf", help="a Hugging Face directory -> a checkpoint of ours")
     p.add_argument("hf_dir", type=Path, help="config.json + *.safetensors")
     p.add_argument("out", type=Path, help="the checkpoint directory to write (must not exist)")
@@ -211,7 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:
         return USAGE_ERROR if e.code else 0
     if args.command == "to-hf":
-        return to_hf_command(args.checkpoint, args.out, args.dtype, parse_size(args.max_shard_size))
+        size = parse_size(args.max_shard_size)
+        return to_hf_command(args.checkpoint, args.out, args.dtype, size, args.tokenizer)
     if args.command == "from-hf":
         return from_hf_command(args.hf_dir, args.out)
     return model_config_command(args.hf_dir, args.name)

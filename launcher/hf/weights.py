@@ -105,6 +105,8 @@ def from_hf(hf_dir: str | Path, model: dict) -> dict[str, torch.Tensor]:
     for name, source in sources(model).items():
         shape = (len(source.names), *source.shape) if len(source.names) > 1 else source.shape
         out[name] = reader.read(source, tuple(slice(0, n) for n in shape))
+    if model.get("tie_embeddings"):  # the model's state dict names the shared weight twice
+        out["output.weight"] = out["tok_embeddings.weight"]
     return out
 
 

@@ -1,4 +1,5 @@
-"""Your own data end to end: a tokenizer trained here -> `launcher.prepare` -> `launcher.train`."""
+"""Your own data end to end: a tokenizer trained here -> `launcher.prepare` -> `launcher.train`
+-> `launcher.convert to-hf`, which publishes the tokenizer with the model."""
 
 from __future__ import annotations
 
@@ -66,3 +67,16 @@ def test_train_on_a_locally_trained_tokenizer(tmp_path):
     losses = [r["loss"] for r in read_metrics(run_dir)]
     assert len(losses) == 20
     assert sum(losses[-5:]) / 5 < losses[0], losses
+
+    # Publishing it: to-hf takes the tokenizer the data was prepared with, and its EOS.
+    published = run_cli("launcher.convert", "to-hf", str(run_dir), str(tmp_path / "published"))
+    assert published.returncode == 0, published.stderr[-3000:]
+    assert "tokenizer.json, tokenizer_config.json from" in published.stdout
+    config = json.loads((tmp_path / "published" / "config.json").read_text())
+    assert config["eos_token_id"] == header["eos_id"] and config["vocab_size"] == 512
+    from transformers import AutoTokenizer
+
+    theirs = AutoTokenizer.from_pretrained(tmp_path / "published")
+    text = paragraphs[7]
+    assert theirs(text)["input_ids"] == tok.encode(text).ids
+    assert theirs.eos_token == "<|end_of_text|>"
