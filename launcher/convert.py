@@ -164,7 +164,7 @@ def to_hf_command(
         tensors = {
             hf_name: t.to(target)
             for name in names
-            for hf_name, t in to_hf(name, state[name], table[name])
+            for hf_name, t in to_hf(state[name], table[name])
         }
         total += sum(t.numel() * t.element_size() for t in tensors.values())
         write_shard(partial, i + 1, len(groups), tensors, weight_map)

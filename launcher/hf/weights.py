@@ -110,8 +110,8 @@ def from_hf(hf_dir: str | Path, model: dict) -> dict[str, torch.Tensor]:
     return out
 
 
-def to_hf(name: str, t: torch.Tensor, source: Source) -> Iterator[tuple[str, torch.Tensor]]:
-    """The Hugging Face tensors of our parameter `name` (full tensor t)."""
+def to_hf(t: torch.Tensor, source: Source) -> Iterator[tuple[str, torch.Tensor]]:
+    """The Hugging Face tensors of one of our parameters (full tensor t)."""
     if len(source.names) > 1:
         yield from zip(source.names, t.unbind(0), strict=True)
     elif source.heads:
@@ -143,8 +143,8 @@ def write_shard(
     """model-0000i-of-0000N.safetensors; records its names in weight_map."""
     file = f"model-{index:05d}-of-{total:05d}.safetensors"
     # Own, contiguous storage per tensor: safetensors refuses views that share memory.
-    save_file({k: v.contiguous().clone() for k, v in tensors.items()}, str(out_dir / file),
-              metadata={"format": "pt"})  # fmt: skip
+    own = {k: v.contiguous().clone() for k, v in tensors.items()}
+    save_file(own, str(out_dir / file), metadata={"format": "pt"})
     weight_map.update({name: file for name in tensors})
     return out_dir / file
 
