@@ -7,14 +7,9 @@ reference is transformers' LlamaForCausalLM / MixtralForCausalLM on the same bat
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, torchrun
 
 from hf import hf_models
 from hf.hf_logits import batch
@@ -62,17 +57,7 @@ def run(tmp_path, family: str, hf_dir, layout: list[str]) -> dict[int, dict]:
         "logging.wandb.mode=disabled",
         "precision=fp32",
     ]
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-         str(ROOT / "tests" / "hf" / "hf_logits.py"), str(tmp_path), *overrides],
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-4000:]
-    return {r: json.loads((tmp_path / f"{r}.json").read_text()) for r in range(n)}
+    return torchrun(ROOT / "tests" / "hf" / "hf_logits.py", n, tmp_path, *overrides)
 
 
 @pytest.mark.parametrize(("family", "layout"), CASES, ids=[f"{f} {n}" for f, n in CASES])

@@ -6,13 +6,8 @@ holds between micro-batches with and without pipeline.reshard_each_microbatch
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-from conftest import ROOT
+from conftest import ROOT, torchrun
 
 from launcher.layout import SINGLE
 from launcher.parallel.pipeline import SCHEDULE_CLASSES
@@ -23,31 +18,14 @@ pytestmark = pytest.mark.dist
 P = 4
 
 
-def torchrun(script: str, out) -> dict[int, dict]:
+def run_script(script: str, out) -> dict[int, dict]:
     """Run tests/parallel/SCRIPT on P processes; each rank's JSON."""
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc-per-node={P}",
-            str(ROOT / "tests" / "parallel" / script),
-            str(out),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return {r: json.loads((out / f"{r}.json").read_text()) for r in range(P)}
+    return torchrun(ROOT / "tests" / "parallel" / script, P, out)
 
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    return torchrun("schedule_order.py", tmp_path_factory.mktemp("schedule_order"))
+    return run_script("schedule_order.py", tmp_path_factory.mktemp("schedule_order"))
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULE_CLASSES))
@@ -62,7 +40,7 @@ def test_engine_runs_the_planners_action_lists(recorded, schedule):
 def test_fsdp_reshards_every_microbatch_only_when_asked(tmp_path):
     """pp=2 x dp_shard=2, 1f1b, 4 micro-batches: after each backward but the last, torch keeps
     every FSDP group gathered and every gradient unreduced; with the option, none."""
-    for rank, held in torchrun("reshard_check.py", tmp_path).items():
+    for rank, held in run_script("reshard_check.py", tmp_path).items():
         default, asked = held["false"], held["true"]
         assert len(default) == len(asked) == 4, rank
         for gathered, groups, unreduced, params in default[:-1]:

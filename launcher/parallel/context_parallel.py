@@ -1,0 +1,323 @@
+"""Context parallelism: causal attention over a sequence split across the `cp` ranks of a group.
+
+Every rank holds S_local = S / cp tokens of each sequence, at explicit global positions
+(`chunk_positions`), and computes attention for its own queries against the keys of every rank,
+by one of two methods (`context_attention`):
+
+- allgather (Llama 3's): all-gather K and V once, attend the local queries to all of them under
+  a causal mask built from the positions; the backward pass reduce-scatters dK and dV.
+- ring: K/V blocks travel around the ring (rank r sends to r+1, receives from r-1) while each rank
+  attends its queries to the block it holds; the partial outputs are merged by their
+  log-sum-exp, and the backward pass runs the ring again. At most two remote blocks are held
+  (the one computed, the next arriving), and blocks (or parts of blocks) that causality masks
+  out entirely are not computed.
+
+Both run on any backend with P2P and all-gather / reduce-scatter (gloo on CPU, NCCL on GPU);
+torch's own experimental context_parallel supports only the CUDA attention kernels.
+Shapes: B batch, H query heads, K kv heads (K divides H; G = H / K), S_local tokens, E head dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+METHODS = ("allgather", "ring")
+
+
+def chunk_positions(seq_len: int, cp: int, rank: int, load_balance: bool) -> torch.Tensor:
+    """The global token positions (ascending, LongTensor (seq_len / cp,)) that `rank` holds.
+
+    load_balance: the sequence is cut into 2*cp equal chunks and rank r holds chunks r and
+    2cp-1-r. Under a causal mask the tokens late in the sequence attend to more keys; pairing an
+    early chunk with a late one gives every rank the same attention work. Otherwise rank r
+    holds the r-th contiguous 1/cp of the sequence (rank cp-1 then does ~2x the average work).
+    """
+    if not 0 <= rank < cp:
+        raise ValueError(f"rank={rank} must be in [0, cp={cp})")
+    if load_balance:
+        if seq_len % (2 * cp):
+            raise ValueError(
+                f"seq_len={seq_len} must be divisible by 2*cp={2 * cp} under load balancing "
+                f"(rank r holds chunks r and 2cp-1-r of 2cp equal chunks)"
+            )
+        c = seq_len // (2 * cp)
+        late = 2 * cp - 1 - rank
+        return torch.cat(
+            [torch.arange(rank * c, (rank + 1) * c), torch.arange(late * c, (late + 1) * c)]
+        )
+    if seq_len % cp:
+        raise ValueError(
+            f"seq_len={seq_len} must be divisible by cp={cp} (each rank holds a contiguous 1/cp)"
+        )
+    n = seq_len // cp
+    return torch.arange(rank * n, (rank + 1) * n)
+
+
+def shard_sequence(
+    x: torch.Tensor, cp: int, rank: int, load_balance: bool, dim: int = 1
+) -> torch.Tensor:
+    """The part of `x` that `rank` holds: its `chunk_positions` along `dim` (a copy)."""
+    pos = chunk_positions(x.shape[dim], cp, rank, load_balance)
+    return x.index_select(dim, pos.to(x.device))
+
+
+def context_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_pos: torch.Tensor,
+    k_pos: torch.Tensor,
+    group: dist.ProcessGroup,
+    method: str,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Causal softmax(q k^T / sqrt(E)) v over the keys of every rank in `group`.
+
+    q (B, H, S_local, E); k, v (B, K, S_local, E) with K dividing H (GQA: query head h reads kv
+    head h // (H / K), as repeat_interleave does); q_pos, k_pos (S_local,) the global positions of
+    this rank's queries and keys, ascending, on q's device. Query i sees key j iff
+    q_pos[i] >= position of j. Returns (B, H, S_local, E) in q's dtype (fp32 or bf16; the ring
+    computes in fp32). Every rank of `group` must call it with the same shapes. Attention
+    dropout is not supported: `dropout` must be 0.
+    """
+    problems = []
+    if method not in METHODS:
+        problems.append(f"context method={method!r} must be one of {', '.join(METHODS)}")
+    if dropout:
+        problems.append(f"attention dropout={dropout} is not supported under context parallelism")
+    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
+        problems.append(
+            f"q {tuple(q.shape)} must be (B, H, S, E) and k {tuple(k.shape)}, v {tuple(v.shape)} "
+            f"the same (B, K, S, E)"
+        )
+    elif q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
+        problems.append(
+            f"q {tuple(q.shape)} and k {tuple(k.shape)} must share B and E, and kv heads "
+            f"K={k.shape[1]} must divide query heads H={q.shape[1]}"
+        )
+    elif q_pos.shape != (q.shape[2],) or k_pos.shape != (k.shape[2],):
+        problems.append(
+            f"q_pos {tuple(q_pos.shape)} and k_pos {tuple(k_pos.shape)} must hold one position per "
+            f"query ({q.shape[2]}) and key ({k.shape[2]})"
+        )
+    if problems:
+        raise ValueError("; ".join(problems))
+    if method == "allgather":
+        return _allgather_attention(q, k, v, q_pos, k_pos, group)
+    return _RingAttention.apply(q, k, v, q_pos, k_pos, group)
+
+
+# --- allgather -------------------------------------------------------------------------------
+
+
+class _AllGather(torch.autograd.Function):
+    """x (...) -> (cp, ...): every rank's x, in group rank order. Backward: each rank's
+    gradient of the stack is summed over the group and each rank keeps its own slice, i.e. a
+    reduce-scatter (checked: gloo reduce-scatters fp32 and bf16 in torch 2.13)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+        ctx.group = group
+        cp = dist.get_world_size(group)
+        # gloo wants the output concatenated along dim 0, not stacked: (cp * x0, ...).
+        out = x.new_empty((cp * x.shape[0], *x.shape[1:]))
+        dist.all_gather_single(out, x.contiguous(), group=group)
+        return out.view(cp, *x.shape)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out = grad.new_empty(grad.shape[1:])
+        dist.reduce_scatter_single(out, grad.contiguous().flatten(0, 1), group=ctx.group)
+        return out, None
+
+
+def _gather_positions(pos: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """(S_local,) -> (cp, S_local): every rank's key positions (a few bytes per token)."""
+    cp = dist.get_world_size(group)
+    out = pos.new_empty(cp * pos.numel())
+    dist.all_gather_single(out, pos.contiguous(), group=group)
+    return out.view(cp, -1)
+
+
+def _allgather_attention(q, k, v, q_pos, k_pos, group) -> torch.Tensor:
+    # K and V travel in one collective, and only the K kv heads (GQA-sized), after RoPE.
+    kv = _AllGather.apply(torch.stack((k, v)), group)  # (cp, 2, B, K, S_local, E)
+    kv = kv.permute(1, 2, 3, 0, 4, 5).flatten(3, 4)  # (2, B, K, cp * S_local, E), rank-major keys
+    keys = _gather_positions(k_pos, group).flatten()  # (cp * S_local,) in the same order
+    mask = q_pos[:, None] >= keys[None, :]  # (S_local, cp * S_local)
+    return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, enable_gqa=True)
+
+
+# --- ring ------------------------------------------------------------------------------------
+
+
+def _ring_start(tensors: tuple[torch.Tensor, ...], group: dist.ProcessGroup, tag: int = 0):
+    """Post the sends of `tensors` to the next rank and the receives of same-shaped tensors
+    from the previous one. Tags keep apart the K/V and the dK/dV exchanges that are in flight
+    at the same time in backward (gloo matches P2P messages by tag; NCCL by posting order, which
+    is the same on every rank)."""
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    received = [torch.empty_like(t) for t in tensors]
+    ops = []
+    for i, (t, buf) in enumerate(zip(tensors, received, strict=True)):
+        ops.append(dist.P2POp(dist.isend, t, group=group, group_peer=(rank + 1) % cp, tag=tag + i))
+        ops.append(
+            dist.P2POp(dist.irecv, buf, group=group, group_peer=(rank - 1) % cp, tag=tag + i)
+        )
+    return dist.batch_isend_irecv(ops), received
+
+
+def _ring_finish(pending) -> list[torch.Tensor]:
+    works, received = pending
+    for w in works:
+        w.wait()
+    return received
+
+
+def _block_bounds(q_pos: torch.Tensor, k_pos_all: torch.Tensor) -> list[tuple[int, int, bool]]:
+    """For the key block of each rank j: (first query row that sees any of its keys, number of
+    leading keys that some query sees, whether that sub-block still needs a mask).
+
+    Positions ascend, so the queries that see a block form a suffix of the rows and the keys
+    that are seen a prefix of the columns: the ring computes only that sub-block. An empty one
+    (no row, or no key) is a block skipped entirely; under load balancing every off-diagonal
+    block shrinks to exactly half, unmasked. One host transfer per call (a sync on GPU).
+    """
+    cp, s_q = k_pos_all.shape[0], q_pos.numel()
+    first_row = torch.searchsorted(q_pos, k_pos_all[:, :1]).flatten()  # (cp,)
+    n_keys = torch.searchsorted(k_pos_all, q_pos[-1:].expand(cp, 1), right=True).flatten()
+    last_key = k_pos_all.gather(1, (n_keys - 1).clamp(min=0)[:, None]).flatten()
+    needs_mask = last_key > q_pos[first_row.clamp(max=s_q - 1)]
+    ascending = (q_pos[1:] > q_pos[:-1]).all() & (k_pos_all[:, 1:] > k_pos_all[:, :-1]).all()
+    rows, keys, masks, ok = torch.stack(
+        [first_row, n_keys, needs_mask.long(), ascending.long().expand(cp)]
+    ).tolist()
+    if not ok[0]:
+        raise ValueError(
+            "ring attention needs ascending q_pos and k_pos (chunk_positions gives them)"
+        )
+    return list(zip(rows, keys, map(bool, masks), strict=True))
+
+
+def _attend_block(q, k, v, mask):
+    """One block of the ring, fp32. q (B, K, G, Sq, E) already scaled by 1/sqrt(E);
+    k, v (B, K, 1, Sk, E); mask (Sq, Sk) bool or None. Returns the block's normalised output
+    (B, K, G, Sq, E) and its log-sum-exp (B, K, G, Sq). Every row sees at least the block's
+    first key (see _block_bounds), so the log-sum-exp is finite."""
+    s = q @ k.transpose(-2, -1)  # (B, K, G, Sq, Sk)
+    if mask is not None:
+        s = s.masked_fill(~mask, float("-inf"))
+    lse = s.logsumexp(-1)
+    return (s - lse[..., None]).exp() @ v, lse
+
+
+def _attend_block_backward(q, k, v, mask, do, lse, delta):
+    """Gradients of one block from recomputed probabilities (flash attention's backward):
+    P = exp(q k^T - lse), dS = P * (dO v^T - delta). q, do (B, K, G, Sq, E); lse, delta
+    (B, K, G, Sq). Returns dq w.r.t. the scaled q (B, K, G, Sq, E) and dk, dv (B, K, Sk, E),
+    summed over the G query heads that share each kv head."""
+    p = (q @ k.transpose(-2, -1) - lse[..., None]).exp()  # (B, K, G, Sq, Sk)
+    if mask is not None:
+        p = p.masked_fill(~mask, 0.0)
+    ds = p * (do @ v.transpose(-2, -1) - delta[..., None])
+    # The G heads and Sq rows fold into one contraction: (B, K, Sk, G*Sq) @ (B, K, G*Sq, E).
+    dv = p.flatten(2, 3).transpose(-2, -1) @ do.flatten(2, 3)
+    dk = ds.flatten(2, 3).transpose(-2, -1) @ q.flatten(2, 3)
+    return ds @ k, dk, dv
+
+
+def _merge(out, lse, blk_out, blk_lse, rows: int) -> None:
+    """Fold a block's (output, lse) into the running ones for query rows `rows:`, in place:
+    out = (out e^lse + blk_out e^blk_lse) / (e^lse + e^blk_lse). The running lse starts at -inf,
+    blk_lse is finite, so the weights are finite."""
+    o, m = out[..., rows:, :], lse[..., rows:]
+    new = torch.logaddexp(m, blk_lse)
+    o.mul_((m - new).exp()[..., None]).add_(blk_out * (blk_lse - new).exp()[..., None])
+    m.copy_(new)
+
+
+class _RingAttention(torch.autograd.Function):
+    """Ring attention. Saved for backward: q, k, v (this rank's, input dtype), the output and
+    its log-sum-exp (B, H, S_local) in fp32, the positions; no score matrix. In flight per rank:
+    the block being computed and the next one arriving (K/V in the input dtype; in backward
+    also their dK/dV accumulators, in fp32)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_pos, k_pos, group):
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        b, h, s_q, e = q.shape
+        kv_heads = k.shape[1]
+        # Every rank's key positions up front (one small all-gather), so each rank knows before
+        # the ring starts which part of each block it will compute.
+        k_pos_all = _gather_positions(k_pos, group)  # (cp, S_local)
+        bounds = _block_bounds(q_pos, k_pos_all)
+        qg = q.float().view(b, kv_heads, h // kv_heads, s_q, e) / math.sqrt(e)  # (B, K, G, Sq, E)
+        out = torch.zeros_like(qg)
+        lse = qg.new_full(qg.shape[:-1], float("-inf"))  # (B, K, G, Sq)
+        blk = (k.contiguous(), v.contiguous())
+        for step in range(cp):
+            src = (rank - step) % cp  # the rank whose K/V block this rank holds at this step
+            # The next block is already on its way while this one is computed.
+            pending = _ring_start(blk, group) if step < cp - 1 else None
+            rows, keys, masked = bounds[src]
+            if rows < s_q and keys > 0:
+                kb, vb = (t[:, :, None, :keys].float() for t in blk)  # (B, K, 1, keys, E)
+                mask = (q_pos[rows:, None] >= k_pos_all[src, None, :keys]) if masked else None
+                blk_out, blk_lse = _attend_block(qg[..., rows:, :], kb, vb, mask)
+                _merge(out, lse, blk_out, blk_lse, rows)
+            if pending is not None:
+                blk = tuple(_ring_finish(pending))
+        out = out.view(b, h, s_q, e).to(q.dtype)
+        ctx.group, ctx.bounds = group, bounds
+        ctx.save_for_backward(q, k, v, q_pos, k_pos_all, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, q_pos, k_pos_all, out, lse = ctx.saved_tensors
+        group, bounds = ctx.group, ctx.bounds
+        cp, rank = dist.get_world_size(group), dist.get_rank(group)
+        b, h, s_q, e = q.shape
+        kv_heads = k.shape[1]
+        grouped = (b, kv_heads, h // kv_heads, s_q, e)
+        qg = q.float().view(grouped) / math.sqrt(e)
+        do = grad_out.float().reshape(grouped)
+        delta = (do * out.float().view(grouped)).sum(-1)  # (B, K, G, Sq): rowsum(dO * O)
+        dq = torch.zeros_like(qg)
+        # The dK/dV accumulator of a block travels with it: it starts at the block's owner,
+        # gathers each rank's contribution as it passes, and after cp hops is home again. Sending
+        # every contribution straight home instead would need traffic off the ring (to a
+        # different rank at every step) and a buffer per block at the owner.
+        acc = (k.new_zeros(k.shape, dtype=torch.float32), v.new_zeros(v.shape, dtype=torch.float32))
+        blk = (k.contiguous(), v.contiguous())
+        pending_acc = None
+        for step in range(cp):
+            src = (rank - step) % cp
+            pending_kv = _ring_start(blk, group) if step < cp - 1 else None
+            rows, keys, masked = bounds[src]
+            computed = rows < s_q and keys > 0
+            if computed:
+                kb, vb = (t[:, :, None, :keys].float() for t in blk)
+                mask = (q_pos[rows:, None] >= k_pos_all[src, None, :keys]) if masked else None
+                dq_b, dk_b, dv_b = _attend_block_backward(
+                    qg[..., rows:, :], kb, vb, mask, do[..., rows:, :], lse[..., rows:],
+                    delta[..., rows:],
+                )  # fmt: skip
+                dq[..., rows:, :] += dq_b
+            if pending_acc is not None:  # src's accumulator, from the rank that held it last
+                acc = tuple(_ring_finish(pending_acc))
+            if computed:
+                acc[0][:, :, :keys] += dk_b
+                acc[1][:, :, :keys] += dv_b
+            if cp > 1:
+                pending_acc = _ring_start(acc, group, tag=2)
+            if pending_kv is not None:
+                blk = tuple(_ring_finish(pending_kv))
+        if pending_acc is not None:
+            acc = tuple(_ring_finish(pending_acc))  # this rank's own block, back home
+        dq = (dq / math.sqrt(e)).view(b, h, s_q, e)  # d/dq of q / sqrt(E)
+        return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None, None, None
