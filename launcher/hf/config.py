@@ -99,6 +99,8 @@ def model_fields(hf: dict) -> dict:
     for hf_key, field in (*COMMON, *PER_FAMILY[family]):
         if hf_key in hf:
             fields[field] = hf[hf_key]
+    # Absent in older configs, meaning their defaults: as many kv heads as heads, untied.
+    fields.setdefault("n_kv_heads", fields.get("n_heads"))
     if fields.get("head_dim") is None:
         fields["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
     fields.setdefault("tie_embeddings", False)

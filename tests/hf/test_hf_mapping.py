@@ -38,6 +38,8 @@ def test_transformers_4_spelling_reads_the_same():
     v4["rope_theta"] = 10000.0
     v4["rope_scaling"] = {k: v for k, v in v5["rope_parameters"].items() if k != "rope_theta"}
     assert model_fields(v4) == model_fields(v5)
+    older = {k: v for k, v in v4.items() if k not in ("num_key_value_heads", "head_dim")}
+    assert model_fields(older)["n_kv_heads"] == 8 and model_fields(older)["head_dim"] == 16
 
 
 def test_our_config_json_round_trips():
