@@ -30,9 +30,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from launcher.checkpoint.store import (
+    META,
     PARTIAL,
     CheckpointError,
-    list_checkpoints,
+    Entry,
+    checkpoints_dir,
+    newest_complete,
     open_checkpoint,
     publish,
     write_meta,
@@ -51,7 +54,6 @@ from launcher.hf.config import (
 from launcher.hf.names import check, sources
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 # Copied into a to-hf directory from beside the tokenizer.json, when present.
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 
@@ -93,14 +95,13 @@ def copy_tokenizer(tok: Path, out: Path) -> list[str]:
     return copied
 
 
-def newest(path: Path):
+def newest(path: Path) -> Entry:
     """The checkpoint at path, or the newest complete one under a run / checkpoints dir."""
-    if not (path / "meta.json").is_file():
-        for directory in (path / "checkpoints", path):
-            complete = [e for e in list_checkpoints(directory) if e.complete]
-            if complete:
-                return complete[-1]
-    return open_checkpoint(path)
+    if not (path / META).is_file():
+        entry = newest_complete(checkpoints_dir(path))
+        if entry is not None:
+            return entry
+    return open_checkpoint(path)  # refused with the reason
 
 
 def refuse_existing(out: Path) -> None:
@@ -110,8 +111,7 @@ def refuse_existing(out: Path) -> None:
 
 
 def fresh(out: Path) -> Path:
-    """OUT.partial to write into, renamed to OUT once complete."""
-    refuse_existing(out)
+    """OUT.partial to write into, renamed to OUT once complete (OUT checked by the caller)."""
     partial = out.with_name(out.name + PARTIAL)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
@@ -148,10 +148,11 @@ def to_hf_command(
     from torch.distributed.checkpoint import FileSystemReader
 
     from launcher.hf.weights import shard_plan, to_hf, write_index, write_shard
+    from launcher.parallel.data_parallel import DTYPES
 
     metadata = FileSystemReader(str(entry.path)).read_metadata().state_dict_metadata
     saved = metadata[f"model.{next(iter(table))}"].properties.dtype
-    target = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype] if dtype else saved
+    target = DTYPES[dtype] if dtype else saved
     config = to_hf_config(model, str(target).removeprefix("torch."))
     partial = fresh(out)
     groups = shard_plan(table, target.itemsize, max_shard)
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("to-hf", help="a checkpoint of ours -> a Hugging Face directory")
     p.add_argument("checkpoint", type=Path, help="step_NNNNNNNN dir (or a run dir: its newest)")
     p.add_argument("out", type=Path, help="the directory to write (must not exist)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), help="default: as saved (the fp32 master)")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], help="default: as saved (the fp32 master)")
     p.add_argument("--max-shard-size", default="5GB", help="per safetensors file (default 5GB)")
     p.add_argument(
         "--tokenizer",

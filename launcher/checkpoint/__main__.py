@@ -17,16 +17,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from launcher.checkpoint.store import CheckpointError, list_checkpoints, open_checkpoint
+from launcher.checkpoint.store import (
+    CheckpointError,
+    checkpoints_dir,
+    list_checkpoints,
+    open_checkpoint,
+)
 from launcher.cli import USAGE_ERROR, fail
 
 # One process (no process group) is a supported way to save and load, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-
-
-def checkpoints_dir(path: Path) -> Path:
-    """RUN_DIR/checkpoints when given a run directory, else the directory itself."""
-    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
 
 
 def size(n: int) -> str:
