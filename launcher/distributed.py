@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -23,6 +24,13 @@ class Dist:
     device: torch.device
     mesh: DeviceMesh | None  # None when running as a single process
     dp_mesh: DeviceMesh | None  # dp_replicate x dp_shard flattened: who shares the batch
+    # dp_replicate x dp_shard x cp flattened: who averages gradients and the loss (a context
+    # parallel rank holds part of every sequence, so it is a data-parallel rank for them).
+    dp_cp_mesh: DeviceMesh | None = None
+    # FSDP's mesh: dp_shard (x cp: those ranks hold the same parameters), with dp_replicate
+    # outermost under HSDP; shard_mesh is its sharding dimension alone (ZeRO-1's group too).
+    fsdp_mesh: DeviceMesh | None = None
+    shard_mesh: DeviceMesh | None = None
 
     @property
     def dp_rank(self) -> int:
@@ -74,14 +82,31 @@ def mesh_dist(
     layout: Layout, device_type: str, device: torch.device, rank: int, local_rank: int = 0
 ) -> Dist:
     """The named mesh of every MESH_DIMS dimension (size-1 ones too, so that code can always
-    name them) and the flattened data-parallel mesh, over the current default group.
+    name them) and the flattened meshes torchtitan names: dp (who shares the batch),
+    dp_shard_cp (FSDP's sharding dimension: cp ranks hold the same parameters) and dp_cp (who
+    averages gradients), over the current default group.
 
     The one mesh builder: training calls it after joining the group, the dry run over a fake
     group of the full world size.
     """
     mesh = init_device_mesh(device_type, layout.mesh_shape, mesh_dim_names=MESH_DIMS)
     dp_mesh = mesh["dp_replicate", "dp_shard"]._flatten("dp")
-    return Dist(rank, layout.world, local_rank, device, mesh, dp_mesh)
+    dp_cp_mesh = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+    if layout.cp == 1:
+        shard_mesh = mesh["dp_shard"]
+        fsdp_mesh = mesh["dp_replicate", "dp_shard"] if layout.dp_replicate > 1 else shard_mesh
+    else:
+        shard_mesh = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        fsdp_mesh = shard_mesh
+        if layout.dp_replicate > 1:
+            # torch 2.13 warns that slicing a flattened dimension from the root will be
+            # deprecated, and offers no other way to the 2-D HSDP mesh beside the TP mesh.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                fsdp_mesh = mesh["dp_replicate", "dp_shard_cp"]
+    return Dist(
+        rank, layout.world, local_rank, device, mesh, dp_mesh, dp_cp_mesh, fsdp_mesh, shard_mesh
+    )
 
 
 def all_reduce_mean(x: torch.Tensor, mesh: DeviceMesh | None) -> torch.Tensor:

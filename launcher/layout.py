@@ -137,8 +137,8 @@ class Layout:
 
     @property
     def zero1_enabled(self) -> bool:
-        """DDP with the optimizer states sharded over dp_shard."""
-        return self.zero_stage == 1 and self.dp_shard > 1
+        """DDP with the optimizer states sharded over dp_shard x cp."""
+        return self.zero_stage == 1 and self.dp_shard_cp > 1
 
     @property
     def seq_len_divisor(self) -> int:

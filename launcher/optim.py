@@ -121,19 +121,20 @@ def load_zero1(part: nn.Module, opt: ZeroRedundancyOptimizer, state: dict) -> No
 
 
 def build_optimizers(parts: list[nn.Module], layout: Layout, t: TrainConfig, d: Dist) -> Optimizers:
-    """AdamW per part; with ZeRO-1 its states sharded over dp_shard."""
+    """AdamW per part; with ZeRO-1 its states sharded over dp_shard x cp (ranks that hold the
+    same parameters)."""
     kwargs = {"lr": t.lr, "betas": (t.beta1, t.beta2), "eps": 1e-8}
     optimizers: list[torch.optim.Optimizer] = []
     for part in parts:
         groups = param_groups(part, t.weight_decay)
         if layout.zero1_enabled:
-            # Each dp_shard rank keeps the Adam states of its share of the parameters, steps
+            # Each dp_shard x cp rank keeps the Adam states of its share of the parameters, steps
             # them and broadcasts the result; gradients arrive whole from DDP's all-reduce.
             optimizers.append(
                 ZeroRedundancyOptimizer(
                     groups,
                     optimizer_class=torch.optim.AdamW,
-                    process_group=d.mesh["dp_shard"].get_group(),
+                    process_group=d.shard_mesh.get_group(),
                     **kwargs,
                 )
             )

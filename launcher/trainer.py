@@ -1,10 +1,11 @@
 """The trainer: one loop for every model family and layout, in a few named steps.
 
-prepare (a batch onto the device; context parallelism will shard it here) -> forward_backward
-(local micro-batches, or the pipeline schedule), inside train_context (loss parallelism; CP
-later) -> optimizer_step (learning rate, global-norm clipping, AdamW per model part) -> the
-loop in `train` (resume, steps, evaluation, checkpoints, stop on a signal). `state` is what a
-checkpoint holds. Every layout fact comes from the plan's Layout.
+prepare (a batch onto the device; under context parallelism each rank keeps its chunks of every
+sequence, and the model gets their positions) -> forward_backward (local micro-batches, or the
+pipeline schedule), inside train_context (loss parallelism) -> optimizer_step (learning rate,
+global-norm clipping, AdamW per model part) -> the loop in `train` (resume, steps, evaluation,
+checkpoints, stop on a signal). `state` is what a checkpoint holds. Every layout fact comes
+from the plan's Layout.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from launcher.hf import weights as hf_weights
 from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
 from launcher.parallel import parallelize, pipeline
+from launcher.parallel.context_parallel import chunk_positions
 from launcher.parallel.data_parallel import DTYPES, grad_sync
 from launcher.plan import Plan
 from launcher.plan.report import plan_json
@@ -92,6 +94,13 @@ class Trainer:
         train_split, val_split = split(tokens, t.seq_len, cfg.data.val_fraction)
         lay = self.layout
         batches = (t.global_batch_size, lay.micro_batch_size, d.dp_rank, lay.dp, t.seed)
+        # Context-parallel ranks share their data-parallel rank's batch and keep their own
+        # chunks of each sequence (see prepare); positions (S / cp,) say where those sit.
+        self.positions = (
+            chunk_positions(t.seq_len, lay.cp, d.local_rank_of("cp"), cfg.context.load_balance)
+            if lay.cp > 1
+            else None
+        )
         self.train_batches = Batches(train_split, *batches, shuffle=True)
         self.val_batches = Batches(val_split, *batches, shuffle=False)
         self.train_state = TrainState()
@@ -137,8 +146,15 @@ class Trainer:
     # -- one step, in named pieces -------------------------------------------------------
 
     def prepare(self, micro: list) -> list:
-        """Move a rank's micro-batches to its device."""
-        return [(x.to(self.d.device), y.to(self.d.device)) for x, y in micro]
+        """A rank's micro-batches on its device: (B, S) inputs and targets, or under context
+        parallelism the (B, S / cp) tokens at this rank's positions. Each cp rank then holds
+        the same number of tokens, so the mean of their mean losses is the batch's mean."""
+        if self.positions is None:
+            return [(x.to(self.d.device), y.to(self.d.device)) for x, y in micro]
+        if self.positions.device != self.d.device:
+            self.positions = self.positions.to(self.d.device)
+        pos = self.positions
+        return [(x.to(self.d.device)[:, pos], y.to(self.d.device)[:, pos]) for x, y in micro]
 
     def train_context(self):
         """With loss parallelism the logits stay sharded over the vocabulary; cross-entropy
@@ -147,7 +163,7 @@ class Trainer:
 
     def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.d.device.type, dtype=self.compute_dtype, enabled=self.autocast):
-            return loss_fn(self.parts[0](x), y)
+            return loss_fn(self.parts[0](x, self.positions), y)
 
     def forward_backward(self, micro: list) -> torch.Tensor | None:
         """Forward and backward of this rank's share of a global batch; its mean loss (None on
@@ -172,6 +188,8 @@ class Trainer:
         losses: list[torch.Tensor] = []
         args = (x,) if self.first else ()
         kwargs = {"target": y, "losses": losses} if self.last else {}
+        if self.positions is not None:  # every stage's blocks need them; split with the batch
+            kwargs["positions"] = self.positions.expand(len(micro) * micro[0][0].shape[0], -1)
         with self.train_context():
             self.schedule.step(*args, **kwargs)
         return torch.stack([local(x.detach()) for x in losses]).mean() if self.last else None
@@ -193,7 +211,14 @@ class Trainer:
                 return torch.stack([local(self.forward_loss(x, y)) for x, y in micro]).mean()
             out = [
                 pipeline.forward_only(
-                    dict(self.stages), lay.n_stages, lay.schedule, self.d.mesh["pp"], x, y, loss_fn
+                    dict(self.stages),
+                    lay.n_stages,
+                    lay.schedule,
+                    self.d.mesh["pp"],
+                    x,
+                    y,
+                    loss_fn,
+                    self.positions,
                 )
                 for x, y in micro
             ]
@@ -211,10 +236,10 @@ class Trainer:
         return self.global_mean(losses)
 
     def global_mean(self, losses: list) -> float | None:
-        """Mean over the data-parallel ranks of the last stage (None elsewhere)."""
+        """Mean over the data- and context-parallel ranks of the last stage (None elsewhere)."""
         if not self.last:
             return None
-        return distributed.all_reduce_mean(torch.stack(losses).mean(), self.d.dp_mesh).item()
+        return distributed.all_reduce_mean(torch.stack(losses).mean(), self.d.dp_cp_mesh).item()
 
     def train_step(self, step: int) -> dict:
         t, d, s = self.cfg.train, self.d, self.train_state
@@ -330,10 +355,12 @@ class Trainer:
                     flush=True,
                 )
             return
-        # The loss lives on the last pipeline stage: its first data- and tensor-parallel rank.
+        # The loss lives on the last pipeline stage: its first data-, context- and
+        # tensor-parallel rank.
+        first = d.dp_rank == 0 and d.local_rank_of("cp") == 0 and d.local_rank_of("tp") == 0
         logger = MetricsLogger(
             str(self.run_dir),
-            enabled=self.last and d.dp_rank == 0 and d.local_rank_of("tp") == 0,
+            enabled=self.last and first,
             total_steps=t.steps,
             log_interval=self.cfg.logging.log_interval,
             wandb_cfg=self.cfg.logging.wandb,

@@ -40,8 +40,10 @@ class Embedding(nn.Module):
         self.pos = nn.Embedding(args.max_seq_len, args.dim)
         self.dropout = args.dropout
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """positions (S,) or (B, S); None means 0..S-1."""
+        if positions is None:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
         h = self.tok(tokens) + self.pos(positions)
         return F.dropout(h, self.dropout if self.training else 0.0)
 
@@ -56,13 +58,13 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.dim, args.dim)
         self.core = AttentionCore(args.dropout, args.flash_attention)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of them.
         q, k, v = (
             w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
         )  # (B, H, S, E)
-        out = self.core(q, k, v)
+        out = self.core(q, k, v, positions)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
 
 
@@ -85,9 +87,9 @@ class Block(nn.Module):
         self.feed_forward = MLP(args.dim, args.ffn_dim)
         self.dropout = args.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         drop = self.dropout if self.training else 0.0
-        x = x + F.dropout(self.attention(self.attention_norm(x)), drop)
+        x = x + F.dropout(self.attention(self.attention_norm(x), positions), drop)
         return x + F.dropout(self.feed_forward(self.ffn_norm(x)), drop)
 
 
@@ -122,9 +124,11 @@ class GPT(nn.Module):
                 std = out_std if name.endswith(("wo.weight", "fc2.weight")) else 0.02
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        h = self.embed(tokens) if self.embed is not None else tokens
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, S) ids, or hidden states (B, S, D) on a later pipeline stage; positions
+        (S,) or (B, S) of the tokens in their sequence, None meaning 0..S-1."""
+        h = self.embed(tokens, positions) if self.embed is not None else tokens
         for layer in self.layers.values():
-            h = layer(h)
+            h = layer(h, positions)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h

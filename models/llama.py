@@ -65,12 +65,21 @@ def rope_cache(args: LlamaArgs, seq_len: int) -> torch.Tensor:
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of x (B, S, H, E) by the angles in rope (S, E/2, 2)."""
+    """Rotate pairs of x (B, S, H, E) by the angles in rope: (S, E/2, 2), shared by the batch,
+    or (B, S, E/2, 2), one row of positions per sequence."""
     pairs = x.float().unflatten(-1, (-1, 2))  # (B, S, H, E/2, 2)
-    cos, sin = rope[None, :, None, :, 0], rope[None, :, None, :, 1]
+    angles = rope.unsqueeze(-3)  # (S, 1, E/2, 2) or (B, S, 1, E/2, 2): broadcast over heads
+    cos, sin = angles[..., 0], angles[..., 1]
     re, im = pairs[..., 0], pairs[..., 1]
     out = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1)
     return out.flatten(-2).type_as(x)
+
+
+def causal_mask(positions: torch.Tensor) -> torch.Tensor:
+    """Query i sees key j iff position i >= position j: (S, S) from (S,) positions, or
+    (B, 1, S, S) from (B, S), broadcast over heads."""
+    mask = positions[..., :, None] >= positions[..., None, :]
+    return mask if positions.dim() == 1 else mask[:, None]
 
 
 def _at_least_fp32(x: torch.Tensor) -> torch.dtype:
@@ -118,26 +127,36 @@ class RMSNorm(nn.Module):
 class AttentionCore(nn.Module):
     """Causal softmax(q k^T / sqrt(E)) v over (B, H, S, E), k and v with K <= H heads (GQA).
 
-    A module of its own so that selective activation checkpointing can wrap exactly this:
-    the work between the projections, whose internals (score matrices when not fused) are
-    cheap to recompute from q, k and v.
+    `positions` (S,) or (B, S) are the tokens' positions in their sequence; None means
+    0..S-1 (the causal triangle). A module of its own so that selective activation
+    checkpointing can wrap exactly this (the work between the projections, whose internals,
+    score matrices when not fused, are cheap to recompute from q, k and v) and so that context
+    parallelism can put its own in its place.
     """
 
     def __init__(self, dropout: float, fused: bool):
         super().__init__()
         self.dropout, self.fused = dropout, fused
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         dropout = self.dropout if self.training else 0.0
+        mask = None if positions is None else causal_mask(positions)
         if self.fused:
             return F.scaled_dot_product_attention(
-                q, k, v, dropout_p=dropout, is_causal=True, enable_gqa=True
+                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, enable_gqa=True
             )
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         s = q.shape[-2]
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, S, S)
-        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        if mask is None:
+            mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
         probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
         return F.dropout(probs, dropout, training=dropout > 0) @ v
 
@@ -152,14 +171,20 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """x (B, S, D). Without positions, rope is the whole table and the tokens sit at
+        0..S-1; with positions (S,) or (B, S), rope holds exactly their angles."""
         b, s, _ = x.shape
         # -1 rather than n_heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(b, s, -1, self.head_dim)  # (B, S, H, E)
         k = self.wk(x).view(b, s, -1, self.head_dim)  # (B, S, K, E)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        q, k = apply_rope(q, rope[:s]), apply_rope(k, rope[:s])
-        out = self.core(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))  # (B, H, S, E)
+        angles = rope[:s] if positions is None else rope
+        q, k = apply_rope(q, angles), apply_rope(k, angles)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out = self.core(q, k, v, positions)  # (B, H, S, E)
         # SDPA lays its output out as (B, S, H, E): the reshape is a view, not a copy.
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
 
@@ -186,9 +211,11 @@ class TransformerBlock(nn.Module):
         self.feed_forward = feed_forward or FeedForward(args.dim, args.ffn_dim)
         self.dropout = args.dropout
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         drop = self.dropout if self.training else 0.0
-        x = x + F.dropout(self.attention(self.attention_norm(x), rope), drop)
+        x = x + F.dropout(self.attention(self.attention_norm(x), rope, positions), drop)
         return x + F.dropout(self.feed_forward(self.ffn_norm(x)), drop)
 
 
@@ -233,11 +260,16 @@ class Transformer(nn.Module):
                 s = out_std if name.removesuffix(".weight").endswith(("wo", "w2")) else std
                 p.copy_(torch.randn(p.shape, generator=gen) * s)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, S) ids, or hidden states (B, S, D) on a later pipeline stage. positions
+        (S,) or (B, S): each token's position in its sequence (a context-parallel rank holds
+        tokens from several places); None means 0..S-1."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        # The whole table: under sequence parallelism h holds a slice of the sequence here, and
-        # attention, which sees all of it, takes the first S rows itself.
+        # Without positions the whole table: under sequence parallelism h holds a slice of the
+        # sequence here, and attention, which sees all of it, takes the first S rows itself.
+        # With them, their angles, looked up once for every layer.
+        rope = self.rope if positions is None else self.rope[positions]
         for layer in self.layers.values():
-            h = layer(h, self.rope)
+            h = layer(h, rope, positions)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h

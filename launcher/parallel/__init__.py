@@ -1,10 +1,13 @@
 """Compose the parallelism axes for a model, in one fixed order.
 
-Order (as in torchtitan): tensor parallelism -> activation checkpointing -> compile -> data
-parallelism (FSDP/HSDP or DDP). TP rewrites the modules' parameters into DTensors that FSDP
-then shards on the data-parallel mesh dimensions; checkpointing and compile wrap blocks that
-must already be TP-sharded (so the recomputed and compiled code is the sharded one); FSDP comes
-last because it groups each (wrapped, compiled) block into one communication unit.
+Order (as in torchtitan): tensor parallelism -> context parallelism -> activation checkpointing
+-> compile -> data parallelism (FSDP/HSDP or DDP). TP rewrites the modules' parameters into
+DTensors that FSDP then shards on the data-parallel mesh dimensions; CP swaps each block's
+attention core, which selective checkpointing then wraps (so the ring is what is recomputed);
+checkpointing and compile wrap blocks that must already be TP-sharded (so the recomputed and
+compiled code is the sharded one); FSDP comes last because it groups each (wrapped, compiled)
+block into one communication unit. Context-parallel ranks hold the same parameters and
+different tokens, so FSDP shards over dp_shard x cp and DDP averages over dp x cp.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from launcher.config import Config
 from launcher.distributed import Dist
 from launcher.layout import Layout
 from launcher.parallel.checkpointing import apply_ac, apply_compile
+from launcher.parallel.context_parallel import apply_cp
 from launcher.parallel.data_parallel import apply_ddp, apply_fsdp
 from launcher.parallel.tensor_parallel import apply_tp
 
@@ -26,20 +30,21 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
         apply_tp(
             model, d.mesh["tp"], cfg.model.family, layout.sequence_parallel, layout.loss_parallel
         )
+    if layout.cp > 1:
+        apply_cp(model, d.mesh["cp"].get_group(), cfg.context.method.value)
     if layout.recompute != "none":
         apply_ac(model, layout.recompute)
     if cfg.train.compile:
         apply_compile(model)
-    if d.mesh is None or layout.dp == 1:
+    if d.mesh is None or layout.dp_cp == 1:
         return model
     prec = cfg.precision
     if layout.fsdp_enabled:
-        dims = ("dp_replicate", "dp_shard") if layout.dp_replicate > 1 else ("dp_shard",)
         return apply_fsdp(
             model,
-            d.mesh[dims],
+            d.fsdp_mesh,
             reshard_after_forward=layout.zero_stage == 3,
             param_dtype=prec.param_dtype.value,
             reduce_dtype=prec.grad_dtype.value,
         )
-    return apply_ddp(model, d.dp_mesh, d.device)
+    return apply_ddp(model, d.dp_cp_mesh, d.device)

@@ -24,6 +24,7 @@ import math
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 
 METHODS = ("allgather", "ring")
 
@@ -63,6 +64,42 @@ def shard_sequence(
     """The part of `x` that `rank` holds: its `chunk_positions` along `dim` (a copy)."""
     pos = chunk_positions(x.shape[dim], cp, rank, load_balance)
     return x.index_select(dim, pos.to(x.device))
+
+
+class ContextAttention(nn.Module):
+    """The attention core of a block under context parallelism: the same (q, k, v, positions)
+    call as the model's own core (models.llama.AttentionCore), attending over every cp rank.
+
+    q, k, v belong to this rank's tokens, so the query and key positions are the same;
+    `positions` (S_local,) or (B, S_local), every row the same (chunk_positions of this rank).
+    """
+
+    def __init__(self, group: dist.ProcessGroup, method: str):
+        super().__init__()
+        self.group, self.method = group, method
+
+    def forward(self, q, k, v, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is None:
+            raise ValueError(
+                "context-parallel attention needs the positions of this rank's tokens "
+                "(the model's forward(tokens, positions))"
+            )
+        pos = positions if positions.dim() == 1 else positions[0]
+        return context_attention(q, k, v, pos, pos, self.group, self.method)
+
+    def extra_repr(self) -> str:
+        return f"method={self.method}, cp={dist.get_world_size(self.group)}"
+
+
+def apply_cp(model: nn.Module, group: dist.ProcessGroup, method: str) -> None:
+    """Put the context-parallel core in every block's attention, in place.
+
+    Everything else in a block is token-wise (projections, RoPE at each token's own position,
+    norms, MLP, experts) and runs unchanged on this rank's tokens; attention is the one place
+    where tokens meet. Attention dropout is refused by the rules.
+    """
+    for block in model.layers.values():
+        block.attention.core = ContextAttention(group, method)
 
 
 def context_attention(

@@ -57,8 +57,8 @@ def apply_tp(
             "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=residual),
         }
-        # llama's attention takes (x, rope); gpt's takes x.
-        extra = (None,) if family != "gpt" else ()
+        # llama's attention takes (x, rope, positions); gpt's takes (x, positions).
+        extra = (None, None) if family != "gpt" else (None,)
         if sp:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()

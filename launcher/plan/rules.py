@@ -16,10 +16,12 @@ from launcher.plan import pipeline as pl
 
 # Axes whose engine is not built yet: launcher.train refuses them by name.
 NOT_AVAILABLE = {
-    "cp": "context parallelism",
     "ep": "expert parallelism",
 }
 ENGINE_FAMILIES = ("llama", "gpt", "mixtral")
+# Families whose attention the context-parallel core replaces (MLA's decoupled RoPE key and
+# its own head widths are not wired yet).
+CP_FAMILIES = ("llama", "gpt", "mixtral")
 
 
 @dataclass(frozen=True)
@@ -414,6 +416,23 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
                 f"train.compile=true with parallel.tp={lay.tp} on "
                 "CPU: torch 2.13's compiled backward hands DTensor redistribution "
                 "a plain tensor (AttributeError _local_tensor); compile without tp",
+            )
+        )
+    if lay.cp > 1 and cfg.model.family not in CP_FAMILIES:
+        errors.append(
+            Problem(
+                "not_available",
+                f"parallel.cp={lay.cp} with model.family={cfg.model.family}: context "
+                f"parallelism is available for {', '.join(CP_FAMILIES)} attention only",
+            )
+        )
+    if lay.cp > 1 and cfg.model.dropout > 0:
+        errors.append(
+            Problem(
+                "not_available",
+                f"parallel.cp={lay.cp} with model.dropout={cfg.model.dropout:g}: attention "
+                "dropout is not available under context parallelism (each rank would drop "
+                "its own random scores); set model.dropout=0",
             )
         )
     if lay.pp > 1 and cfg.model.tie_embeddings:

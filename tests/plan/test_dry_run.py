@@ -99,11 +99,37 @@ def test_dry_run_matches_analytic_parameters(name):
 def test_dry_run_reports_what_the_engine_refuses():
     cfg = compose_config(
         H100
-        + ["model=llama3_8b", "hardware.nodes=8", "parallel.cp=2", "train.global_batch_size=64"]
+        + [
+            "model=llama3_8b",
+            "model.dropout=0.1",
+            "hardware.nodes=8",
+            "parallel.cp=2",
+            "train.global_batch_size=64",
+        ]
     )
     result = dry_run(cfg, make_plan(cfg))
     assert not result.ok
-    assert "parallel.cp=2: context parallelism is not available yet" in result.errors[0]
+    assert "parallel.cp=2 with model.dropout=0.1: attention dropout" in result.errors[0]
+
+
+def test_dry_run_builds_context_parallel_layout():
+    """cp x tp x FSDP over dp_shard x cp on the full 64-rank mesh: the engine holds what the
+    planner counts (context-parallel ranks hold whole parameter shards of dp_shard x cp)."""
+    cfg = compose_config(
+        H100
+        + [
+            "model=llama3_8b",
+            "hardware.nodes=8",
+            "parallel.cp=2",
+            "parallel.tp=4",
+            "context=ring",
+            "train.global_batch_size=64",
+            "train.micro_batch_size=1",
+        ]
+    )
+    result = dry_run(cfg, make_plan(cfg))
+    assert result.ok, result.errors
+    assert result.relative_error < 0.01, (result.engine_params, result.analytic_params)
 
 
 @pytest.mark.e2e

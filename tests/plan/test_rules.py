@@ -275,7 +275,7 @@ def test_missing_data_file():
     assert found == {"data"} and "launcher.prepare" in msg
 
 
-@pytest.mark.parametrize("axis", ["tp", "cp", "ep"])
+@pytest.mark.parametrize("axis", ["tp", "ep"])
 def test_train_refuses_unbuilt_axes_by_name(axis):
     overrides = [*H100, "model=mixtral_8x7b", f"parallel.{axis}=2", "train.micro_batch_size=1"]
     plan, _, _ = rules(overrides)
@@ -301,10 +301,33 @@ def test_405b_on_cpu_exits_2_before_any_process():
 
 
 @pytest.mark.e2e
-def test_train_refuses_cp_with_named_error():
-    result = run_cli("launcher.train", "parallel.cp=2", "train.global_batch_size=16")
-    assert result.returncode == 2
-    assert "parallel.cp=2: context parallelism is not available yet" in result.stderr
+def test_train_refuses_bad_context_parallel_input_with_named_errors():
+    """Collected together, exit 2, before any process: a sequence that does not split into
+    2 x cp load-balanced chunks, attention dropout, and (separately) an unknown method."""
+    result = run_cli(
+        "launcher.train",
+        "model=gpt_debug",
+        "parallel.cp=4",
+        "parallel.dp_shard=1",
+        "hardware.devices_per_node=4",
+        "train.seq_len=100",
+        "train.global_batch_size=16",
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "train.seq_len=100 must be divisible by 8 (2 x cp load-balanced chunks" in result.stderr
+    assert "parallel.cp=4 with model.dropout=0.1: attention dropout" in result.stderr
+    result = run_cli("launcher.train", "parallel.cp=2", "context.method=ringg")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "ringg" in result.stderr and "allgather" in result.stderr and "ring" in result.stderr
+
+
+def test_cp_with_a_family_the_engine_cannot_shard_is_refused():
+    cfg = compose_config(["model=deepseek_debug", "parallel.cp=2", "hardware.devices_per_node=2"])
+    plan = make_plan(cfg)
+    refused = [str(p) for p in engine_problems(cfg, plan.layout)]
+    assert any(
+        "parallel.cp=2 with model.family=deepseek: context parallelism" in p for p in refused
+    )
 
 
 @pytest.mark.e2e
