@@ -225,7 +225,7 @@ def _block_bounds(q_pos: torch.Tensor, k_pos_all: torch.Tensor) -> list[tuple[in
     block shrinks to exactly half, unmasked. One host transfer per call (a sync on GPU).
     """
     cp, s_q = k_pos_all.shape[0], q_pos.numel()
-    first_row = torch.searchsorted(q_pos, k_pos_all[:, :1]).flatten()  # (cp,)
+    first_row = torch.searchsorted(q_pos, k_pos_all[:, :1].contiguous()).flatten()  # (cp,)
     n_keys = torch.searchsorted(k_pos_all, q_pos[-1:].expand(cp, 1), right=True).flatten()
     last_key = k_pos_all.gather(1, (n_keys - 1).clamp(min=0)[:, None]).flatten()
     needs_mask = last_key > q_pos[first_row.clamp(max=s_q - 1)]
@@ -241,10 +241,10 @@ def _block_bounds(q_pos: torch.Tensor, k_pos_all: torch.Tensor) -> list[tuple[in
 
 
 def _attend_block(q, k, v, mask):
-    """One block of the ring, fp32. q (B, K, G, Sq, E) already scaled by 1/sqrt(E);
+    """One block by plain matmuls, fp32. q (B, K, G, Sq, E) already scaled by 1/sqrt(E);
     k, v (B, K, 1, Sk, E); mask (Sq, Sk) bool or None. Returns the block's normalised output
     (B, K, G, Sq, E) and its log-sum-exp (B, K, G, Sq). Every row sees at least the block's
-    first key (see _block_bounds), so the log-sum-exp is finite."""
+    first key (see _block_bounds), so the log-sum-exp is finite. Holds the (Sq, Sk) scores."""
     s = q @ k.transpose(-2, -1)  # (B, K, G, Sq, Sk)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
@@ -267,6 +267,61 @@ def _attend_block_backward(q, k, v, mask, do, lse, delta):
     return ds @ k, dk, dv
 
 
+def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """(B, H, S, ...) -> (B, K, G, S, ...) in fp32: query head h shares kv head h // G."""
+    return x.float().unflatten(1, (kv_heads, -1))
+
+
+def _fused(q: torch.Tensor, mask: torch.Tensor | None, own: bool) -> bool:
+    """Whether a block runs in torch's fused flash kernel for CPU: it returns the log-sum-exp
+    the merge needs and supports GQA, but takes no mask, only the top-left causal one, which is
+    exactly this rank's own block (same ascending positions on both sides). With positions from
+    chunk_positions every other block is unmasked. Other devices use the matmul form: the fused
+    CUDA kernels are not wired here (no GPU was available to test them)."""
+    return q.device.type == "cpu" and (mask is None or own)
+
+
+def _block_forward(q, k, v, mask, own: bool):
+    """Attention of queries q (B, H, Sq, E) to one block k, v (B, K, Sk, E) under `mask`
+    (Sq, Sk) or None; own: the block holds this rank's own keys. Returns the block's output
+    (B, H, Sq, E) and log-sum-exp (B, H, Sq), both fp32."""
+    if _fused(q, mask, own):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, mask is not None
+        )
+        return out.float(), lse
+    kv_heads, e = k.shape[1], q.shape[-1]
+    out, lse = _attend_block(
+        _grouped(q, kv_heads) / math.sqrt(e), k.float()[:, :, None], v.float()[:, :, None], mask
+    )
+    return out.flatten(1, 2), lse.flatten(1, 2)
+
+
+def _block_backward(q, k, v, do, out, lse, mask, own: bool):
+    """Gradients of one block, from the upstream gradient `do` (like q) and the merged output
+    `out` (q's dtype) and log-sum-exp `lse` (B, H, Sq) of the whole attention: P = exp(q k^T /
+    sqrt(E) - lse) is then the block's part of the global softmax. Returns fp32 dq (B, H, Sq,
+    E), dk, dv (B, K, Sk, E)."""
+    if _fused(q, mask, own):
+        grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            do, q, k, v, out, lse, 0.0, mask is not None
+        )
+        return tuple(g.float() for g in grads)
+    kv_heads, e = k.shape[1], q.shape[-1]
+    do_g = _grouped(do, kv_heads)
+    delta = (do_g * _grouped(out, kv_heads)).sum(-1)  # (B, K, G, Sq): rowsum(dO * O)
+    dq, dk, dv = _attend_block_backward(
+        _grouped(q, kv_heads) / math.sqrt(e),
+        k.float()[:, :, None],
+        v.float()[:, :, None],
+        mask,
+        do_g,
+        _grouped(lse, kv_heads),
+        delta,
+    )
+    return dq.flatten(1, 2) / math.sqrt(e), dk, dv  # d/dq of q / sqrt(E)
+
+
 def _merge(out, lse, blk_out, blk_lse, rows: int) -> None:
     """Fold a block's (output, lse) into the running ones for query rows `rows:`, in place:
     out = (out e^lse + blk_out e^blk_lse) / (e^lse + e^blk_lse). The running lse starts at -inf,
@@ -278,23 +333,22 @@ def _merge(out, lse, blk_out, blk_lse, rows: int) -> None:
 
 
 class _RingAttention(torch.autograd.Function):
-    """Ring attention. Saved for backward: q, k, v (this rank's, input dtype), the output and
-    its log-sum-exp (B, H, S_local) in fp32, the positions; no score matrix. In flight per rank:
-    the block being computed and the next one arriving (K/V in the input dtype; in backward
-    also their dK/dV accumulators, in fp32)."""
+    """Ring attention. Saved for backward: q, k, v (this rank's, input dtype), the output (input
+    dtype) and its log-sum-exp (B, H, S_local) in fp32, the positions; no score matrix. In
+    flight per rank: the block being computed and the next one arriving (K/V in the input dtype;
+    in backward also their dK/dV accumulators, in fp32). Blocks compute in the input dtype
+    (fused kernel) or fp32 (matmul form); outputs merge in fp32."""
 
     @staticmethod
     def forward(ctx, q, k, v, q_pos, k_pos, group):
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        b, h, s_q, e = q.shape
-        kv_heads = k.shape[1]
+        s_q = q.shape[2]
         # Every rank's key positions up front (one small all-gather), so each rank knows before
         # the ring starts which part of each block it will compute.
         k_pos_all = _gather_positions(k_pos, group)  # (cp, S_local)
         bounds = _block_bounds(q_pos, k_pos_all)
-        qg = q.float().view(b, kv_heads, h // kv_heads, s_q, e) / math.sqrt(e)  # (B, K, G, Sq, E)
-        out = torch.zeros_like(qg)
-        lse = qg.new_full(qg.shape[:-1], float("-inf"))  # (B, K, G, Sq)
+        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # (B, H, Sq, E)
+        lse = torch.full(q.shape[:-1], float("-inf"), device=q.device)  # (B, H, Sq)
         blk = (k.contiguous(), v.contiguous())
         for step in range(cp):
             src = (rank - step) % cp  # the rank whose K/V block this rank holds at this step
@@ -302,13 +356,13 @@ class _RingAttention(torch.autograd.Function):
             pending = _ring_start(blk, group) if step < cp - 1 else None
             rows, keys, masked = bounds[src]
             if rows < s_q and keys > 0:
-                kb, vb = (t[:, :, None, :keys].float() for t in blk)  # (B, K, 1, keys, E)
+                kb, vb = (t[:, :, :keys] for t in blk)  # (B, K, keys, E)
                 mask = (q_pos[rows:, None] >= k_pos_all[src, None, :keys]) if masked else None
-                blk_out, blk_lse = _attend_block(qg[..., rows:, :], kb, vb, mask)
+                blk_out, blk_lse = _block_forward(q[:, :, rows:], kb, vb, mask, src == rank)
                 _merge(out, lse, blk_out, blk_lse, rows)
             if pending is not None:
                 blk = tuple(_ring_finish(pending))
-        out = out.view(b, h, s_q, e).to(q.dtype)
+        out = out.to(q.dtype)
         ctx.group, ctx.bounds = group, bounds
         ctx.save_for_backward(q, k, v, q_pos, k_pos_all, out, lse)
         return out
@@ -318,13 +372,9 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, q_pos, k_pos_all, out, lse = ctx.saved_tensors
         group, bounds = ctx.group, ctx.bounds
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        b, h, s_q, e = q.shape
-        kv_heads = k.shape[1]
-        grouped = (b, kv_heads, h // kv_heads, s_q, e)
-        qg = q.float().view(grouped) / math.sqrt(e)
-        do = grad_out.float().reshape(grouped)
-        delta = (do * out.float().view(grouped)).sum(-1)  # (B, K, G, Sq): rowsum(dO * O)
-        dq = torch.zeros_like(qg)
+        s_q = q.shape[2]
+        do = grad_out.to(q.dtype).contiguous()
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         # The dK/dV accumulator of a block travels with it: it starts at the block's owner,
         # gathers each rank's contribution as it passes, and after cp hops is home again. Sending
         # every contribution straight home instead would need traffic off the ring (to a
@@ -338,13 +388,13 @@ class _RingAttention(torch.autograd.Function):
             rows, keys, masked = bounds[src]
             computed = rows < s_q and keys > 0
             if computed:
-                kb, vb = (t[:, :, None, :keys].float() for t in blk)
+                kb, vb = (t[:, :, :keys] for t in blk)
                 mask = (q_pos[rows:, None] >= k_pos_all[src, None, :keys]) if masked else None
-                dq_b, dk_b, dv_b = _attend_block_backward(
-                    qg[..., rows:, :], kb, vb, mask, do[..., rows:, :], lse[..., rows:],
-                    delta[..., rows:],
+                dq_b, dk_b, dv_b = _block_backward(
+                    q[:, :, rows:], kb, vb, do[:, :, rows:], out[:, :, rows:], lse[:, :, rows:],
+                    mask, src == rank,
                 )  # fmt: skip
-                dq[..., rows:, :] += dq_b
+                dq[:, :, rows:] += dq_b
             if pending_acc is not None:  # src's accumulator, from the rank that held it last
                 acc = tuple(_ring_finish(pending_acc))
             if computed:
@@ -356,5 +406,4 @@ class _RingAttention(torch.autograd.Function):
                 blk = tuple(_ring_finish(pending_kv))
         if pending_acc is not None:
             acc = tuple(_ring_finish(pending_acc))  # this rank's own block, back home
-        dq = (dq / math.sqrt(e)).view(b, h, s_q, e)  # d/dq of q / sqrt(E)
         return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None, None, None

@@ -34,6 +34,12 @@ LAYOUTS = {
         "model.dropout=0.1",
         "hardware.devices_per_node=1",
     ],
+    "cp=2 ring": [
+        "hardware.devices_per_node=2",
+        "parallel.cp=2",
+        "parallel.dp_shard=1",
+        "context=ring",
+    ],
     # Targets of the reshard pairs only.
     "dp_shard=2 x tp=2": [*FOUR, "parallel.tp=2", "tensor=sequence_parallel"],
     "one process": ["hardware.devices_per_node=1"],
@@ -48,6 +54,7 @@ BITWISE = [
     "zero1 dp_shard=2",
     "fsdp dp_shard=2 async save",
     "gpt dropout=0.1 one process",
+    "cp=2 ring",
 ]
 RESHARD = [
     ("fsdp dp_shard=4", "dp_shard=2 x tp=2"),
@@ -55,6 +62,8 @@ RESHARD = [
     ("pp=2 interleaved", "one process"),
     ("hsdp 2x2", "ddp 2"),
     ("zero1 dp_shard=2", "fsdp dp_shard=4"),
+    # FSDP over dp_shard x cp = 2 ranks back into one process (the cp=2 -> cp=1).
+    ("cp=2 ring", "one process"),
 ]
 
 

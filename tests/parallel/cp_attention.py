@@ -7,7 +7,8 @@ reference]}), their dtypes, and the ring blocks it computed ({pass: [blocks, sco
 Every rank builds the same seeded full-sequence q, k, v and upstream gradient, computes the
 reference (plain softmax(q k^T / sqrt(E)) v, repeat_interleave for GQA, fp32) and its gradients,
 then feeds its shard_sequence slices to context_attention. The ring's blocks are counted by
-wrapping its block functions, so what is counted is what ran.
+wrapping its block functions, so what is counted is what ran. "ring" runs its blocks in the
+fused CPU kernel, "ring-matmul" in the matmul form other devices use.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from launcher.parallel import context_parallel as cpa
 
 B, H, S, E = 2, 4, 32, 16
 COUNTS = {"forward": [0, 0], "backward": [0, 0]}  # pass -> [blocks, score entries]
+METHODS = (*cpa.METHODS, "ring-matmul")
+FUSED = cpa._fused
 
 
 def counted(name: str, which: str) -> None:
@@ -50,7 +53,9 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> list[float]:
     return [err, err / want.abs().max().item()]
 
 
-def case(method: str, balanced: bool, kv_heads: int, dtype: torch.dtype, group) -> dict:
+def case(name: str, balanced: bool, kv_heads: int, dtype: torch.dtype, group) -> dict:
+    method, _, kernel = name.partition("-")
+    cpa._fused = FUSED if kernel != "matmul" else (lambda *_: False)
     cp, rank = group.size(), group.rank()
     torch.manual_seed(0)
     full = {
@@ -82,7 +87,7 @@ def case(method: str, balanced: bool, kv_heads: int, dtype: torch.dtype, group) 
 def run(mesh) -> dict:
     group = mesh.get_group("cp")
     results = {"seq_len": S}
-    for method in cpa.METHODS:
+    for method in METHODS:
         for balanced in (False, True):
             for kv_heads in (2, H):
                 for dtype in (torch.float32, torch.bfloat16):
@@ -99,6 +104,6 @@ def run(mesh) -> dict:
 
 
 if __name__ == "__main__":
-    counted("_attend_block", "forward")
-    counted("_attend_block_backward", "backward")
+    counted("_block_forward", "forward")
+    counted("_block_backward", "backward")
     write_per_rank((int(os.environ["WORLD_SIZE"]),), ("cp",), run)

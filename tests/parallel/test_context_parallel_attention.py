@@ -23,7 +23,7 @@ CPS = (2, 4)
 CASES = [
     "/".join(c)
     for c in itertools.product(
-        METHODS, ("contiguous", "balanced"), ("gqa", "mha"), ("fp32", "bf16")
+        (*METHODS, "ring-matmul"), ("contiguous", "balanced"), ("gqa", "mha"), ("fp32", "bf16")
     )
 ]
 TOLERANCE = {"fp32": 1e-5, "bf16": 3e-2}  # bf16: relative to the largest reference value

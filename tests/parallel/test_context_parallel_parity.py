@@ -1,6 +1,13 @@
 """Context parallelism in the engine: each layout trains like one process (fp32, 6 steps, same
 global batch): losses within 1e-5 relative, gradient norms within 5e-4 relative, final
-parameters within 1e-4 absolute + 1e-4 relative (the tolerances of parity.assert_layout_matches).
+parameters within 2e-4 absolute + 1e-4 relative.
+
+Why 2e-4 rather than the harness's 1e-4: attention sums in another order (blocks merged by
+their log-sum-exp, or one masked kernel over gathered keys), and Adam carries that rounding
+into the update wherever a gradient is near zero. Measured on gpt_debug cp=2: 12 of 940,800
+parameters differ by more than 5e-5 (at most 1.04e-4 ring, 0.89e-4 allgather), the median by
+1.3e-7. A wrong position or a missed reduction moves every parameter by up to the whole update
+(lr 3e-3), 15x the tolerance.
 
 A rank that attended only to its own chunks, a RoPE angle or learned position taken at the local
 index instead of the global one, or gradients not averaged over the cp ranks each move the
@@ -77,4 +84,6 @@ def references(tmp_path_factory):
 def test_matches_single_process(label, references, tmp_path):
     model, layout = ROWS[label]
     ref_dir, ref_losses = references(model)
-    assert_layout_matches(ref_dir, ref_losses, tmp_path, [*MODELS[model], *layout], label)
+    assert_layout_matches(
+        ref_dir, ref_losses, tmp_path, [*MODELS[model], *layout], label, param_atol=2e-4
+    )
