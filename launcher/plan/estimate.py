@@ -13,7 +13,14 @@ from functools import lru_cache
 from launcher.config import Config
 from launcher.layout import Layout, last_stage_rank, rank_stages, split_layers, stage_starts
 from launcher.plan import pipeline as pl
-from launcher.plan.memory import BYTES, GIB, layer_activation_bytes, reserve_gib, state_bytes
+from launcher.plan.memory import (
+    BYTES,
+    GIB,
+    cp_transient_bytes,
+    layer_activation_bytes,
+    reserve_gib,
+    state_bytes,
+)
 from launcher.plan.model_size import Shape, active_matmul_params_per_token, flops_per_token, shape
 
 # Fraction of peak a transformer's matmuls sustain: EFFICIENCY_MAX x dim / (dim + EFFICIENCY_DIM),
@@ -90,6 +97,7 @@ class Context:
         self.optim_b = 2 * BYTES[p.optimizer_dtype]
         self.act_b = BYTES[p.compute_dtype]
         self.flash, self.dropout = m.flash_attention, m.dropout > 0
+        self.cp_method = cfg.context.method.value
         self.moe = m.n_routed_experts > 0
         self.model_flops_per_token = flops_per_token(m, self.seq)  # MFU's numerator
         self.active_params = active_matmul_params_per_token(self.shape, m)
@@ -161,6 +169,9 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
         flash=ctx.flash,
         dropout=ctx.dropout,
         act_b=ctx.act_b,
+        cp=lay.cp,
+        cp_method=ctx.cp_method,
+        batch=lay.micro_batch_size,
     )
 
 
@@ -199,6 +210,18 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     if lay.recompute == "full":  # the block being recomputed holds its full activations
         activations += tokens * layer_activation(ctx, lay, dense == layers, "none")
     other = ctx.reserve
+    if lay.cp > 1:  # one layer at a time holds them
+        other += tokens * cp_transient_bytes(
+            k=s.k_width,
+            v=s.v_width,
+            cp=lay.cp,
+            tp=lay.tp,
+            method=ctx.cp_method,
+            recompute=lay.recompute,
+            seq=ctx.seq // lay.cp,
+            batch=lay.micro_batch_size,
+            act_b=ctx.act_b,
+        )
     if last:  # logits in compute dtype plus their fp32 log-softmax, vocab-parallel over tp
         other += tokens * m.vocab_size / lay.tp * (ctx.act_b + 4)
     # The largest FSDP unit (one block) as this rank holds it.
@@ -214,7 +237,7 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
 
 def step_time(ctx: Context, lay: Layout, ranks) -> Time:
     """Predicted seconds per step on the bottleneck pipeline rank, split by cause."""
-    s, m = ctx.shape, ctx.model
+    m = ctx.model
     recompute = lay.recompute
     full = 4 / 3 if recompute == "full" else 1.0
     attn_extra = ctx.attn_core_flops / 3 if recompute == "selective" else 0.0
@@ -246,23 +269,8 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
         volume = 2 * mb_tokens * m.dim * ctx.act_b * (lay.tp - 1) / lay.tp
         n = 6 if recompute == "full" else 4
         t_tp = worst_layers * mbs * n * volume / group_bandwidth(ctx, lay.tp, 1)
-    # Context parallelism: all-gather K and V forward, reduce-scatter their gradients backward.
-    t_cp = 0.0
-    if lay.cp > 1:
-        kv = lay.micro_batch_size * ctx.seq * (s.k_width + s.v_width) * ctx.act_b
-        n = 3 if recompute == "full" else 2
-        t_cp = (
-            worst_layers
-            * mbs
-            * n
-            * kv
-            * (lay.cp - 1)
-            / lay.cp
-            / group_bandwidth(ctx, lay.cp, lay.tp)
-        )
-        if ctx.cfg.context.method.value == "ring":  # overlapped with the attention blocks
-            attn = worst_layers * ctx.attn_core_flops * tokens / (lay.tp * lay.cp) / ctx.sustained
-            t_cp = max(0.0, t_cp - attn)
+    # Context parallelism: the K/V exchanges of each layer's attention (`cp_layer_time`).
+    t_cp = worst_layers * mbs * cp_layer_time(ctx, lay) if lay.cp > 1 else 0.0
     # Expert parallelism: dispatch and combine all-to-alls forward and backward.
     t_ep = 0.0
     if lay.ep > 1 and worst_moe:
@@ -284,6 +292,54 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
     bubble = bubble_fraction * (compute + t_tp + t_cp + t_ep)
     t_dp = data_parallel_time(ctx, lay, ranks, compute)
     return Time(compute, t_tp, t_cp, t_ep, bubble, t_dp, bubble_fraction)
+
+
+def cp_bytes_sent(ctx: Context, lay: Layout) -> tuple[float, float]:
+    """(forward, backward) bytes one rank sends for context parallelism, per layer and
+    micro-batch; backward includes the forward's rerun under recompute (selective recomputes
+    the attention core, full the block, both the core's communication). What a rank holds of
+    K and V is its S / cp tokens of its 1 / tp of the kv heads (GQA: kv heads only); an
+    all-gather sends it to cp - 1 ranks and the reduce-scatter of the gradients as much back;
+    the ring sends it cp - 1 hops forward and again backward, plus cp hops of the fp32 dK/dV
+    accumulators. Left out: the ranks' key positions (8 bytes per position, shared by the
+    micro-batch; for one 128-wide kv head in bf16, 1.6% of its K/V)."""
+    s, cp = ctx.shape, lay.cp
+    kv = lay.micro_batch_size * ctx.seq / cp * (s.k_width + s.v_width) / lay.tp  # elements
+    forward = (cp - 1) * kv * ctx.act_b
+    backward = forward + (cp * kv * 4 if ctx.cp_method == "ring" else 0.0)
+    if lay.recompute != "none":
+        backward += forward
+    return forward, backward
+
+
+def cp_layer_time(ctx: Context, lay: Layout) -> float:
+    """Exposed context-parallel communication, seconds per layer and micro-batch.
+
+    allgather: all of it: attention needs the gathered K/V before it starts, and dK/dV only
+    exist once it is done. ring: each hop's transfer overlaps the attention of the block the
+    rank holds meanwhile (under load balancing each of the cp blocks is 1/cp of the rank's
+    attention work; backward's is twice forward's), so per hop only max(0, transfer - block)
+    is exposed. Backward: step 0 hides the first K/V hop, steps 1 to cp - 2 a K/V hop and the
+    previous step's accumulator hop (the same link), the last step the accumulator before it,
+    and the accumulator's last hop home has nothing left to hide behind.
+    """
+    bandwidth = group_bandwidth(ctx, lay.cp, lay.tp)
+    forward, backward = cp_bytes_sent(ctx, lay)
+    if ctx.cp_method != "ring":
+        return (forward + backward) / bandwidth
+    cp = lay.cp
+    hop = forward / (cp - 1) / bandwidth  # one K/V block
+    acc = hop * 4 / ctx.act_b  # one block's fp32 dK/dV
+    tokens = lay.micro_batch_size * ctx.seq / cp
+    block = tokens * ctx.attn_core_flops / 3 / (lay.tp * cp) / ctx.sustained  # forward
+    t_forward = (cp - 1) * max(0.0, hop - block)
+    t_backward = (
+        max(0.0, hop - 2 * block)
+        + (cp - 2) * max(0.0, hop + acc - 2 * block)
+        + max(0.0, acc - 2 * block)
+        + acc
+    )
+    return t_forward * (1 if lay.recompute == "none" else 2) + t_backward
 
 
 def data_parallel_time(ctx: Context, lay: Layout, ranks, compute: float) -> float:

@@ -435,6 +435,18 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
                 "its own random scores); set model.dropout=0",
             )
         )
+    if lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.dp_cp > 1:
+        errors.append(
+            Problem(
+                "not_available",
+                f"pipeline.schedule={lay.schedule} with dp x cp = {lay.dp_cp} ranks "
+                f"(dp_replicate={lay.dp_replicate} x dp_shard={lay.dp_shard} x cp={lay.cp}) "
+                "reducing gradients: torch 2.13's pipeline stage runs the separate weight-"
+                "gradient pass outside FSDP's and DDP's backward hooks, and the gradients come "
+                "out wrong (llama3_debug step 1 gradient norm: one process 6.78, FSDP 4.82, DDP "
+                "7.09); use gpipe, 1f1b or interleaved_1f1b, or dp x cp = 1",
+            )
+        )
     if lay.pp > 1 and cfg.model.tie_embeddings:
         errors.append(
             Problem(

@@ -34,6 +34,46 @@ def storage(t: torch.Tensor):
     return st.data_ptr(), st.nbytes()
 
 
+def block_overrides(tp: int, sp: bool, recompute: str) -> list[str]:
+    """The config of the block measured here (one llama3_debug layer, fp32), for the planner."""
+    return [
+        "model=llama3_debug",
+        "model.n_layers=1",
+        f"model.max_seq_len={SEQ}",
+        f"train.seq_len={SEQ}",
+        "precision=fp32",
+        f"recompute={recompute}",
+        f"parallel.tp={tp}",
+        "parallel.dp_shard=1",
+        f"tensor.sequence_parallel={str(sp).lower()}",
+        f"train.micro_batch_size={BATCH}",
+        f"train.global_batch_size={BATCH}",
+    ]
+
+
+def recorder(block: torch.nn.Module, shared: list[torch.Tensor]):
+    """(pack hook, {storage: bytes}) counting what `block` keeps for backward: what autograd
+    saves, plus the inputs a checkpoint keeps to recompute from; tensors sharing a storage
+    with `shared` (parameters, buffers) left out."""
+    constant = {storage(t)[0] for t in shared}
+    kept: dict[int, int] = {}
+
+    def keep(t):
+        if isinstance(t, torch.Tensor):
+            ptr, nbytes = storage(t)
+            if ptr not in constant:
+                kept[ptr] = nbytes
+
+    def pack(t):
+        keep(t)
+        return t
+
+    for module in block.modules():
+        if isinstance(module, CheckpointWrapper):
+            module.register_forward_pre_hook(lambda _m, args: [keep(a) for a in args] and None)
+    return pack, kept
+
+
 def measure(recompute: str, fused: bool, tp: int, sp: bool, mesh) -> float:
     torch.manual_seed(0)
     model = models.build(
@@ -55,22 +95,7 @@ def measure(recompute: str, fused: bool, tp: int, sp: bool, mesh) -> float:
     if recompute != "none":
         apply_ac(model, recompute)
     block = model.layers["0"]
-    constant = {storage(t)[0] for t in [*model.parameters(), *model.buffers()]}
-    kept: dict[int, int] = {}
-
-    def keep(t):
-        if isinstance(t, torch.Tensor):
-            ptr, nbytes = storage(t)
-            if ptr not in constant:
-                kept[ptr] = nbytes
-
-    def pack(t):
-        keep(t)
-        return t
-
-    for module in block.modules():
-        if isinstance(module, CheckpointWrapper):
-            module.register_forward_pre_hook(lambda _m, args: [keep(a) for a in args] and None)
+    pack, kept = recorder(block, [*model.parameters(), *model.buffers()])
 
     x = torch.randn(BATCH, SEQ, DIM)
     if tp > 1:

@@ -27,19 +27,9 @@ pytestmark = pytest.mark.dist
 def planned(tp: int, sp: bool, recompute: str, fused: bool) -> float:
     cfg = compose_config(
         [
-            "model=llama3_debug",
-            "model.n_layers=1",
-            f"model.max_seq_len={saved_bytes.SEQ}",
-            f"train.seq_len={saved_bytes.SEQ}",
-            "precision=fp32",
-            f"recompute={recompute}",
+            *saved_bytes.block_overrides(tp, sp, recompute),
             f"model.flash_attention={str(fused).lower()}",
             f"hardware.devices_per_node={tp}",
-            f"parallel.tp={tp}",
-            "parallel.dp_shard=1",
-            f"tensor.sequence_parallel={str(sp).lower()}",
-            f"train.micro_batch_size={saved_bytes.BATCH}",
-            f"train.global_batch_size={saved_bytes.BATCH}",
         ]
     )
     plan = make_plan(cfg)

@@ -56,11 +56,13 @@ LAYOUTS = {
         "pipeline.reshard_each_microbatch=true",
         "train.global_batch_size=64",
     ],
-    "llama3_8b pp 2 zbv x tp 8 x fsdp 4": [
+    # Zero-bubble schedules train without data parallelism only (rules.engine_problems).
+    "llama3_8b pp 8 zbv x tp 8": [
         "model=llama3_8b",
         "hardware.nodes=8",
-        "parallel.pp=2",
+        "parallel.pp=8",
         "parallel.tp=8",
+        "parallel.dp_shard=1",
         "pipeline=zbv",
         "train.global_batch_size=64",
     ],

@@ -372,3 +372,19 @@ def test_configured_split_must_cover_the_layers():
         ]
     )
     assert plan.valid and plan.layout.stage_layers == (5, 11, 10, 6)
+
+
+@pytest.mark.parametrize("schedule", ["zbv", "dualpipev", "interleaved_zb"])
+@pytest.mark.parametrize("axis", ["dp_shard", "cp"])
+def test_split_backward_schedules_with_reduced_gradients_are_refused(schedule, axis):
+    """Zero-bubble schedules under FSDP or DDP train with wrong gradients in torch 2.13
+    (measured, see the message); without data or context parallelism they stay available."""
+    v = ["pipeline.stages_per_rank=2"] if schedule == "interleaved_zb" else []
+    others = {"dp_shard": 2, "cp": 1} if axis == "dp_shard" else {"dp_shard": 1, "cp": 2}
+    base = ["hardware.devices_per_node=4", "parallel.pp=2", f"pipeline={schedule}", *v]
+    cfg = compose_config([*base, *(f"parallel.{k}={n}" for k, n in others.items())])
+    refused = " ".join(str(p) for p in engine_problems(cfg, make_plan(cfg).layout))
+    assert f"pipeline.schedule={schedule} with dp x cp = 2 ranks" in refused, refused
+    alone = compose_config(["hardware.devices_per_node=2", "parallel.pp=2", f"pipeline={schedule}",
+                            "parallel.dp_shard=1", *v])  # fmt: skip
+    assert not [p for p in engine_problems(alone, make_plan(alone).layout) if "pipeline" in str(p)]
