@@ -4,8 +4,9 @@ Every rank holds S_local = S / cp tokens of each sequence, at explicit global po
 (`chunk_positions`), and computes attention for its own queries against the keys of every rank,
 by one of two methods (`context_attention`):
 
-- allgather (Llama 3's): all-gather K and V once, attend the local queries to all of them under
-  a causal mask built from the positions; the backward pass reduce-scatters dK and dV.
+- allgather (Llama 3's): all-gather K and V once, attend the local queries to every rank's
+  block (the same per-block kernels and log-sum-exp merge as the ring, no mask tensor, masked
+  blocks skipped); the backward pass reduce-scatters dK and dV.
 - ring: K/V blocks travel around the ring (rank r sends to r+1, receives from r-1) while each rank
   attends its queries to the block it holds; the partial outputs are merged by their
   log-sum-exp, and the backward pass runs the ring again. At most two remote blocks are held
@@ -23,7 +24,6 @@ import math
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
 METHODS = ("allgather", "ring")
@@ -144,75 +144,11 @@ def context_attention(
     if problems:
         raise ValueError("; ".join(problems))
     if method == "allgather":
-        return _allgather_attention(q, k, v, q_pos, k_pos, group)
+        return _AllGatherAttention.apply(q, k, v, q_pos, k_pos, group)
     return _RingAttention.apply(q, k, v, q_pos, k_pos, group)
 
 
-# --- allgather -------------------------------------------------------------------------------
-
-
-class _AllGather(torch.autograd.Function):
-    """x (...) -> (cp, ...): every rank's x, in group rank order. Backward: each rank's
-    gradient of the stack is summed over the group and each rank keeps its own slice, i.e. a
-    reduce-scatter (checked: gloo reduce-scatters fp32 and bf16 in torch 2.13)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-        ctx.group = group
-        cp = dist.get_world_size(group)
-        # gloo wants the output concatenated along dim 0, not stacked: (cp * x0, ...).
-        out = x.new_empty((cp * x.shape[0], *x.shape[1:]))
-        dist.all_gather_single(out, x.contiguous(), group=group)
-        return out.view(cp, *x.shape)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        out = grad.new_empty(grad.shape[1:])
-        dist.reduce_scatter_single(out, grad.contiguous().flatten(0, 1), group=ctx.group)
-        return out, None
-
-
-def _gather_positions(pos: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """(S_local,) -> (cp, S_local): every rank's key positions (a few bytes per token)."""
-    cp = dist.get_world_size(group)
-    out = pos.new_empty(cp * pos.numel())
-    dist.all_gather_single(out, pos.contiguous(), group=group)
-    return out.view(cp, -1)
-
-
-def _allgather_attention(q, k, v, q_pos, k_pos, group) -> torch.Tensor:
-    # K and V travel in one collective, and only the K kv heads (GQA-sized), after RoPE.
-    kv = _AllGather.apply(torch.stack((k, v)), group)  # (cp, 2, B, K, S_local, E)
-    kv = kv.permute(1, 2, 3, 0, 4, 5).flatten(3, 4)  # (2, B, K, cp * S_local, E), rank-major keys
-    keys = _gather_positions(k_pos, group).flatten()  # (cp * S_local,) in the same order
-    mask = q_pos[:, None] >= keys[None, :]  # (S_local, cp * S_local)
-    return F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, enable_gqa=True)
-
-
-# --- ring ------------------------------------------------------------------------------------
-
-
-def _ring_start(tensors: tuple[torch.Tensor, ...], group: dist.ProcessGroup, tag: int = 0):
-    """Post the sends of `tensors` to the next rank and the receives of same-shaped tensors
-    from the previous one. Tags keep apart the K/V and the dK/dV exchanges that are in flight
-    at the same time in backward (gloo matches P2P messages by tag; NCCL by posting order, which
-    is the same on every rank)."""
-    cp, rank = dist.get_world_size(group), dist.get_rank(group)
-    received = [torch.empty_like(t) for t in tensors]
-    ops = []
-    for i, (t, buf) in enumerate(zip(tensors, received, strict=True)):
-        ops.append(dist.P2POp(dist.isend, t, group=group, group_peer=(rank + 1) % cp, tag=tag + i))
-        ops.append(
-            dist.P2POp(dist.irecv, buf, group=group, group_peer=(rank - 1) % cp, tag=tag + i)
-        )
-    return dist.batch_isend_irecv(ops), received
-
-
-def _ring_finish(pending) -> list[torch.Tensor]:
-    works, received = pending
-    for w in works:
-        w.wait()
-    return received
+# --- blocks: one rank's queries against one rank's keys, shared by both methods -------------
 
 
 def _block_bounds(q_pos: torch.Tensor, k_pos_all: torch.Tensor) -> list[tuple[int, int, bool]]:
@@ -332,37 +268,159 @@ def _merge(out, lse, blk_out, blk_lse, rows: int) -> None:
     m.copy_(new)
 
 
+def _start(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The running output (B, H, Sq, E) and log-sum-exp (B, H, Sq), fp32, before any block."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    return out, torch.full(q.shape[:-1], float("-inf"), device=q.device)
+
+
+def _finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The merged output in `dtype`, shaped (B, H, S, E) but laid out (B, S, H, E) as SDPA lays
+    out its own: the model's transpose-and-reshape before the output projection is then a view,
+    so the projection saves this very tensor instead of a copy of it."""
+    b, h, s, e = out.shape
+    final = torch.empty((b, s, h, e), dtype=dtype, device=out.device).transpose(1, 2)
+    return final.copy_(out)
+
+
+def _attend(out, lse, q, k, v, q_pos, k_pos, bound, own: bool) -> None:
+    """Attend q (B, H, Sq, E) to the block k, v (B, K, Sk, E) at positions k_pos (Sk,) and merge
+    into (out, lse); `bound` from _block_bounds says which part of the block to compute."""
+    rows, keys, masked = bound
+    if rows >= q.shape[2] or keys == 0:
+        return
+    mask = (q_pos[rows:, None] >= k_pos[None, :keys]) if masked else None
+    blk_out, blk_lse = _block_forward(q[:, :, rows:], k[:, :, :keys], v[:, :, :keys], mask, own)
+    _merge(out, lse, blk_out, blk_lse, rows)
+
+
+def _attend_backward(dq, q, k, v, do, out, lse, q_pos, k_pos, bound, own: bool):
+    """Backward of _attend: adds the block's part of dq into `dq` (fp32) and returns its
+    (dk, dv) for the block's first `keys` keys (fp32, (B, K, keys, E)), or None if skipped."""
+    rows, keys, masked = bound
+    if rows >= q.shape[2] or keys == 0:
+        return None
+    mask = (q_pos[rows:, None] >= k_pos[None, :keys]) if masked else None
+    dq_b, dk_b, dv_b = _block_backward(
+        q[:, :, rows:], k[:, :, :keys], v[:, :, :keys], do[:, :, rows:], out[:, :, rows:],
+        lse[:, :, rows:], mask, own,
+    )  # fmt: skip
+    dq[:, :, rows:] += dq_b
+    return dk_b, dv_b
+
+
+# --- allgather -------------------------------------------------------------------------------
+
+
+def _all_gather(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """x (...) -> (cp, ...): every rank's x, in group rank order."""
+    cp = dist.get_world_size(group)
+    # gloo wants the output concatenated along dim 0, not stacked: (cp * x0, ...).
+    out = x.new_empty((cp * x.shape[0], *x.shape[1:]))
+    dist.all_gather_single(out, x.contiguous(), group=group)
+    return out.view(cp, *x.shape)
+
+
+def _gather_positions(pos: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
+    """(S_local,) -> (cp, S_local): every rank's key positions (a few bytes per token)."""
+    cp = dist.get_world_size(group)
+    out = pos.new_empty(cp * pos.numel())
+    dist.all_gather_single(out, pos.contiguous(), group=group)
+    return out.view(cp, -1)
+
+
+class _AllGatherAttention(torch.autograd.Function):
+    """All-gather attention. K and V travel in one collective, and only the K kv heads
+    (GQA-sized), after RoPE. Saved for backward: q, the gathered K/V (cp x this rank's), the
+    output and its fp32 log-sum-exp, the positions; no mask, no score matrix. Backward: each
+    computed block's dK/dV goes into a (cp, 2, B, K, S_local, E) buffer in the input dtype,
+    reduce-scattered so that each rank receives the sum for its own block (checked: gloo
+    reduce-scatters fp32 and bf16 in torch 2.13)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, q_pos, k_pos, group):
+        rank = dist.get_rank(group)
+        kv = _all_gather(torch.stack((k, v)), group)  # (cp, 2, B, K, S_local, E)
+        k_pos_all = _gather_positions(k_pos, group)  # (cp, S_local)
+        bounds = _block_bounds(q_pos, k_pos_all)
+        out, lse = _start(q)
+        for src, bound in enumerate(bounds):
+            _attend(out, lse, q, kv[src, 0], kv[src, 1], q_pos, k_pos_all[src], bound, src == rank)
+        out = _finish(out, q.dtype)
+        ctx.group, ctx.bounds = group, bounds
+        ctx.save_for_backward(q, kv, q_pos, k_pos_all, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, kv, q_pos, k_pos_all, out, lse = ctx.saved_tensors
+        rank = dist.get_rank(ctx.group)
+        do = grad_out.to(q.dtype)
+        dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dkv = torch.zeros_like(kv)
+        for src, bound in enumerate(ctx.bounds):
+            grads = _attend_backward(
+                dq, q, kv[src, 0], kv[src, 1], do, out, lse, q_pos, k_pos_all[src], bound,
+                src == rank,
+            )  # fmt: skip
+            if grads is not None:
+                keys = grads[0].shape[2]
+                dkv[src, 0, :, :, :keys] = grads[0]
+                dkv[src, 1, :, :, :keys] = grads[1]
+        mine = dkv.new_empty(dkv.shape[1:])  # (2, B, K, S_local, E)
+        dist.reduce_scatter_single(mine, dkv.flatten(0, 1), group=ctx.group)
+        return dq.to(q.dtype), mine[0], mine[1], None, None, None
+
+
+# --- ring ------------------------------------------------------------------------------------
+
+
+def _ring_start(tensors: tuple[torch.Tensor, ...], group: dist.ProcessGroup, tag: int = 0):
+    """Post the sends of `tensors` to the next rank and the receives of same-shaped tensors
+    from the previous one. Tags keep apart the K/V and the dK/dV exchanges that are in flight
+    at the same time in backward (gloo matches P2P messages by tag; NCCL by posting order, which
+    is the same on every rank)."""
+    cp, rank = dist.get_world_size(group), dist.get_rank(group)
+    received = [torch.empty_like(t) for t in tensors]
+    ops = []
+    for i, (t, buf) in enumerate(zip(tensors, received, strict=True)):
+        ops.append(dist.P2POp(dist.isend, t, group=group, group_peer=(rank + 1) % cp, tag=tag + i))
+        ops.append(
+            dist.P2POp(dist.irecv, buf, group=group, group_peer=(rank - 1) % cp, tag=tag + i)
+        )
+    return dist.batch_isend_irecv(ops), received
+
+
+def _ring_finish(pending) -> list[torch.Tensor]:
+    works, received = pending
+    for w in works:
+        w.wait()
+    return received
+
+
 class _RingAttention(torch.autograd.Function):
     """Ring attention. Saved for backward: q, k, v (this rank's, input dtype), the output (input
     dtype) and its log-sum-exp (B, H, S_local) in fp32, the positions; no score matrix. In
     flight per rank: the block being computed and the next one arriving (K/V in the input dtype;
-    in backward also their dK/dV accumulators, in fp32). Blocks compute in the input dtype
-    (fused kernel) or fp32 (matmul form); outputs merge in fp32."""
+    in backward also their dK/dV accumulators, in fp32)."""
 
     @staticmethod
     def forward(ctx, q, k, v, q_pos, k_pos, group):
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        s_q = q.shape[2]
         # Every rank's key positions up front (one small all-gather), so each rank knows before
         # the ring starts which part of each block it will compute.
         k_pos_all = _gather_positions(k_pos, group)  # (cp, S_local)
         bounds = _block_bounds(q_pos, k_pos_all)
-        out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)  # (B, H, Sq, E)
-        lse = torch.full(q.shape[:-1], float("-inf"), device=q.device)  # (B, H, Sq)
+        out, lse = _start(q)
         blk = (k.contiguous(), v.contiguous())
         for step in range(cp):
             src = (rank - step) % cp  # the rank whose K/V block this rank holds at this step
             # The next block is already on its way while this one is computed.
             pending = _ring_start(blk, group) if step < cp - 1 else None
-            rows, keys, masked = bounds[src]
-            if rows < s_q and keys > 0:
-                kb, vb = (t[:, :, :keys] for t in blk)  # (B, K, keys, E)
-                mask = (q_pos[rows:, None] >= k_pos_all[src, None, :keys]) if masked else None
-                blk_out, blk_lse = _block_forward(q[:, :, rows:], kb, vb, mask, src == rank)
-                _merge(out, lse, blk_out, blk_lse, rows)
+            _attend(out, lse, q, *blk, q_pos, k_pos_all[src], bounds[src], src == rank)
             if pending is not None:
                 blk = tuple(_ring_finish(pending))
-        out = out.to(q.dtype)
+        out = _finish(out, q.dtype)
         ctx.group, ctx.bounds = group, bounds
         ctx.save_for_backward(q, k, v, q_pos, k_pos_all, out, lse)
         return out
@@ -372,8 +430,7 @@ class _RingAttention(torch.autograd.Function):
         q, k, v, q_pos, k_pos_all, out, lse = ctx.saved_tensors
         group, bounds = ctx.group, ctx.bounds
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
-        s_q = q.shape[2]
-        do = grad_out.to(q.dtype).contiguous()
+        do = grad_out.to(q.dtype)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         # The dK/dV accumulator of a block travels with it: it starts at the block's owner,
         # gathers each rank's contribution as it passes, and after cp hops is home again. Sending
@@ -385,21 +442,15 @@ class _RingAttention(torch.autograd.Function):
         for step in range(cp):
             src = (rank - step) % cp
             pending_kv = _ring_start(blk, group) if step < cp - 1 else None
-            rows, keys, masked = bounds[src]
-            computed = rows < s_q and keys > 0
-            if computed:
-                kb, vb = (t[:, :, :keys] for t in blk)
-                mask = (q_pos[rows:, None] >= k_pos_all[src, None, :keys]) if masked else None
-                dq_b, dk_b, dv_b = _block_backward(
-                    q[:, :, rows:], kb, vb, do[:, :, rows:], out[:, :, rows:], lse[:, :, rows:],
-                    mask, src == rank,
-                )  # fmt: skip
-                dq[:, :, rows:] += dq_b
+            grads = _attend_backward(
+                dq, q, *blk, do, out, lse, q_pos, k_pos_all[src], bounds[src], src == rank
+            )
             if pending_acc is not None:  # src's accumulator, from the rank that held it last
                 acc = tuple(_ring_finish(pending_acc))
-            if computed:
-                acc[0][:, :, :keys] += dk_b
-                acc[1][:, :, :keys] += dv_b
+            if grads is not None:
+                keys = grads[0].shape[2]
+                acc[0][:, :, :keys] += grads[0]
+                acc[1][:, :, :keys] += grads[1]
             if cp > 1:
                 pending_acc = _ring_start(acc, group, tag=2)
             if pending_kv is not None:

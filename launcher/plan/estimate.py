@@ -171,7 +171,6 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
         act_b=ctx.act_b,
         cp=lay.cp,
         cp_method=ctx.cp_method,
-        batch=lay.micro_batch_size,
     )
 
 
@@ -218,8 +217,6 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
             tp=lay.tp,
             method=ctx.cp_method,
             recompute=lay.recompute,
-            seq=ctx.seq // lay.cp,
-            batch=lay.micro_batch_size,
             act_b=ctx.act_b,
         )
     if last:  # logits in compute dtype plus their fp32 log-softmax, vocab-parallel over tp

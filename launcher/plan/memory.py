@@ -62,7 +62,6 @@ def layer_activation_bytes(
     sp_keeps_gathered: bool = True,
     cp: int = 1,
     cp_method: str = "allgather",
-    batch: int = 1,
 ) -> float:
     """Bytes one block saves for backward, per token of one micro-batch on one rank.
 
@@ -83,15 +82,12 @@ def layer_activation_bytes(
       (whole-sequence) norm outputs that feed attention and the MLP (2 h, not divided by tp)
       in place of their sequence shards, where Megatron keeps the shards and gathers them
       again in backward (sp_keeps_gathered=False).
-    - context parallelism (cp > 1, `seq` is then this rank's S / cp, `batch` the micro-batch)
-      changes only what the attention core keeps, so only without recompute (selective
-      recomputes the core from its inputs q, k, v): neither method saves a score matrix;
-      allgather's SDPA keeps the gathered K and V of all cp ranks in place of this rank's
-      ((cp - 1)(k + v) more, divided by tp: only the local kv heads are gathered) and its mask
-      over the whole sequence, a boolean (S / cp, S) that SDPA turns into an additive mask of
-      the compute dtype, shared by the micro-batch and replicated over tp (S act_b / batch per
-      token); ring keeps its (B, H, S / cp, E) output besides the output projection's input, a
-      copy (the transposed reshape of a contiguous output is not a view): o more.
+    - context parallelism (cp > 1, `seq` is then this rank's S / cp) changes only what the
+      attention core keeps, so only without recompute (selective recomputes the core from its
+      inputs q, k, v): neither method saves a score matrix or a mask, and both save their output
+      as the very tensor the output projection keeps; allgather keeps the gathered K and V of
+      all cp ranks in place of this rank's ((cp - 1)(k + v) more, divided by tp: only the local
+      kv heads are gathered), ring only this rank's.
     For a GPT layer with dropout in 16 bits and Megatron's SP this is Korthikanti et al.'s table:
     34 + 5 a s / h (times s b h) without parallelism, (34 + 5 a s / h) / t with TP and SP.
     """
@@ -99,19 +95,15 @@ def layer_activation_bytes(
         return dim * act_b / (tp if sp else 1)
     outside = 4 * dim * act_b + (2 * dim if dropout else 0) + routed * act_b
     inside = (q + k + v + o + mlp) * act_b
-    replicated = latent * act_b
     if cp > 1 and recompute == "none":
-        if cp_method == "ring":
-            inside += o * act_b
-        else:
+        if cp_method == "allgather":
             inside += (cp - 1) * (k + v) * act_b
-            replicated += seq * cp * act_b / batch
     elif not flash and recompute != "selective":
         inside += n_heads * seq * (act_b + (1 + act_b if dropout else 0))
     if sp and tp > 1 and sp_keeps_gathered:  # norm outputs kept whole, not as shards
         outside -= 2 * dim * act_b
         inside += 2 * dim * act_b * tp
-    return outside / (tp if sp else 1) + inside / tp + replicated
+    return outside / (tp if sp else 1) + inside / tp + latent * act_b
 
 
 def cp_transient_bytes(
@@ -122,25 +114,23 @@ def cp_transient_bytes(
     tp: int,
     method: str,
     recompute: str,
-    seq: int,
-    batch: int,
     act_b: int,
 ) -> float:
     """Bytes context parallelism holds while one layer runs, beyond what it saves for backward,
-    per token of this rank's micro-batch (seq = S / cp, k and v the layer's K/V widths, of
-    which this rank holds 1 / tp).
+    per token of this rank's micro-batch (k and v the layer's K/V widths, of which this rank
+    holds 1 / tp).
 
     - ring: the remote K/V block being attended and the next one arriving, in the compute
       dtype, and in backward the fp32 dK/dV accumulators (the one being added to and the one
       arriving from the previous rank);
     - allgather: the gradient of the gathered K/V before it is reduce-scattered; under selective
-      recompute also the regathered K/V and the mask (without recompute they are saved; under
-      full recompute the recomputed block, which the caller counts, holds them).
+      recompute also the regathered K/V (without recompute they are saved; under full
+      recompute the recomputed block, which the caller counts, holds them).
     """
     kv = (k + v) / tp
     if method == "ring":
         return kv * (2 * act_b + 2 * 4)
     gathered = cp * kv * act_b
     if recompute == "selective":
-        return 2 * gathered + seq * cp * act_b / batch
+        return 2 * gathered
     return gathered

@@ -21,7 +21,7 @@ from launcher.layout import Layout
 from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
 from launcher.plan.report import estimate_json
-from launcher.plan.rules import config_problems, layout_problems
+from launcher.plan.rules import config_problems, engine_problems, layout_problems
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -129,6 +129,8 @@ def run_search(cfg: Config, as_json: bool) -> int:
     ):
         evaluated, fitting = search(cfg)
     top = fitting[: cfg.plan.top_k]
+    # The planner plans layouts launcher.train cannot run yet (refused by name when launched).
+    refused = [[str(p) for p in engine_problems(cfg, e.layout)] for e in top]
     if as_json:
         print(
             json.dumps(
@@ -139,8 +141,9 @@ def run_search(cfg: Config, as_json: bool) -> int:
                         {
                             **estimate_json(e, cfg.hardware.memory_gib),
                             "overrides": e.layout.overrides(),
+                            "engine_problems": why,
                         }
-                        for e in top
+                        for e, why in zip(top, refused, strict=True)
                     ],
                 },
                 indent=2,
@@ -168,9 +171,10 @@ def run_search(cfg: Config, as_json: bool) -> int:
         "step s",
         "tok/s/dev",
         "MFU",
+        "trains",
     ):
         table.add_column(col, justify="right")
-    for i, e in enumerate(top, 1):
+    for i, (e, why) in enumerate(zip(top, refused, strict=True), 1):
         lay = e.layout
         sched = f"{lay.schedule}/{lay.stages_per_rank}" if lay.pp > 1 else "-"
         table.add_row(
@@ -188,13 +192,22 @@ def run_search(cfg: Config, as_json: bool) -> int:
             f"{e.time.step:.3g}",
             f"{e.tokens_per_s_per_device:,.0f}",
             f"{e.mfu:.1%}",
+            "no" if why else "yes",
         )
     console.print(table)
-    if top:
+    for i, why in enumerate(refused, 1):
+        if why:
+            console.print(f"#{i} is planner only: {why[0]}", soft_wrap=True, markup=False)
+            break
+    # The fastest layout launcher.train runs, possibly below the top_k shown.
+    best = next((i for i, e in enumerate(fitting) if not engine_problems(cfg, e.layout)), None)
+    if best is not None:
+        e = fitting[best]
+        shown = "" if best < len(top) else f" ({e.time.step:.3g} s per step, {e.mfu:.1%} MFU)"
         # The same model, hardware and batch overrides as this search, plus the layout's own.
         console.print(
-            "launch #1 with the overrides of this search plus:\n  "
-            + " ".join(top[0].layout.overrides()),
+            f"launch #{best + 1}{shown}, the fastest that launcher.train runs, with the "
+            "overrides of this search plus:\n  " + " ".join(e.layout.overrides()),
             soft_wrap=True,
         )
     if not top:

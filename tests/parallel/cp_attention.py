@@ -2,13 +2,13 @@
 cp processes: `cp_attention.py OUT_DIR` writes OUT_DIR/RANK.json holding "seq_len" and, for
 each case ("method/balanced|contiguous/gqa|mha/fp32|bf16"), this rank's max errors of the
 output and of dq, dk, dv against the reference's slices ({name: [max abs error, that / max abs
-reference]}), their dtypes, and the ring blocks it computed ({pass: [blocks, score entries]}).
+reference]}), their dtypes, and the blocks it computed ({pass: [blocks, score entries]}).
 
 Every rank builds the same seeded full-sequence q, k, v and upstream gradient, computes the
 reference (plain softmax(q k^T / sqrt(E)) v, repeat_interleave for GQA, fp32) and its gradients,
-then feeds its shard_sequence slices to context_attention. The ring's blocks are counted by
-wrapping its block functions, so what is counted is what ran. "ring" runs its blocks in the
-fused CPU kernel, "ring-matmul" in the matmul form other devices use.
+then feeds its shard_sequence slices to context_attention. The blocks are counted by
+wrapping the block functions both methods run, so what is counted is what ran. "ring" runs its
+blocks in the fused CPU kernel, "ring-matmul" in the matmul form other devices use.
 """
 
 from __future__ import annotations

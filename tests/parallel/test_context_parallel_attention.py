@@ -50,19 +50,17 @@ def test_matches_full_attention(recorded, cp, case):
 
 
 @pytest.mark.parametrize("cp", CPS)
-def test_ring_computes_only_what_causality_needs(recorded, cp):
+def test_blocks_computed_are_only_what_causality_needs(recorded, cp):
     """Contiguous: rank r sees the blocks of ranks 0..r only, r + 1 full blocks (rank 0 skips
     cp - 1 of them). Balanced: every rank computes its diagonal block and half of each other
-    block, the same number of score entries on every rank. Backward recomputes the same blocks;
-    allgather never enters the ring."""
+    block, the same number of score entries on every rank. Backward recomputes the same blocks.
+    Both methods: allgather runs the same blocks on its gathered K/V."""
     for rank, result in recorded[cp].items():
         s = result["seq_len"]
         local, chunk = s // cp, s // (2 * cp)
         for case in CASES:
             counts = result[case]["counts"]
-            if case.startswith("allgather"):
-                want = [0, 0]
-            elif "/contiguous/" in case:
+            if "/contiguous/" in case:
                 want = [rank + 1, (rank + 1) * local * local]
             else:
                 want = [cp, local * local + (cp - 1) * local * chunk]

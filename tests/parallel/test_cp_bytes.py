@@ -11,9 +11,9 @@ Saved bytes, tolerance 0.75%: as in test_saved_activations.py the planner leaves
 per head or per token rather than per channel: the log-sum-exp (H / tp fp32 values per token,
 SDPA's or the ring's), each RMSNorm's 1/rms (one fp32 value per token) and the ring's gathered
 key positions (8 cp / B bytes per token), at most 56 bytes of llama3_debug's ~10 kB (0.55%).
-The smallest CP term the planner models is above 1.1% (allgather's mask: S act_b / B = 128
-bytes per token of 11.4 kB at cp = 4); the gathered K/V and the ring's second output copy are
-5% or more.
+The smallest CP term the planner models, allgather's gathered K/V at cp = 2, is 5% or more; a
+second copy of the attention output (what the cores kept before they returned it in the
+layout the output projection takes as a view) would be about 5%.
 """
 
 from __future__ import annotations

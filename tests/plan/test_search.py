@@ -8,6 +8,7 @@ import pytest
 from conftest import compose_config, run_cli
 
 from launcher.plan import make_plan
+from launcher.plan.rules import engine_problems
 from launcher.plan.search import search
 
 BASE = ["model=llama3_8b", "hardware=h100_80g", "train.seq_len=8192", "train.global_batch_size=64"]
@@ -110,3 +111,22 @@ def test_plan_cli_json_shape_and_exit_status():
     assert bad.returncode == 2
     out = json.loads(bad.stdout)
     assert out["valid"] and not out["fits"] and out["errors"][0]["rule"] == "memory"
+
+
+@pytest.mark.e2e
+def test_search_names_the_fastest_layout_the_engine_runs():
+    """Zero-bubble schedules with data parallelism top this search but launcher.train refuses
+    them: the table says so, and the launch line points to the fastest layout it runs."""
+    overrides = ["model=llama3_405b", "hardware=h100_80g", "hardware.nodes=2048"]
+    overrides += ["train.seq_len=8192", "train.global_batch_size=2048", "plan.search=true"]
+    text = run_cli("launcher.plan", *overrides)
+    assert text.returncode == 0, text.stderr[-2000:]
+    assert "#1 is planner only: [not_available] pipeline.schedule=interleaved_zb" in text.stdout
+    launch = text.stdout.split("the fastest that launcher.train runs")[1]
+    cfg = compose_config(
+        [o for o in overrides if o != "plan.search=true"] + launch.split("plus:")[1].split()
+    )
+    plan = make_plan(cfg)
+    assert plan.ok and not engine_problems(cfg, plan.layout), plan.errors
+    top = json.loads(run_cli("launcher.plan", *overrides, "plan.format=json").stdout)["top"]
+    assert top[0]["engine_problems"] and "interleaved_zb" in top[0]["engine_problems"][0]
