@@ -18,6 +18,7 @@ every layout and the loss of one step does not depend on how it was split.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import math
@@ -54,8 +55,10 @@ def embedded_tokens() -> np.ndarray:
     return np.append(np.frombuffer(raw, dtype=np.uint8).astype(np.uint16), ByteTokenizer.eos_id)
 
 
+@functools.cache
 def embedded_n_tokens() -> int:
-    """Tokens in the embedded corpus (its bytes and one EOS), for the planner."""
+    """Tokens in the embedded corpus (its bytes and one EOS), for the planner: read once per
+    process (the file ships with the package; the search plans thousands of layouts)."""
     with gzip.open(EMBEDDED, "rb") as f:
         return len(f.read()) + 1
 

@@ -162,7 +162,8 @@ def _block_bounds(q_pos: torch.Tensor, k_pos_all: torch.Tensor) -> list[tuple[in
     """
     cp, s_q = k_pos_all.shape[0], q_pos.numel()
     first_row = torch.searchsorted(q_pos, k_pos_all[:, :1].contiguous()).flatten()  # (cp,)
-    n_keys = torch.searchsorted(k_pos_all, q_pos[-1:].expand(cp, 1), right=True).flatten()
+    last_query = q_pos[-1:].expand(cp, 1).contiguous()
+    n_keys = torch.searchsorted(k_pos_all, last_query, right=True).flatten()
     last_key = k_pos_all.gather(1, (n_keys - 1).clamp(min=0)[:, None]).flatten()
     needs_mask = last_key > q_pos[first_row.clamp(max=s_q - 1)]
     ascending = (q_pos[1:] > q_pos[:-1]).all() & (k_pos_all[:, 1:] > k_pos_all[:, :-1]).all()
