@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: setup train test test-fast test-dist lint bench clean
+.PHONY: setup train test test-all test-slow test-fast test-dist lint bench clean
 
 setup: $(STAMP)
 
@@ -20,8 +20,16 @@ $(STAMP): pyproject.toml
 train: setup
 	$(BIN)/python -m launcher.train $(ARGS)
 
+# Everything but the `slow` tier (rows another row already covers, compile): under 30 minutes
+# on 2 cores. test-all adds it.
 test: setup
+	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+
+test-all: setup
 	$(BIN)/python -m pytest -q $(ARGS)
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow $(ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not dist and not e2e" $(ARGS)

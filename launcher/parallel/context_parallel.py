@@ -117,9 +117,10 @@ def context_attention(
     q (B, H, S_local, E); k, v (B, K, S_local, E) with K dividing H (GQA: query head h reads kv
     head h // (H / K), as repeat_interleave does); q_pos, k_pos (S_local,) the global positions of
     this rank's queries and keys, ascending, on q's device. Query i sees key j iff
-    q_pos[i] >= position of j. Returns (B, H, S_local, E) in q's dtype (fp32 or bf16; the ring
-    computes in fp32). Every rank of `group` must call it with the same shapes. Attention
-    dropout is not supported: `dropout` must be 0.
+    q_pos[i] >= position of j. Returns (B, H, S_local, E) in q's dtype (fp32 or bf16: blocks in
+    the fused kernel compute in it, the matmul form in fp32; the partial outputs merge in fp32).
+    Every rank of `group` must call it with the same shapes. Attention dropout is not
+    supported: `dropout` must be 0.
     """
     problems = []
     if method not in METHODS:
