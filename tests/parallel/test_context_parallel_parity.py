@@ -61,7 +61,25 @@ ROWS = {
     ),
     "llama3_debug cp=2 recompute=full": ("llama3_debug", [*CP2, "recompute=full", "context=ring"]),
     "gpt_debug cp=2 ring": ("gpt_debug", [*CP2, "context=ring"]),
-}
+    # HSDP's 2-D mesh over a flattened dp_shard x cp, ZeRO-1 over dp_shard x cp, DDP over dp x cp
+    # (the `slow` tier: make test-all).
+    "llama3_debug dp_replicate=2 x cp=2": (
+        "llama3_debug",
+        ["hardware.devices_per_node=4", "parallel.dp_replicate=2", "parallel.dp_shard=1",
+         "parallel.cp=2", "context=ring"],
+    ),
+    "llama3_debug zero1 dp_shard=2 x cp=2": (
+        "llama3_debug",
+        ["hardware.devices_per_node=4", "parallel.dp_shard=2", "parallel.cp=2",
+         "data_parallel=zero1"],
+    ),
+    "llama3_debug ddp 2 x cp=2": (
+        "llama3_debug",
+        ["hardware.devices_per_node=4", "parallel.dp_replicate=2", "parallel.dp_shard=1",
+         "parallel.cp=2", "data_parallel=ddp"],
+    ),
+}  # fmt: skip
+SLOW = ("dp_replicate=2 x cp=2", "zero1 dp_shard=2 x cp=2", "ddp 2 x cp=2")
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +98,10 @@ def references(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("label", ROWS)
+@pytest.mark.parametrize(
+    "label",
+    [pytest.param(r, marks=[pytest.mark.slow] if r.endswith(SLOW) else []) for r in ROWS],
+)
 def test_matches_single_process(label, references, tmp_path):
     model, layout = ROWS[label]
     ref_dir, ref_losses = references(model)
