@@ -97,7 +97,9 @@ class Trainer:
         # Context-parallel ranks share their data-parallel rank's batch and keep their own
         # chunks of each sequence (see prepare); positions (S / cp,) say where those sit.
         self.positions = (
-            chunk_positions(t.seq_len, lay.cp, d.local_rank_of("cp"), cfg.context.load_balance)
+            chunk_positions(t.seq_len, lay.cp, d.local_rank_of("cp"), cfg.context.load_balance).to(
+                d.device
+            )
             if lay.cp > 1
             else None
         )
@@ -149,11 +151,9 @@ class Trainer:
         """A rank's micro-batches on its device: (B, S) inputs and targets, or under context
         parallelism the (B, S / cp) tokens at this rank's positions. Each cp rank then holds
         the same number of tokens, so the mean of their mean losses is the batch's mean."""
-        if self.positions is None:
-            return [(x.to(self.d.device), y.to(self.d.device)) for x, y in micro]
-        if self.positions.device != self.d.device:
-            self.positions = self.positions.to(self.d.device)
         pos = self.positions
+        if pos is None:
+            return [(x.to(self.d.device), y.to(self.d.device)) for x, y in micro]
         return [(x.to(self.d.device)[:, pos], y.to(self.d.device)[:, pos]) for x, y in micro]
 
     def train_context(self):
