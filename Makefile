@@ -5,7 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 
-.PHONY: setup train test test-all test-slow test-fast test-dist lint bench clean
+.PHONY: setup train test test-all test-slow test-fast test-dist lint bench bench-gpu gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,20 @@ test-dist: setup
 
 bench: setup
 	$(BIN)/python -m launcher.bench
+
+# One GPU: the engine, transformers and torchtitan on Llama 3.2 1B (README, "Speed").
+bench-gpu: setup
+	$(BIN)/python -m launcher.bench.gpu $(ARGS)
+
+# What the GPU machine's image lacks, as wheels for its Python 3.12 (README, "Speed"):
+# pure-Python distributions, installed there with pip --no-deps --target.
+TITAN_WHEELS := torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring-parser==0.18.0
+GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 $(TITAN_WHEELS)
+gpu-wheels: setup
+	mkdir -p .whl
+	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+	$(BIN)/pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # sdist only
 
 lint: setup
 	$(BIN)/ruff check launcher models tests

@@ -191,9 +191,10 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group=None) -
         dist.all_reduce(total, group=pp_group)
     norm = total.sqrt()
     if max_norm > 0:
-        coef = min(1.0, max_norm / (norm.item() + 1e-6))
-        if coef < 1.0:
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(coef)
+        # A tensor, never a Python number: reading the norm on the host would stall the step
+        # until backward is done on an asynchronous device (the loss is read once, at its end).
+        coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef.to(p.grad.device))
     return norm

@@ -59,20 +59,26 @@ def rope_frequencies(args: LlamaArgs) -> torch.Tensor:
 
 
 def rope_cache(args: LlamaArgs, seq_len: int) -> torch.Tensor:
-    """cos/sin table (S, E/2, 2) for positions 0..seq_len-1."""
+    """(S, 2, E) for positions 0..seq_len-1: row 0 the cosine of each pair's angle at both of
+    its places, row 1 its sine with the sign of the rotation, (-sin, sin) per pair."""
     angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), rope_frequencies(args))
-    return torch.stack([angles.cos(), angles.sin()], dim=-1)
+    cos, sin = angles.cos(), angles.sin()  # (S, E/2)
+    signed = torch.stack([-sin, sin], dim=-1).flatten(-2)  # (S, E)
+    return torch.stack([cos.repeat_interleave(2, dim=-1), signed], dim=-2)
 
 
 def apply_rope(x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs of x (B, S, H, E) by the angles in rope: (S, E/2, 2), shared by the batch,
-    or (B, S, E/2, 2), one row of positions per sequence."""
-    pairs = x.float().unflatten(-1, (-1, 2))  # (B, S, H, E/2, 2)
-    angles = rope.unsqueeze(-3)  # (S, 1, E/2, 2) or (B, S, 1, E/2, 2): broadcast over heads
-    cos, sin = angles[..., 0], angles[..., 1]
-    re, im = pairs[..., 0], pairs[..., 1]
-    out = torch.stack([re * cos - im * sin, re * sin + im * cos], dim=-1)
-    return out.flatten(-2).type_as(x)
+    """Rotate pairs (x[2i], x[2i+1]) of x (B, S, H, E) by the angles in rope: (S, 2, E), shared
+    by the batch, or (B, S, 2, E), one row of positions per sequence.
+
+    (re, im) -> (re cos - im sin, im cos + re sin), written as x cos + swap(x) sin with the
+    pairs swapped and the sine signed: two contiguous products instead of four on strided
+    halves, bitwise the same result and about half the time on CPU, forward and backward.
+    """
+    x32 = x.float()
+    cos, sin = rope.unsqueeze(-3).unbind(-2)  # (S, 1, E) or (B, S, 1, E): broadcast over heads
+    swapped = x32.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)  # (im, re) per pair
+    return (x32 * cos + swapped * sin).type_as(x)
 
 
 def causal_mask(positions: torch.Tensor) -> torch.Tensor:

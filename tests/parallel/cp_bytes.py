@@ -102,7 +102,7 @@ def measure(mesh, tp: int, sp: bool, method: str, recompute: str) -> dict:
         apply_ac(model, recompute)
     block = model.layers["0"]
     pos = cpa.chunk_positions(SEQ, cp, rank, load_balance=True)
-    rope = model.rope[pos]  # (S / cp, E/2, 2), as Transformer.forward looks it up
+    rope = model.rope[pos]  # (S / cp, 2, E), as Transformer.forward looks it up
     pack, kept = recorder(block, [*model.parameters(), *model.buffers(), pos, rope])
 
     # This cp rank's tokens (the same on every tp rank); under sequence parallelism the block

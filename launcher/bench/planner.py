@@ -1,4 +1,4 @@
-"""`make bench`: the measurements behind the figures the project quotes.
+"""The planner's benchmarks and the CPU's matmul rate (rows of `make bench`).
 
 - fp32 matmul throughput of one CPU thread: the `peak_tflops` of conf/hardware/cpu.yaml.
 - planner: full plans per second (rules, memory, time) and layouts evaluated per second by
@@ -10,8 +10,6 @@ from __future__ import annotations
 import time
 
 import torch
-from rich.console import Console
-from rich.table import Table
 
 from launcher.cli import compose
 from launcher.plan import make_plan
@@ -54,26 +52,3 @@ def search_405b() -> tuple[int, int, float]:
     start = time.perf_counter()
     evaluated, fitting = search(cfg)
     return evaluated, len(fitting), time.perf_counter() - start
-
-
-def main() -> None:
-    console = Console(width=120)
-    table = Table(title="bench", title_justify="left")
-    table.add_column("measurement")
-    table.add_column("value", justify="right")
-    with console.status("fp32 matmul, 1 thread"):
-        table.add_row("fp32 matmul 2048^3, 1 CPU thread", f"{matmul_tflops():.3f} TFLOP/s")
-    with console.status("planner"):
-        table.add_row("full plans (recipe llama3_405b_8k)", f"{plans_per_second():,.0f} / s")
-    with console.status("search"):
-        evaluated, fitting, seconds = search_405b()
-    table.add_row(
-        "search: llama3_405b on 16,384 h100_80g, batch 2048 x 8192",
-        f"{seconds:.2f} s ({evaluated:,} layouts, {fitting:,} fit)",
-    )
-    table.add_row("search: layouts evaluated per second", f"{evaluated / seconds:,.0f} / s")
-    console.print(table)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,154 @@
+"""`make bench`: the engine against a bare loop and transformers on CPU, then the planner.
+
+- Engine overhead: this project's single-process training step (what `launcher.train` runs)
+  against a plain loop over the same model class, micro-batches, AdamW and clipping. Goal:
+  at most 1.03.
+- Noise floor: a second, identical bare loop against the first. On this shared machine the
+  same work lands a few percent apart run to run; the ratio says how far apart in this run, so
+  a reader knows what the other ratios can resolve.
+- transformers: LlamaForCausalLM of the same shape (random init, SDPA) in a plain loop at the
+  same batch. Goal: the engine at least as fast (a ratio >= 1).
+- The planner: plans per second, the 405B search; and one CPU thread's fp32 matmul rate (the
+  cpu preset's peak_tflops).
+
+The three training steps take turns (launcher/bench/timing.py says why and how).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from launcher.bench import parser as bench_parser
+from launcher.bench import refusing_bad_config
+from launcher.bench.peers import bare, engine, hugging_face
+from launcher.bench.planner import matmul_tflops, plans_per_second, search_405b
+from launcher.bench.timing import interleaved, least_disturbed
+
+ENGINE, BARE, AGAIN, HF = "engine", "bare loop", "bare loop again", "transformers"
+
+
+def cpu_comparison(
+    overrides: list[str], rounds: int, steps: int, warmup: int, threads: int, progress=print
+) -> dict:
+    """Seconds per step of the engine, the bare loop and transformers, taking turns."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        step, w, plan = engine(overrides)
+        contenders = {ENGINE: step, BARE: bare(w), AGAIN: bare(w), HF: hugging_face(w)}
+        times = interleaved(contenders, rounds, steps, warmup, w.device, progress)
+    finally:
+        torch.set_num_threads(before)
+    best = {name: least_disturbed(t) for name, t in times.items()}
+    return {
+        "model": w.model["name"],
+        "tokens_per_step": w.tokens,
+        "micro_batches": len(w.micro),
+        "threads": threads,
+        "rounds": rounds,
+        "steps_per_round": steps,
+        "seconds_per_step": times,
+        "best": best,
+        "overhead": best[ENGINE] / best[BARE],
+        "noise_floor": best[AGAIN] / best[BARE],
+        "transformers_ratio": best[HF] / best[ENGINE],
+    }
+
+
+def comparison_tables(r: dict) -> tuple[Table, Table]:
+    what = (
+        f"{r['model']}, 1 process, {r['threads']} thread(s), {r['tokens_per_step']:,} tokens "
+        f"in {r['micro_batches']} micro-batches per step"
+    )
+    ms = {name: t * 1e3 for name, t in r["best"].items()}
+    summary = Table(title=f"training step on CPU: {what}", title_justify="left")
+    summary.add_column("comparison")
+    summary.add_column("ratio", justify="right")
+    summary.add_column("goal")
+    summary.add_column("ms per step", justify="right")
+    summary.add_row(
+        "engine / bare loop (engine overhead)",
+        f"{r['overhead']:.3f}",
+        "<= 1.03",
+        f"{ms[ENGINE]:.1f} vs {ms[BARE]:.1f}",
+    )
+    summary.add_row(
+        "bare loop again / bare loop (this run's noise)",
+        f"{r['noise_floor']:.3f}",
+        "1 (the same work)",
+        f"{ms[AGAIN]:.1f} vs {ms[BARE]:.1f}",
+    )
+    summary.add_row(
+        "transformers / engine",
+        f"{r['transformers_ratio']:.3f}",
+        ">= 1",
+        f"{ms[HF]:.1f} vs {ms[ENGINE]:.1f}",
+    )
+    rounds = Table(
+        title=(
+            f"fastest step of each round, ms ({r['steps_per_round']} steps each; the contenders "
+            "take turns, order rotated every round; a figure above is the fastest of all)"
+        ),
+        title_justify="left",
+    )
+    rounds.add_column("contender")
+    for i in range(r["rounds"]):
+        rounds.add_column(f"round {i + 1}", justify="right")
+    for name, times in r["seconds_per_step"].items():
+        rounds.add_row(name, *(f"{min(t) * 1e3:.1f}" for t in times))
+    return summary, rounds
+
+
+def planner_table(console: Console) -> Table:
+    table = Table(title="planner", title_justify="left")
+    table.add_column("measurement")
+    table.add_column("value", justify="right")
+    with console.status("fp32 matmul, 1 thread"):
+        table.add_row("fp32 matmul 2048^3, 1 CPU thread", f"{matmul_tflops():.3f} TFLOP/s")
+    with console.status("planner"):
+        table.add_row("full plans (recipe llama3_405b_8k)", f"{plans_per_second():,.0f} / s")
+    with console.status("search"):
+        evaluated, fitting, seconds = search_405b()
+    table.add_row(
+        "search: llama3_405b on 16,384 h100_80g, batch 2048 x 8192",
+        f"{seconds:.2f} s ({evaluated:,} layouts, {fitting:,} fit)",
+    )
+    table.add_row("search: layouts evaluated per second", f"{evaluated / seconds:,.0f} / s")
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = bench_parser("python -m launcher.bench", __doc__, "config overrides of the run")
+    parser.add_argument("--rounds", type=int, default=6, help="turns each contender takes")
+    parser.add_argument("--steps", type=int, default=5, help="steps per turn")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each first")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads (torchrun: 1)")
+    parser.add_argument("--no-planner", action="store_true", help="only the training steps")
+    args = parser.parse_args(argv)
+    console = Console(width=120)
+    with console.status("") as status:
+        result = refusing_bad_config(
+            cpu_comparison,
+            args.overrides,
+            args.rounds,
+            args.steps,
+            args.warmup,
+            args.threads,
+            status.update,
+        )
+    for table in comparison_tables(result):
+        console.print(table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    if not args.no_planner:
+        console.print(planner_table(console))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""`python -m launcher.bench.gpu [OVERRIDES]`: one device, the engine against its peers.
+
+By default Llama 3.2 1B (dim 2048, 16 layers, 32 / 8 heads, FFN 8192, vocabulary 128256) in
+bf16 with compiled blocks at sequence 8192 on one GPU. Each contender trains the same
+micro-batches for `--steps` steps after `--warmup` (compilation happens there):
+
+- engine: this project's trainer (python -m launcher.train's step), on one process;
+- transformers: LlamaForCausalLM of the same shape in a plain loop (each decoder layer
+  compiled under train.compile);
+- torchtitan: its own Llama 3 model and per-block compile in a plain loop (launcher/bench/
+  titan.py; skipped with the reason when torchtitan cannot be imported).
+
+Per contender: tokens/s, MFU against hardware.peak_tflops (989 for h100_80g and h200: the dense
+bf16 peak) with the planner's FLOPs per token, and peak memory (torch.cuda.max_memory_allocated
+over the timed steps) next to the planner's estimate for the layout. The contenders run one
+after another, each freed before the next is built (three 1B models with fp32 Adam states do
+not fit one 80 GB device together). Overrides replace the default of the same key, so the same
+code runs at a tiny size on CPU: `python -m launcher.bench.gpu model=llama3_debug
+hardware=cpu train.compile=false train.seq_len=64 ...` (the test does).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from launcher.bench import parser as bench_parser
+from launcher.bench import refusing_bad_config
+from launcher.bench.peers import Step, Workload, engine, hugging_face
+from launcher.bench.timing import seconds_per_step
+from launcher.plan.memory import GIB, reserve_gib
+
+GPU_1B = [
+    "model=llama3_2_1b",
+    "hardware=h100_80g",
+    "precision=bf16_mixed",
+    "train.compile=true",
+    "train.seq_len=8192",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=1",
+]
+
+
+def titan_builder(w: Workload) -> Step:
+    from launcher.bench.titan import torchtitan
+
+    return torchtitan(w)
+
+
+PEERS = {"transformers": hugging_face, "torchtitan": titan_builder}
+
+
+def merged(defaults: list[str], overrides: list[str]) -> list[str]:
+    """`defaults` with each key the overrides name replaced by the override."""
+    keys = {o.split("=", 1)[0] for o in overrides}
+    return [d for d in defaults if d.split("=", 1)[0] not in keys] + overrides
+
+
+def measure(step: Step, w: Workload, steps: int, warmup: int) -> dict:
+    """Tokens/s over `steps` steps after `warmup`, and the peak memory over them (CUDA)."""
+    for _ in range(warmup):
+        step()
+    cuda = w.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(w.device)
+        torch.cuda.reset_peak_memory_stats(w.device)
+    seconds = seconds_per_step(step, steps, w.device)
+    out = {"seconds_per_step": seconds, "tokens_per_s": w.tokens / seconds}
+    if cuda:
+        out["peak_allocated_gib"] = torch.cuda.max_memory_allocated(w.device) / GIB
+        out["peak_reserved_gib"] = torch.cuda.max_memory_reserved(w.device) / GIB
+    return out
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def run(overrides: list[str], steps: int, warmup: int, peers: list[str], progress=print) -> dict:
+    """Every contender's figures and the planner's, as one JSON-able dict."""
+    progress("engine: building")
+    step, w, plan = engine(merged(GPU_1B, overrides))
+    cfg = plan.cfg
+    peak = cfg.hardware.peak_tflops * 1e12
+    m = plan.memory
+    reserve = reserve_gib(cfg.hardware.device_type.value, cfg.hardware.memory_gib) * GIB
+    result = {
+        "device": torch.cuda.get_device_name(w.device) if w.device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "overrides": merged(GPU_1B, overrides),
+        "model": cfg.model.name,
+        "tokens_per_step": w.tokens,
+        "micro_batches": len(w.micro),
+        "seq_len": cfg.train.seq_len,
+        "compile": w.compile,
+        "dtype": str(w.compute_dtype).removeprefix("torch."),
+        "peak_tflops": cfg.hardware.peak_tflops,
+        "flops_per_token": plan.flops_per_token,
+        "planner": {
+            "tokens_per_s": plan.estimate.tokens_per_s_per_device,
+            "mfu": plan.estimate.mfu,
+            "memory_gib": m.total / GIB,
+            "memory_without_reserve_gib": (m.total - reserve) / GIB,
+            "activations_gib": m.activations / GIB,
+        },
+        "contenders": {},
+    }
+
+    def record(name: str, figures: dict) -> None:
+        if "tokens_per_s" in figures:
+            figures["mfu"] = figures["tokens_per_s"] * plan.flops_per_token / peak
+        result["contenders"][name] = figures
+
+    progress(f"engine: {warmup} warm-up and {steps} timed steps")
+    record("engine", measure(step, w, steps, warmup))
+    del step
+    release(w.device)
+    for name in peers:
+        progress(f"{name}: building")
+        start = time.perf_counter()
+        try:
+            peer = PEERS[name](w)
+            progress(f"{name}: {warmup} warm-up and {steps} timed steps")
+            figures = measure(peer, w, steps, warmup)
+        except ImportError as e:
+            figures = {"skipped": str(e)}
+        except Exception as e:  # a peer failing is a row of the table, not the end of it
+            figures = {"failed": f"{type(e).__name__}: {e}"}
+        figures["wall_s"] = time.perf_counter() - start
+        peer = None
+        release(w.device)
+        record(name, figures)
+    return result
+
+
+def table(r: dict) -> Table:
+    eng = r["contenders"]["engine"]["tokens_per_s"]
+    title = (
+        f"{r['model']} on {r['device']} (torch {r['torch']}): {r['tokens_per_step']:,} tokens "
+        f"per step in {r['micro_batches']} micro-batches of seq {r['seq_len']}, {r['dtype']}"
+        f"{', compiled blocks' if r['compile'] else ''}"
+    )
+    t = Table(title=title, title_justify="left")
+    for col in ("contender", "tokens/s", "MFU", "peak memory", "tokens/s vs engine"):
+        t.add_column(col, justify="left" if col == "contender" else "right")
+    for name, f in r["contenders"].items():
+        if "tokens_per_s" not in f:
+            t.add_row(name, f.get("skipped") or f.get("failed"), "", "", "")
+            continue
+        mem = f"{f['peak_allocated_gib']:.2f} GiB" if "peak_allocated_gib" in f else "n/a (cpu)"
+        t.add_row(
+            name,
+            f"{f['tokens_per_s']:,.0f}",
+            f"{f['mfu'] * 100:.1f}%",
+            mem,
+            f"{f['tokens_per_s'] / eng:.3f}",
+        )
+    p = r["planner"]
+    t.add_row(
+        "planner (engine's layout)",
+        f"{p['tokens_per_s']:,.0f}",
+        f"{p['mfu'] * 100:.1f}%",
+        f"{p['memory_without_reserve_gib']:.2f} GiB (+ reserve: {p['memory_gib']:.2f})",
+        f"{p['tokens_per_s'] / eng:.3f}",
+    )
+    return t
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = bench_parser("python -m launcher.bench.gpu", __doc__, "replace the defaults' keys")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per contender")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile)")
+    parser.add_argument(
+        "--peers",
+        default=",".join(PEERS),
+        help=f"comma-separated, from {', '.join(PEERS)}; empty: the engine alone",
+    )
+    args = parser.parse_args(argv)
+    peers = [p for p in args.peers.split(",") if p]
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        parser.error(f"--peers: unknown {', '.join(unknown)} (known: {', '.join(PEERS)})")
+    console = Console(width=140)
+    with console.status("") as status:
+        result = refusing_bad_config(
+            run, args.overrides, args.steps, args.warmup, peers, status.update
+        )
+    console.print(table(result))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""The benchmarks' code at a tiny size, so that it cannot rot (`make bench` and
+`python -m launcher.bench.gpu` measure; nothing here is timed)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from rich.console import Console
+
+import models
+from launcher.bench import __main__ as bench
+from launcher.bench import gpu
+from launcher.bench.peers import bare, engine, hugging_face
+from launcher.bench.timing import interleaved, least_disturbed
+
+TINY = [
+    "train.seq_len=32",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=2",
+    "train.seed=3",
+]
+
+
+def test_bare_loop_does_the_engines_work(tmp_path):
+    """The overhead ratio compares like with like: the bare loop's model, batch and first
+    update equal the engine's step 1, down to the loss and the updated parameters."""
+    step, w, plan = engine(TINY, str(tmp_path))
+    assert w.tokens == 4 * 32 and len(w.micro) == 2
+    engine_loss = step()
+    # Step 1 runs at the warmup learning rate; the bare loop's AdamW takes the one it is given.
+    w.train.lr = w.train.lr / w.train.warmup_steps
+    bare_step = bare(w)
+    bare_loss = bare_step()
+    torch.testing.assert_close(bare_loss, engine_loss, rtol=1e-6, atol=0)
+    theirs = dict(bare_step.model.named_parameters())
+    for name, p in step.model.named_parameters():
+        torch.testing.assert_close(theirs[name], p, rtol=1e-6, atol=1e-7, msg=name)
+
+
+def test_transformers_contender_has_the_same_shape(tmp_path):
+    _, w, _ = engine(TINY, str(tmp_path))
+    ours = sum(p.numel() for p in models.build(w.model["family"], w.model).parameters())
+    step = hugging_face(w)
+    assert type(step.model).__name__ == "LlamaForCausalLM"
+    assert sum(p.numel() for p in step.model.parameters()) == ours
+    first, later = step(), [step() for _ in range(3)][-1]
+    assert later < first  # it trains
+
+
+def test_interleaved_rotates_the_order_and_times_every_step():
+    calls = []
+
+    def contender(name):
+        def step():
+            calls.append(name)
+            return torch.zeros(())
+
+        return step
+
+    times = interleaved(
+        {n: contender(n) for n in "abc"}, rounds=3, steps=2, warmup=1, device=torch.device("cpu")
+    )
+    assert calls[:3] == ["a", "b", "c"]  # warm-up
+    timed = calls[3:]
+    assert timed[0:6] == ["a", "a", "b", "b", "c", "c"]
+    assert timed[6:12] == ["b", "b", "c", "c", "a", "a"]
+    assert timed[12:18] == ["c", "c", "a", "a", "b", "b"]
+    assert all(len(r) == 2 and all(t > 0 for t in r) for rounds in times.values() for r in rounds)
+    assert least_disturbed([[3.0, 2.0], [1.5, 4.0]]) == 1.5
+
+
+def test_cpu_comparison_tables(tmp_path):
+    threads = torch.get_num_threads()
+    r = bench.cpu_comparison(TINY, rounds=2, steps=1, warmup=1, threads=1, progress=lambda _: 0)
+    assert torch.get_num_threads() == threads  # restored
+    assert set(r["best"]) == {bench.ENGINE, bench.BARE, bench.AGAIN, bench.HF}
+    assert r["overhead"] == r["best"][bench.ENGINE] / r["best"][bench.BARE]
+    assert r["noise_floor"] == r["best"][bench.AGAIN] / r["best"][bench.BARE]
+    assert r["transformers_ratio"] == r["best"][bench.HF] / r["best"][bench.ENGINE]
+    console = Console(record=True, width=120)
+    for t in bench.comparison_tables(r):
+        console.print(t)
+    text = console.export_text()
+    assert "engine / bare loop (engine overhead)" in text and "<= 1.03" in text
+    assert "transformers / engine" in text and f"{r['overhead']:.3f}" in text
+    assert "this run's noise" in text
+    json.dumps(r)
+
+
+def test_gpu_benchmark_runs_on_cpu_at_a_tiny_size(tmp_path):
+    overrides = ["model=llama3_debug", "hardware=cpu", "train.compile=false", *TINY]
+    r = gpu.run(overrides, steps=2, warmup=1, peers=["transformers"], progress=lambda _: 0)
+    # The defaults that were not overridden stay: bf16 autocast on CPU, as on the GPU.
+    assert r["dtype"] == "bfloat16" and r["device"] == "cpu" and r["seq_len"] == 32
+    assert "model=llama3_2_1b" not in r["overrides"]
+    for name in ("engine", "transformers"):
+        f = r["contenders"][name]
+        assert f["tokens_per_s"] > 0 and f["mfu"] == pytest.approx(
+            f["tokens_per_s"] * r["flops_per_token"] / (r["peak_tflops"] * 1e12)
+        )
+    assert r["planner"]["memory_gib"] > r["planner"]["memory_without_reserve_gib"] > 0
+    console = Console(record=True, width=160)
+    console.print(gpu.table(r))
+    text = console.export_text()
+    assert "planner (engine's layout)" in text and "n/a (cpu)" in text
+    json.dumps(r)
+
+
+def test_gpu_benchmark_merges_overrides_and_refuses_unknown_peers(capsys):
+    assert gpu.merged(["a=1", "b=2"], ["b=3", "c=4"]) == ["a=1", "b=3", "c=4"]
+    with pytest.raises(SystemExit) as e:
+        gpu.main(["--peers", "megatron"])
+    assert e.value.code == 2
+    assert "unknown megatron" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["model=llama3_debug", "hardware=cpu", "parallel.tp=3"], "tp=3"),
+        (["model=llama3_debug", "hardware=cpu", "train.sq_len=64"], "train.sq_len"),
+    ],
+)
+def test_bad_config_exits_2_naming_it(argv, message, capsys):
+    for main in (gpu.main, bench.main):
+        with pytest.raises(SystemExit) as e:
+            main([*argv, "--peers", ""] if main is gpu.main else argv)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error:") and message in err and "Traceback" not in err
