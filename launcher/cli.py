@@ -25,8 +25,11 @@ CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__
 _task_started = False
 
 
+@functools.cache
 def run_id() -> str:
-    """A run name every rank of one job agrees on without talking to the others."""
+    """A run name every rank of one job agrees on without talking to the others. Resolved
+    once per process: Hydra resolves `hydra.sweep.dir` again for every job of a sweep, and
+    all of them belong in the one directory."""
     if "TORCHELASTIC_RUN_ID" in os.environ and os.environ["TORCHELASTIC_RUN_ID"] != "none":
         return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
     if "SLURM_JOB_ID" in os.environ:

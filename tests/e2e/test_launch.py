@@ -45,3 +45,20 @@ def test_multirun_runs_valid_points_and_names_rejected_ones(tmp_path):
     assert "rejected: parallel.dp_shard=3" in result.stderr and "[world_size]" in result.stderr
     assert len(read_metrics(tmp_path / "0")) == 2
     assert not (tmp_path / "1" / "metrics.jsonl").exists()
+
+
+def test_a_sweep_writes_every_job_under_one_directory(tmp_path):
+    """hydra.sweep.dir holds a timestamp that Hydra resolves again for every job: each job of
+    one sweep must still land in the same directory."""
+    result = run_cli(
+        "launcher.train",
+        "-m",
+        "train.seed=1,2",
+        *SHORT,
+        "hardware.devices_per_node=1",
+        f"hydra.sweep.dir={tmp_path}/${{run_id:}}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (sweep,) = tmp_path.iterdir()
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    assert len(read_metrics(sweep / "1")) == 2
