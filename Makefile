@@ -55,8 +55,8 @@ gpu-wheels: setup
 	$(BIN)/pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # sdist only
 
 lint: setup
-	$(BIN)/ruff check launcher models tests
-	$(BIN)/ruff format --check launcher models tests
+	$(BIN)/ruff check launcher models tests hydra_plugins
+	$(BIN)/ruff format --check launcher models tests hydra_plugins
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -8,17 +8,18 @@ distributed environment a multi-device layout relaunches this command under torc
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launcher import launch
+from launcher import launch, sweep
 from launcher.checkpoint.store import checkpoint_dir, start_problems
 from launcher.cli import fail, hydra_app, to_config
 from launcher.failures import resume_mode
 from launcher.plan import make_plan
-from launcher.plan.report import print_plan, problems_message
+from launcher.plan.report import plan_json, print_plan, problems_message
 from launcher.plan.rules import engine_problems
 
 
@@ -37,23 +38,32 @@ def check_devices(device_type: str, devices_per_node: int) -> None:
 
 
 def task(dcfg: DictConfig) -> None:
+    launch.slurm_env()  # a SLURM task learns its rank before anything asks for it
     cfg = to_config(dcfg)
     plan = make_plan(cfg)
     if plan.layout is not None:  # the planner may accept what the engine cannot run yet
         plan.errors.extend(engine_problems(cfg, plan.layout))
-    if launch.global_rank() == 0 and not launch.is_child():
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    first = launch.global_rank() == 0 and not launch.is_child()
+    if first:
         print_plan(plan)
+        if hc.mode == RunMode.MULTIRUN:  # the sweep's summary reads these (launcher/sweep.py)
+            sweep.write_json(run_dir / sweep.OVERRIDES, list(hc.overrides.task))
     if not plan.ok:
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
+        if hc.mode == RunMode.MULTIRUN:
             # A sweep skips the layouts that break a rule and goes on with the valid ones.
-            overrides = " ".join(HydraConfig.get().overrides.task)
-            print(f"rejected: {overrides}\n{problems_message(plan)}", file=sys.stderr)
+            if first:
+                overrides = " ".join(hc.overrides.task)
+                print(f"rejected: {overrides}\n{problems_message(plan)}", file=sys.stderr)
+                sweep.write_json(run_dir / sweep.REJECTED, {"problems": problems_message(plan)})
             return
         fail(problems_message(plan))
+    if first:
+        sweep.write_json(run_dir / sweep.PLAN, {**plan_json(plan), "train_steps": cfg.train.steps})
     check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)
-    run_dir = HydraConfig.get().runtime.output_dir
     ck = cfg.checkpoint
-    directory = checkpoint_dir(ck.dir, run_dir)
+    directory = checkpoint_dir(ck.dir, str(run_dir))
     resume = resume_mode(ck.resume.value)
     problems = start_problems(
         directory, resume, ck.initial_load_path, ck.initial_load_format.value, vars(cfg.model)
@@ -66,12 +76,12 @@ def task(dcfg: DictConfig) -> None:
             f"world_size={plan.world_size} (hardware.nodes x hardware.devices_per_node)"
         )
     if not launch.in_distributed_env() and plan.world_size > 1:
-        overrides = list(HydraConfig.get().overrides.task)
+        overrides = list(hc.overrides.task)
         status = launch.relaunch(
             cfg.hardware.nodes,
             cfg.hardware.devices_per_node,
             overrides,
-            run_dir,
+            str(run_dir),
             max_restarts=cfg.train.max_restarts,
             stop_timeout_s=cfg.train.timeout_s,
         )
@@ -81,7 +91,7 @@ def task(dcfg: DictConfig) -> None:
 
     from launcher.engine import run  # torch.distributed only past this point
 
-    run(cfg, plan, run_dir, dcfg)
+    run(cfg, plan, str(run_dir), dcfg)
 
 
 main = hydra_app(task)

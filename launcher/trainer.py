@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -260,6 +261,7 @@ class Trainer:
             "tokens_per_s": tps,
             "mfu": tps * self.plan.flops_per_token / (self.cfg.hardware.peak_tflops * 1e12),
             "step_time_s": elapsed,
+            "peak_memory_gib": peak_memory_gib(d.device),
         }
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -404,6 +406,14 @@ class Trainer:
                 "checkpoint": stopped.checkpoint,
             }
             (self.run_dir / STOPPED_FILE).write_text(json.dumps(record) + "\n")
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """The most this process has held: the CUDA allocator's peak on a GPU, the peak resident
+    set of the process on CPU (which includes the Python runtime and libraries)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def save_full_state_dict(parts: list[torch.nn.Module], d: distributed.Dist, path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import read_metrics, run_cli
 
@@ -45,6 +47,13 @@ def test_multirun_runs_valid_points_and_names_rejected_ones(tmp_path):
     assert "rejected: parallel.dp_shard=3" in result.stderr and "[world_size]" in result.stderr
     assert len(read_metrics(tmp_path / "0")) == 2
     assert not (tmp_path / "1" / "metrics.jsonl").exists()
+    # The summary: the table on stdout, summary.jsonl in the sweep directory.
+    rows = [json.loads(x) for x in (tmp_path / "summary.jsonl").read_text().splitlines()]
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "completed"), ("1", "rejected")]
+    assert rows[0]["loss"] == read_metrics(tmp_path / "0")[-1]["loss"]
+    assert rows[0]["predicted_tokens_per_s"] > 0 and rows[0]["tokens_per_s"] > 0
+    assert "[world_size]" in rows[1]["reason"]
+    assert "parallel.dp_shard=3" in result.stdout and "measured / planned" in result.stdout
 
 
 def test_a_sweep_writes_every_job_under_one_directory(tmp_path):

@@ -1,0 +1,1 @@
+"""`hydra/launcher=slurm` (conf/hydra/launcher/slurm.yaml): see slurm.py."""

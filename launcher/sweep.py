@@ -1,0 +1,174 @@
+"""A sweep's summary: every point's status and figures next to the planner's, from its files.
+
+Each job of a sweep (`python -m launcher.train -m ...`, local or `hydra/launcher=slurm`) writes
+into SWEEP_DIR/<job number>:
+- `overrides.json`: the point's overrides (written by the task, or by the SLURM launcher for a
+  point it never submitted);
+- `rejected.json`: the rules the point broke (it never ran);
+- `plan.json`: the plan it ran under (the planner's predictions, and train_steps);
+- `metrics.jsonl`: one row per step (loss, tokens/s per device, MFU, peak memory);
+- `status.json`: written by the SLURM launcher: how the queue saw the job end (completed,
+  failed with the reason, requeued N times).
+
+The summary reads only those files, so it is the same for a local and a SLURM sweep, and it can
+be rebuilt at any time: `python -m launcher.sweep SWEEP_DIR`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+OVERRIDES, REJECTED, PLAN, METRICS, STATUS = (
+    "overrides.json",
+    "rejected.json",
+    "plan.json",
+    "metrics.jsonl",
+    "status.json",
+)
+SUMMARY = "summary.jsonl"
+
+
+def _read(path: Path) -> Any:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def write_json(path: Path, value: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value) + "\n")
+    tmp.replace(path)
+
+
+def job_row(job_dir: Path) -> dict:
+    """One point of the sweep: its overrides, status and measured vs predicted figures."""
+    row: dict = {"job": job_dir.name, "overrides": _read(job_dir / OVERRIDES) or []}
+    rejected = _read(job_dir / REJECTED)
+    if rejected is not None:
+        return {**row, "status": "rejected", "reason": _one_line(rejected["problems"])}
+    queue = _read(job_dir / STATUS) or {}
+    plan = _read(job_dir / PLAN) or {}
+    predicted = plan.get("predicted") or {}
+    memory = plan.get("memory_gib") or {}
+    rows = []
+    if (job_dir / METRICS).exists():
+        rows = [json.loads(x) for x in (job_dir / METRICS).read_text().splitlines() if x.strip()]
+    steps = plan.get("train_steps")
+    last = rows[-1] if rows else {}
+    if queue.get("status") == "failed":
+        status = "failed"
+    elif rows and steps is not None and last.get("step") == steps:
+        status = "completed"
+    else:
+        # Stopped before its last step with no word from the queue: a local job that was
+        # interrupted, or one still running when the summary was made.
+        status = queue.get("status") or ("incomplete" if rows else "failed")
+    row.update(
+        status=status,
+        reason=queue.get("reason"),
+        requeued=queue.get("requeued", 0),
+        step=last.get("step"),
+        loss=last.get("loss"),
+        tokens_per_s=_best(rows, "tokens_per_s"),
+        predicted_tokens_per_s=predicted.get("tokens_per_s_per_device"),
+        mfu=_best(rows, "mfu"),
+        predicted_mfu=predicted.get("mfu"),
+        peak_memory_gib=max((r.get("peak_memory_gib") or 0 for r in rows), default=None),
+        predicted_memory_gib=memory.get("total"),
+    )
+    return row
+
+
+def _best(rows: list[dict], key: str) -> float | None:
+    """A step's figure after the first (which includes start-up): the median of the rest."""
+    values = sorted(r[key] for r in rows[1:] if r.get(key) is not None)
+    return values[len(values) // 2] if values else None
+
+
+def summarize(sweep_dir: str | Path) -> list[dict]:
+    """Every job directory's row, in job order; also written to SWEEP_DIR/summary.jsonl."""
+    sweep = Path(sweep_dir)
+    jobs = sorted((p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()), key=_num)
+    rows = [job_row(p) for p in jobs]
+    (sweep / SUMMARY).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def _one_line(problems: str) -> str:
+    """problems_message's lines ("the plan has 2 problems:", "  - [rule] text") as one."""
+    lines = [x.strip().removeprefix("- ") for x in problems.splitlines()]
+    return "; ".join(x for x in lines if x and not x.startswith("the plan has"))
+
+
+def _num(p: Path) -> int:
+    return int(p.name)
+
+
+def _pair(measured, predicted, fmt: str) -> str:
+    if measured is None and predicted is None:
+        return ""
+    got = "-" if measured is None else format(measured, fmt)
+    want = "-" if predicted is None else format(predicted, fmt)
+    return f"{got} / {want}"
+
+
+def summary_table(rows: list[dict], title: str) -> Table:
+    """One line per point: the overrides that vary across the sweep (the shared ones go in
+    the title), status, final loss, and each figure as measured / planned."""
+    shared = set.intersection(*(set(r["overrides"]) for r in rows)) if rows else set()
+    if shared:
+        title += "\nevery point: " + " ".join(o for o in rows[0]["overrides"] if o in shared)
+    t = Table(title=escape(title), title_justify="left")
+    for col in ("#", "point", "status", "final loss"):
+        t.add_column(col)
+    for col in ("tokens/s/dev", "MFU %", "peak GiB"):
+        t.add_column(f"{col}\nmeasured / planned", justify="right")
+    for r in rows:
+        status = r["status"]
+        if r.get("requeued"):
+            status += f" (requeued {r['requeued']}x)"
+        if r.get("reason"):
+            status += f": {r['reason']}"
+        t.add_row(
+            r["job"],
+            escape(" ".join(o for o in r["overrides"] if o not in shared)),
+            escape(status),
+            "" if r.get("loss") is None else f"{r['loss']:.4f}",
+            _pair(r.get("tokens_per_s"), r.get("predicted_tokens_per_s"), ",.0f"),
+            _pair(
+                None if r.get("mfu") is None else r["mfu"] * 100,
+                None if r.get("predicted_mfu") is None else r["predicted_mfu"] * 100,
+                ".2f",
+            ),
+            _pair(r.get("peak_memory_gib"), r.get("predicted_memory_gib"), ".2f"),
+        )
+    return t
+
+
+def print_summary(sweep_dir: str | Path) -> list[dict]:
+    rows = summarize(sweep_dir)
+    Console(width=160).print(summary_table(rows, f"sweep {sweep_dir} ({SUMMARY} beside it)"))
+    return rows
+
+
+class SweepSummary(Callback):
+    """Hydra callback (conf/config.yaml): the summary once every job of a sweep has ended."""
+
+    def on_multirun_end(self, config, **kwargs: Any) -> None:
+        sweep = Path(str(config.hydra.sweep.dir))
+        if sweep.is_dir():
+            print_summary(sweep)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or not Path(sys.argv[1]).is_dir():
+        sys.stderr.write("usage: python -m launcher.sweep SWEEP_DIR\n")
+        sys.exit(2)
+    print_summary(sys.argv[1])

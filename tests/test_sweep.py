@@ -1,0 +1,75 @@
+"""The sweep summary from a sweep directory's files (launcher/sweep.py), without running."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+
+from launcher import sweep
+
+
+def job(root, n, overrides, rejected=None, steps=None, losses=(), status=None):
+    d = root / str(n)
+    sweep.write_json(d / sweep.OVERRIDES, overrides)
+    if rejected:
+        sweep.write_json(d / sweep.REJECTED, {"problems": rejected})
+    if steps is not None:
+        plan = {
+            "predicted": {"tokens_per_s_per_device": 100.0, "mfu": 0.5},
+            "memory_gib": {"total": 2.0},
+            "train_steps": steps,
+        }
+        sweep.write_json(d / sweep.PLAN, plan)
+    rows = [
+        {"step": i + 1, "loss": loss, "tokens_per_s": 50.0 + i, "mfu": 0.1, "peak_memory_gib": 1}
+        for i, loss in enumerate(losses)
+    ]
+    if rows:
+        (d / sweep.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if status:
+        sweep.write_json(d / sweep.STATUS, status)
+
+
+def test_every_status_and_the_figures_beside_the_plans(tmp_path):
+    common = ["train.steps=3"]
+    problems = "the plan has 1 problem:\n  - [tp] tp=3 must divide n_heads=8"
+    job(tmp_path, 0, ["parallel.tp=1", *common], steps=3, losses=[5.0, 4.0, 3.5])
+    job(tmp_path, 1, ["parallel.tp=3", *common], rejected=problems)
+    job(tmp_path, 2, ["parallel.tp=2", *common], steps=3, losses=[5.0], status=None)
+    job(
+        tmp_path,
+        10,
+        ["parallel.tp=4", *common],
+        steps=3,
+        losses=[5.0],
+        status={"status": "failed", "reason": "job 7 was killed"},
+    )
+    job(
+        tmp_path,
+        3,
+        ["parallel.tp=8", *common],
+        steps=3,
+        losses=[5.0, 4.0, 3.0],
+        status={"status": "completed", "requeued": 1},
+    )
+    rows = sweep.summarize(tmp_path)
+    assert [r["job"] for r in rows] == ["0", "1", "2", "3", "10"]  # numeric order
+    by = {r["job"]: r for r in rows}
+    assert by["0"]["status"] == "completed" and by["0"]["loss"] == 3.5
+    assert by["0"]["tokens_per_s"] == 52.0  # the median after the first step: 51, 52
+    assert by["0"]["predicted_tokens_per_s"] == 100.0 and by["0"]["predicted_memory_gib"] == 2.0
+    assert (
+        by["1"]["status"] == "rejected" and by["1"]["reason"] == "[tp] tp=3 must divide n_heads=8"
+    )
+    assert by["2"]["status"] == "incomplete"
+    assert by["10"]["status"] == "failed" and by["10"]["reason"] == "job 7 was killed"
+    assert by["3"]["status"] == "completed" and by["3"]["requeued"] == 1
+    written = [json.loads(x) for x in (tmp_path / sweep.SUMMARY).read_text().splitlines()]
+    assert written == rows
+    console = Console(record=True, width=200)
+    console.print(sweep.summary_table(rows, "sweep"))
+    text = console.export_text()
+    assert "every point: train.steps=3" in text
+    assert "[tp] tp=3 must divide" in text  # not eaten as rich markup
+    assert "completed (requeued 1x)" in text and "52 / 100" in text
