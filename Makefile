@@ -23,12 +23,15 @@ train: setup
 # Everything but the `slow` tier (rows another row already covers, compile): under 30 minutes
 # on 2 cores. test-all adds it.
 test: setup
+	-bash tests/slurm/install.sh
 	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
 
 test-all: setup
+	-bash tests/slurm/install.sh
 	$(BIN)/python -m pytest -q $(ARGS)
 
 test-slow: setup
+	-bash tests/slurm/install.sh
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
 
 test-fast: setup

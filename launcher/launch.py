@@ -7,6 +7,7 @@ import ctypes
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,8 +34,26 @@ def slurm_env() -> None:
         hosts = subprocess.run(
             ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True
         ).stdout.split()
-        os.environ["MASTER_ADDR"] = hosts[0] if hosts else "127.0.0.1"
+        os.environ["MASTER_ADDR"] = node_address(hosts[0]) if hosts else "127.0.0.1"
     os.environ.setdefault("MASTER_PORT", str(29500 + int(os.environ.get("SLURM_JOB_ID", 0)) % 1000))
+
+
+def node_address(node: str) -> str:
+    """An address the other tasks can reach node `node` at: its name when that resolves, else
+    the NodeAddr SLURM knows it by (node names need not be DNS names; on the test cluster
+    n1 and n2 are both 127.0.0.1)."""
+    try:
+        socket.getaddrinfo(node, None)
+        return node
+    except OSError:
+        pass
+    line = subprocess.run(
+        ["scontrol", "show", "node", node, "-o"], capture_output=True, text=True
+    ).stdout
+    for field in line.split():
+        if field.startswith("NodeAddr="):
+            return field.removeprefix("NodeAddr=")
+    return node
 
 
 def in_distributed_env() -> bool:

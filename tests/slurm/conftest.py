@@ -1,0 +1,28 @@
+"""`slurm_cluster`: one real SLURM cluster (two nodes, n1 and n2) for the session."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from .cluster import MARKER, slurm_available, start_cluster
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    reason = slurm_available()
+    if reason:
+        pytest.skip(reason)
+    with start_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster, monkeypatch):
+    """Point this process at the cluster, for code that calls sbatch itself (submitit)."""
+    for var in [v for v in os.environ if v.startswith(("SLURM_", "SBATCH_", "SRUN_"))]:
+        monkeypatch.delenv(var)
+    for var in ("SLURM_CONF", "PATH", MARKER):
+        monkeypatch.setenv(var, slurm_cluster.env[var])
+    return slurm_cluster

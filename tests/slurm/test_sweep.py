@@ -1,0 +1,62 @@
+"""`python -m launcher.train -m ... hydra/launcher=slurm` on a real cluster (two slurmd)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import read_metrics, run_cli
+
+pytestmark = pytest.mark.e2e
+
+RUN = [
+    "train.steps=3",
+    "train.eval_interval=0",
+    "logging.wandb.mode=disabled",
+    "hardware.devices_per_node=2",
+]
+
+
+def summary(sweep_dir) -> dict[str, dict]:
+    rows = [json.loads(x) for x in (sweep_dir / "summary.jsonl").read_text().splitlines()]
+    return {r["job"]: r for r in rows}
+
+
+def test_invalid_point_never_queued_and_the_rest_match_local_runs(slurm_cluster, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    result = run_cli(
+        "launcher.train",
+        "-m",
+        "parallel.tp=1,2,3",
+        *RUN,
+        "hydra/launcher=slurm",
+        "hydra.launcher.timeout_min=10",
+        f"hydra.sweep.dir={sweep_dir}",
+        env=slurm_cluster.env,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:] + slurm_cluster.logs()
+    assert "rejected: parallel.tp=3" in result.stderr
+    rows = summary(sweep_dir)
+    assert {k: r["status"] for k, r in rows.items()} == {
+        "0": "completed",
+        "1": "completed",
+        "2": "rejected",
+    }
+    assert "tp=3 must divide" in rows["2"]["reason"] or "[world_size]" in rows["2"]["reason"]
+    # One job array of exactly the two valid points: tp=3 never reached the queue.
+    submitted = {json.loads((sweep_dir / n / "status.json").read_text())["job_id"] for n in "01"}
+    assert not (sweep_dir / "2" / "status.json").exists()
+    array = {job.split("_")[0] for job in submitted}
+    assert len(array) == 1 and len(submitted) == 2
+    records = slurm_cluster.run("scontrol", "show", "job", "-o", array.pop()).stdout
+    assert len(records.splitlines()) == 2
+    # Each job ran as two SLURM tasks (one rank each) and trained like the local run.
+    for n, tp in (("0", 1), ("1", 2)):
+        local = tmp_path / f"local{tp}"
+        run = run_cli("launcher.train", f"parallel.tp={tp}", *RUN, f"hydra.run.dir={local}")
+        assert run.returncode == 0, run.stderr[-3000:]
+        want = [r["loss"] for r in read_metrics(local)]
+        got = [r["loss"] for r in read_metrics(sweep_dir / n)]
+        assert got == pytest.approx(want, rel=1e-6), (n, got, want)
+    assert "measured / planned" in result.stdout
