@@ -1,8 +1,9 @@
 """What a run does when something goes wrong: a stop signal, a hung peer, an injected fault.
 
-- A stop signal (SIGTERM, SIGINT, or SIGUSR1 which SLURM sends with `--signal`) only sets a
-  flag; every rank finishes its current step, the ranks agree that one of them was signalled,
-  save a checkpoint together and exit with EXIT_STOPPED. A second SIGINT stops at once.
+- A stop signal (SIGTERM, SIGINT, or SIGUSR1 / SIGUSR2, which SLURM sends with `--signal`
+  before a time limit or a preemption; submitit asks for USR2) only sets a flag; every rank
+  finishes its current step, the ranks agree that one of them was signalled, save a
+  checkpoint together and exit with EXIT_STOPPED. A second SIGINT stops at once.
 - Every collective gives up after `train.timeout_s`; the error names the rank and what it was
   doing (`timed`).
 - LAUNCHER_FAULT_INJECT="RANK:STEP[:KIND]" makes one rank fail at one step, on the first
@@ -21,7 +22,7 @@ from contextlib import contextmanager
 # EX_TEMPFAIL (sysexits.h): stopped by a signal after saving a checkpoint of the current
 # step; running the same command again resumes from it. A scheduler can requeue on it.
 EXIT_STOPPED = 75
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 FAULT_ENV = "LAUNCHER_FAULT_INJECT"
 # Written into the run directory by global rank 0 once the stop checkpoint is complete.
 STOPPED_FILE = "stopped.json"

@@ -84,12 +84,12 @@ def relaunch(
 ) -> int:
     """Run this command again under torchrun with one process per device; return its status.
 
-    This process stays in charge until every rank has exited. SIGINT, SIGTERM, SIGUSR1 and
-    SIGHUP go to the ranks themselves (torchrun's children): they finish the step, save a
-    checkpoint and exit 0, so that torchrun neither restarts them nor reports a failure, and
-    this process exits EXIT_STOPPED. Ranks still running `stop_timeout_s` later, or at a
-    second SIGINT, are killed. torchrun runs in a session of its own (a terminal's Ctrl-C
-    reaches this process only, once) and gets SIGTERM if this process dies.
+    This process stays in charge until every rank has exited. SIGINT, SIGTERM, SIGUSR1,
+    SIGUSR2 and SIGHUP go to the ranks themselves (torchrun's children): they finish the
+    step, save a checkpoint and exit 0, so that torchrun neither restarts them nor reports a
+    failure, and this process exits EXIT_STOPPED. Ranks still running `stop_timeout_s`
+    later, or at a second SIGINT, are killed. torchrun runs in a session of its own (a
+    terminal's Ctrl-C reaches this process only, once) and gets SIGTERM if this process dies.
     """
     if nodes > 1:
         fail(
@@ -153,7 +153,7 @@ def relaunch(
     return status
 
 
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
 
 
 def die_with_parent() -> None:

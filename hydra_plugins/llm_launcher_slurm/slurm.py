@@ -9,15 +9,27 @@
   onto torch.distributed), GPUs per node on CUDA. Points with the same resources go as one job
   array; partition, account, qos, constraint, timeout_min, additional_parameters, ... pass
   through as hydra-submitit-launcher names them (`hydra.launcher.partition=...`);
-- a job that fails (a crash, or killed) is recorded in SWEEP_DIR/<n>/status.json and the
-  sweep goes on; the summary (launcher/sweep.py) then shows every point.
+- before a time limit or a preemption SLURM sends the warning signal submitit asks for
+  (`--signal=USR2@signal_delay_s`): the ranks finish their step, save a checkpoint together
+  (launcher/failures.py) and rank 0 requeues the job, which resumes from that checkpoint (at
+  most max_num_timeout times);
+- the launcher waits on the queue itself (`scontrol show job`), not on accounting: a job that
+  leaves the queue without a result (SIGKILLed, out of memory, its node lost) is failed within
+  seconds, on clusters without accounting too, where submitit would wait forever. Each job's
+  end is recorded in SWEEP_DIR/<n>/status.json and the sweep goes on; the summary
+  (launcher/sweep.py) then shows every point.
 
 Hydra plugins live in the `hydra_plugins` namespace package, which is why this file is here.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -28,11 +40,40 @@ from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import SlurmLauncher
 from omegaconf import OmegaConf, open_dict
 
-# Set from each point's plan; a value in hydra.launcher for these is overruled.
-RESOURCES = ("nodes", "tasks_per_node", "gpus_per_node")
+# A job's states once it has left the queue (REQUEUED and PREEMPTED may come back: a state
+# must last GRACE_S before the job counts as gone, which also lets a result file arrive).
+ENDED = {
+    "BOOT_FAIL",
+    "CANCELLED",
+    "COMPLETED",
+    "DEADLINE",
+    "FAILED",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "TIMEOUT",
+}
+GRACE_S = 15.0
+POLL_S = 1.0
+# Ranks other than 0 wait this long after a stop for SLURM to end them (requeue), then leave.
+REQUEUE_WAIT_S = 120.0
 
 
 class PlannedSlurmLauncher(SlurmLauncher):
+    def __call__(self, sweep_overrides, job_dir_key, job_num, job_id, singleton_state):
+        """One task of a job (one rank). A run stopped by SLURM's warning signal has saved a
+        checkpoint of its step: requeue the job, which then resumes from it."""
+        from launcher.failures import EXIT_STOPPED
+
+        try:
+            return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
+        except SystemExit as e:
+            if e.code != EXIT_STOPPED:
+                raise
+            run_dir = Path(str(self.config.hydra.sweep.dir)) / str(job_num)
+            _requeue_after_stop(run_dir, int(self.params.get("max_num_timeout", 0)))
+            raise
+
     def launch(self, job_overrides, initial_job_idx: int) -> list[JobReturn]:
         from launcher import sweep
 
@@ -115,21 +156,93 @@ class PlannedSlurmLauncher(SlurmLauncher):
         for idx, overrides in points:
             print(f"\t#{idx} : {' '.join(filter_overrides(overrides))}", flush=True)
         jobs = executor.map_array(self, *zip(*args, strict=True))
+        ends = _wait([job for job in jobs])
         out = []
         for (idx, _), job in zip(points, jobs, strict=True):
-            status = {"job_id": job.job_id}
-            try:
-                ret = job.results()[0]
-            except Exception as e:  # the queue's verdict: killed, timed out, crashed
-                status.update(status="failed", reason=_first_line(e))
-            else:
-                if ret.status == JobStatus.COMPLETED:
-                    status["status"] = "completed"
-                    out.append(ret)
-                else:
-                    status.update(status="failed", reason=_first_line(ret._return_value))
+            status, ret = ends[job.job_id]
+            if ret is not None:
+                out.append(ret)
             sweep.write_json(sweep_dir / str(idx) / sweep.STATUS, status)
         return out
+
+
+def queue_record(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o ID` as a dict ({} once the controller has forgotten the job)."""
+    out = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True
+    ).stdout
+    record: dict[str, str] = {}
+    for item in (out.splitlines() or [""])[0].split():
+        key, _, value = item.partition("=")
+        record.setdefault(key, value)
+    return record
+
+
+def _wait(jobs: list) -> dict[str, tuple[dict, JobReturn | None]]:
+    """Every job's end: ({status, reason, requeued, job_id}, its JobReturn when completed).
+
+    A job is over when its result file exists (submitit writes it, also when the task
+    raised), or when it has been out of the queue (ENDED, or unknown to scontrol) for GRACE_S
+    without one: then it was killed outright.
+    """
+    pending = {job.job_id: job for job in jobs}
+    gone: dict[str, float] = {}
+    ends: dict[str, tuple[dict, JobReturn | None]] = {}
+    while pending:
+        for job_id, job in list(pending.items()):
+            record = queue_record(job_id)
+            status = {"job_id": job_id, "requeued": int(record.get("Restarts", 0) or 0)}
+            if job.paths.result_pickle.exists():
+                ends[job_id] = _result(job, status)
+            elif record and record.get("JobState") not in ENDED:
+                gone.pop(job_id, None)
+                continue
+            elif time.monotonic() - gone.setdefault(job_id, time.monotonic()) > GRACE_S:
+                state = record.get("JobState", "gone from the queue")
+                reason = f"job {job_id} ended {state} without a result"
+                if record.get("ExitCode"):
+                    reason += f" (exit code {record['ExitCode']})"
+                status.update(status="failed", reason=reason)
+                ends[job_id] = (status, None)
+            else:
+                continue
+            del pending[job_id]
+        if pending:
+            time.sleep(POLL_S)
+    return ends
+
+
+def _result(job, status: dict) -> tuple[dict, JobReturn | None]:
+    try:
+        ret = job.results()[0]
+    except Exception as e:  # the task raised, or was stopped without a requeue
+        return {**status, "status": "failed", "reason": _first_line(e)}, None
+    if ret.status == JobStatus.COMPLETED:
+        return {**status, "status": "completed"}, ret
+    return {**status, "status": "failed", "reason": _first_line(ret._return_value)}, None
+
+
+def _requeue_after_stop(run_dir: Path, limit: int) -> None:
+    """After a stop checkpoint: rank 0 requeues the job if SLURM's warning signal stopped it
+    and it has been requeued fewer than `limit` times; every rank then waits for SLURM to end
+    it (returning would let the job complete). Otherwise this returns and the job fails
+    with the stop's exit status."""
+    import submitit
+
+    from launcher.failures import STOPPED_FILE
+
+    env = submitit.JobEnvironment()
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    if env.global_rank == 0:
+        stopped = json.loads((run_dir / STOPPED_FILE).read_text())
+        warned = stopped["signal"] in (signal.SIGUSR1, signal.SIGUSR2)
+        if not warned or restarts >= limit:
+            return  # cancelled (SIGTERM), or requeued often enough: the job ends here
+        subprocess.check_call(["scontrol", "requeue", env.job_id], timeout=60)
+        print(f"requeued {env.job_id} after the stop checkpoint", file=sys.stderr, flush=True)
+    deadline = time.monotonic() + REQUEUE_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(1)
 
 
 def _first_line(e: Any) -> str:

@@ -17,6 +17,22 @@ RUN = [
 ]
 
 
+def slurm_sweep(cluster, sweep_dir, *overrides: str):
+    """`python -m launcher.train -m OVERRIDES hydra/launcher=slurm` against `cluster`."""
+    result = run_cli(
+        "launcher.train",
+        "-m",
+        *overrides,
+        "hydra/launcher=slurm",
+        "hydra.launcher.timeout_min=10",
+        f"hydra.sweep.dir={sweep_dir}",
+        env=cluster.env,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:] + cluster.logs()
+    return result
+
+
 def summary(sweep_dir) -> dict[str, dict]:
     rows = [json.loads(x) for x in (sweep_dir / "summary.jsonl").read_text().splitlines()]
     return {r["job"]: r for r in rows}
@@ -24,18 +40,7 @@ def summary(sweep_dir) -> dict[str, dict]:
 
 def test_invalid_point_never_queued_and_the_rest_match_local_runs(slurm_cluster, tmp_path):
     sweep_dir = tmp_path / "sweep"
-    result = run_cli(
-        "launcher.train",
-        "-m",
-        "parallel.tp=1,2,3",
-        *RUN,
-        "hydra/launcher=slurm",
-        "hydra.launcher.timeout_min=10",
-        f"hydra.sweep.dir={sweep_dir}",
-        env=slurm_cluster.env,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stderr[-3000:] + slurm_cluster.logs()
+    result = slurm_sweep(slurm_cluster, sweep_dir, "parallel.tp=1,2,3", *RUN)
     assert "rejected: parallel.tp=3" in result.stderr
     rows = summary(sweep_dir)
     assert {k: r["status"] for k, r in rows.items()} == {
@@ -60,3 +65,24 @@ def test_invalid_point_never_queued_and_the_rest_match_local_runs(slurm_cluster,
         got = [r["loss"] for r in read_metrics(sweep_dir / n)]
         assert got == pytest.approx(want, rel=1e-6), (n, got, want)
     assert "measured / planned" in result.stdout
+
+
+def test_two_node_job_trains_like_one_process(slurm_cluster, tmp_path):
+    """hardware.nodes=2: one task on n1 and one on n2 (MASTER_ADDR from SLURM's NodeAddr:
+    the node names do not resolve here), dp_shard=2 over them."""
+    sweep_dir = tmp_path / "sweep"
+    common = [*RUN[:3], "train.seed=2"]
+    two_nodes = ["hardware.nodes=2", "hardware.devices_per_node=1"]
+    slurm_sweep(slurm_cluster, sweep_dir, *two_nodes, *common)
+    assert summary(sweep_dir)["0"]["status"] == "completed"
+    job_id = json.loads((sweep_dir / "0" / "status.json").read_text())["job_id"]
+    record = slurm_cluster.job(job_id)
+    assert record["NumNodes"] == "2" and record["NodeList"] == "n[1-2]", record
+    single = tmp_path / "single"
+    run = run_cli(
+        "launcher.train", "hardware.devices_per_node=1", *common, f"hydra.run.dir={single}"
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    want = [r["loss"] for r in read_metrics(single)]
+    got = [r["loss"] for r in read_metrics(sweep_dir / "0")]
+    assert got == pytest.approx(want, rel=1e-5)

@@ -1,0 +1,128 @@
+"""A SLURM job warned before its end checkpoints, is requeued and finishes like an
+uninterrupted run; a job killed outright is failed in the sweep, which returns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, read_metrics, run_cli
+
+pytestmark = pytest.mark.e2e
+
+RUN = [
+    "train.eval_interval=0",
+    "logging.wandb.mode=disabled",
+    "hardware.devices_per_node=2",
+]
+
+
+def start_sweep(sweep_dir, env, *overrides):
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "launcher.train",
+            "-m",
+            *RUN,
+            *overrides,
+            "hydra/launcher=slurm",
+            "hydra.launcher.timeout_min=10",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=ROOT,
+        env={**env, "WANDB_SILENT": "true"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_steps(metrics, steps: int, sweep, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:
+            return
+        if sweep.poll() is not None:
+            pytest.fail(f"the sweep ended early: {sweep.communicate()[1][-3000:]}")
+        time.sleep(0.5)
+    pytest.fail(f"{metrics} did not reach step {steps} in {timeout} s")
+
+
+def running_job(cluster) -> str:
+    (job,) = cluster.run("squeue", "-h", "-t", "RUNNING", "-o", "%i").stdout.split()
+    return job
+
+
+def release_requeued(cluster, job: str, timeout: float = 120) -> None:
+    """SLURM holds a requeued job for about two minutes (EligibleTime = requeue + 121 s here):
+    once the launcher has requeued it, start it now instead, to keep the test short."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        record = cluster.job(job)
+        if record.get("JobState") == "PENDING" and record.get("Reason") == "BeginTime":
+            cluster.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+            return
+        time.sleep(0.5)
+    pytest.fail(f"job {job} was not requeued within {timeout} s:\n{cluster.logs()}")
+
+
+def summary_row(sweep_dir) -> dict:
+    (row,) = [json.loads(x) for x in (sweep_dir / "summary.jsonl").read_text().splitlines()]
+    return row
+
+
+def test_warned_job_checkpoints_is_requeued_and_matches_the_uninterrupted_run(
+    slurm_cluster, tmp_path
+):
+    sweep_dir = tmp_path / "sweep"
+    steps = ["train.steps=24", "train.seed=5"]
+    sweep = start_sweep(sweep_dir, slurm_cluster.env, *steps)
+    try:
+        wait_for_steps(sweep_dir / "0" / "metrics.jsonl", 3, sweep)
+        # What SLURM sends signal_delay_s before a time limit (submitit asks for USR2).
+        job = running_job(slurm_cluster)
+        slurm_cluster.run("scancel", "--signal=USR2", job)
+        release_requeued(slurm_cluster, job)
+        out, err = sweep.communicate(timeout=400)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 0, err[-3000:] + slurm_cluster.logs()
+    row = summary_row(sweep_dir)
+    assert row["status"] == "completed" and row["requeued"] >= 1, row
+    assert (sweep_dir / "0" / "stopped.json").exists()  # the stop checkpoint was taken
+    got = read_metrics(sweep_dir / "0")
+    assert [r["step"] for r in got] == list(range(1, 25))  # every step once
+    local = tmp_path / "local"
+    ref = run_cli("launcher.train", *RUN, *steps, f"hydra.run.dir={local}")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = [r["loss"] for r in read_metrics(local)]
+    assert [r["loss"] for r in got] == pytest.approx(want, rel=1e-6)
+    assert "completed (requeued" in out
+
+
+def test_killed_job_is_failed_and_the_sweep_returns_without_accounting(slurm_cluster, tmp_path):
+    """No stand-in sacct on PATH: the real one fails without accounting storage, as on a
+    cluster without it; the launcher watches the queue itself."""
+    env = dict(slurm_cluster.env)
+    env["PATH"] = os.pathsep.join(
+        p for p in env["PATH"].split(os.pathsep) if p != str(slurm_cluster.bin)
+    )
+    sweep_dir = tmp_path / "sweep"
+    sweep = start_sweep(sweep_dir, env, "train.steps=500")
+    try:
+        wait_for_steps(sweep_dir / "0" / "metrics.jsonl", 2, sweep)
+        slurm_cluster.run("scancel", "--signal=KILL", running_job(slurm_cluster))
+        killed = time.monotonic()
+        out, err = sweep.communicate(timeout=120)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 0, err[-3000:]
+    assert time.monotonic() - killed < 60
+    row = summary_row(sweep_dir)
+    assert row["status"] == "failed" and "without a result" in row["reason"], row
+    assert "failed" in out
