@@ -245,6 +245,10 @@ class PlanConfig:
     dry_run: bool = False  # build the real mesh and sharded meta model over a fake group
     search: bool = False  # enumerate layouts for this model, hardware and batch
     top_k: int = 5
+    # k >= 0: train the k-th fastest layout of plan.search that launcher.train runs (0 the
+    # fastest) instead of the layout the config describes; sweep it to try the best few:
+    # `python -m launcher.train -m "plan.candidate=range(3)" ...`. -1: off.
+    candidate: int = -1
     draw: str = ""  # FILE.png/.svg/.pdf: draw the pipeline schedule (ranks x time, bubble shaded)
 
 

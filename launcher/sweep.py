@@ -71,6 +71,7 @@ def job_row(job_dir: Path) -> dict:
         # interrupted, or one still running when the summary was made.
         status = queue.get("status") or ("incomplete" if rows else "failed")
     row.update(
+        layout=_layout(plan),
         status=status,
         reason=queue.get("reason"),
         requeued=queue.get("requeued", 0),
@@ -84,6 +85,21 @@ def job_row(job_dir: Path) -> dict:
         predicted_memory_gib=memory.get("total"),
     )
     return row
+
+
+def _layout(plan: dict) -> str:
+    """The plan's degrees and settings in a few words: "dp 1x2 tp 2 pp 2 1f1b/1 zero 1 mb 2"."""
+    deg, lay = plan.get("degrees"), plan.get("layout")
+    if not deg or not lay:
+        return ""
+    out = [f"dp {deg['dp_replicate']}x{deg['dp_shard']}"]
+    out += [f"{a} {deg[a]}" for a in ("tp", "cp", "pp", "ep") if deg.get(a, 1) > 1]
+    if deg.get("pp", 1) > 1:
+        out.append(f"{lay['schedule']}/{lay['stages_per_rank']}")
+    out.append(f"zero {lay['zero_stage']} mb {lay['micro_batch_size']}")
+    if lay["recompute"] != "none":
+        out.append(f"recompute {lay['recompute']}")
+    return " ".join(out)
 
 
 def _best(rows: list[dict], key: str) -> float | None:
@@ -126,7 +142,7 @@ def summary_table(rows: list[dict], title: str) -> Table:
     if shared:
         title += "\nevery point: " + " ".join(o for o in rows[0]["overrides"] if o in shared)
     t = Table(title=escape(title), title_justify="left")
-    for col in ("#", "point", "status", "final loss"):
+    for col in ("#", "point", "layout", "status", "final loss"):
         t.add_column(col)
     for col in ("tokens/s/dev", "MFU %", "peak GiB"):
         t.add_column(f"{col}\nmeasured / planned", justify="right")
@@ -139,6 +155,7 @@ def summary_table(rows: list[dict], title: str) -> Table:
         t.add_row(
             r["job"],
             escape(" ".join(o for o in r["overrides"] if o not in shared)),
+            r.get("layout", ""),
             escape(status),
             "" if r.get("loss") is None else f"{r['loss']:.4f}",
             _pair(r.get("tokens_per_s"), r.get("predicted_tokens_per_s"), ",.0f"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
@@ -21,6 +22,7 @@ from launcher.failures import resume_mode
 from launcher.plan import make_plan
 from launcher.plan.report import plan_json, print_plan, problems_message
 from launcher.plan.rules import engine_problems
+from launcher.plan.search import candidate_overrides, with_overrides
 
 
 def check_devices(device_type: str, devices_per_node: int) -> None:
@@ -37,28 +39,39 @@ def check_devices(device_type: str, devices_per_node: int) -> None:
         )
 
 
+def reject(problems: str, hc, run_dir: Path, first: bool) -> None:
+    """A layout that breaks a rule: exit 2, or in a sweep skip it (the summary names it) and
+    go on with the valid ones."""
+    if hc.mode != RunMode.MULTIRUN:
+        fail(problems)
+    if first:
+        print(f"rejected: {' '.join(hc.overrides.task)}\n{problems}", file=sys.stderr)
+        sweep.write_json(run_dir / sweep.REJECTED, {"problems": problems})
+
+
 def task(dcfg: DictConfig) -> None:
     launch.slurm_env()  # a SLURM task learns its rank before anything asks for it
-    cfg = to_config(dcfg)
-    plan = make_plan(cfg)
-    if plan.layout is not None:  # the planner may accept what the engine cannot run yet
-        plan.errors.extend(engine_problems(cfg, plan.layout))
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     first = launch.global_rank() == 0 and not launch.is_child()
+    if first and hc.mode == RunMode.MULTIRUN:  # the sweep's summary reads these (sweep.py)
+        sweep.write_json(run_dir / sweep.OVERRIDES, list(hc.overrides.task))
+    cfg = to_config(dcfg)
+    if cfg.plan.candidate >= 0:
+        extra, problem = candidate_overrides(cfg)
+        if problem:
+            return reject(problem, hc, run_dir, first)
+        dcfg = compose(config_name="config", overrides=with_overrides(hc.overrides.task, extra))
+        cfg = to_config(dcfg)
+        if first:
+            print(f"plan.candidate={cfg.plan.candidate}: {' '.join(extra)}", flush=True)
+    plan = make_plan(cfg)
+    if plan.layout is not None:  # the planner may accept what the engine cannot run yet
+        plan.errors.extend(engine_problems(cfg, plan.layout))
     if first:
         print_plan(plan)
-        if hc.mode == RunMode.MULTIRUN:  # the sweep's summary reads these (launcher/sweep.py)
-            sweep.write_json(run_dir / sweep.OVERRIDES, list(hc.overrides.task))
     if not plan.ok:
-        if hc.mode == RunMode.MULTIRUN:
-            # A sweep skips the layouts that break a rule and goes on with the valid ones.
-            if first:
-                overrides = " ".join(hc.overrides.task)
-                print(f"rejected: {overrides}\n{problems_message(plan)}", file=sys.stderr)
-                sweep.write_json(run_dir / sweep.REJECTED, {"problems": problems_message(plan)})
-            return
-        fail(problems_message(plan))
+        return reject(problems_message(plan), hc, run_dir, first)
     if first:
         sweep.write_json(run_dir / sweep.PLAN, {**plan_json(plan), "train_steps": cfg.train.steps})
     check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)

@@ -16,6 +16,14 @@ def job(root, n, overrides, rejected=None, steps=None, losses=(), status=None):
         sweep.write_json(d / sweep.REJECTED, {"problems": rejected})
     if steps is not None:
         plan = {
+            "degrees": {"dp_replicate": 1, "dp_shard": 2, "tp": 2, "cp": 1, "pp": 2, "ep": 1},
+            "layout": {
+                "schedule": "1f1b",
+                "stages_per_rank": 1,
+                "zero_stage": 1,
+                "micro_batch_size": 2,
+                "recompute": "full",
+            },
             "predicted": {"tokens_per_s_per_device": 100.0, "mfu": 0.5},
             "memory_gib": {"total": 2.0},
             "train_steps": steps,
@@ -57,6 +65,7 @@ def test_every_status_and_the_figures_beside_the_plans(tmp_path):
     assert [r["job"] for r in rows] == ["0", "1", "2", "3", "10"]  # numeric order
     by = {r["job"]: r for r in rows}
     assert by["0"]["status"] == "completed" and by["0"]["loss"] == 3.5
+    assert by["0"]["layout"] == "dp 1x2 tp 2 pp 2 1f1b/1 zero 1 mb 2 recompute full"
     assert by["0"]["tokens_per_s"] == 52.0  # the median after the first step: 51, 52
     assert by["0"]["predicted_tokens_per_s"] == 100.0 and by["0"]["predicted_memory_gib"] == 2.0
     assert (

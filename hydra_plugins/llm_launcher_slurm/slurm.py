@@ -107,15 +107,17 @@ class PlannedSlurmLauncher(SlurmLauncher):
 
     def _plan(self, overrides: list[str]) -> tuple[str, tuple]:
         """(the problems of this point, or ""; its SLURM resources)."""
-        from launcher.cli import to_config
         from launcher.plan import make_plan
         from launcher.plan.report import problems_message
         from launcher.plan.rules import engine_problems
+        from launcher.plan.search import candidate_overrides, with_overrides
 
-        dcfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
-        with open_dict(dcfg):
-            del dcfg["hydra"]
-        cfg = to_config(dcfg)
+        cfg = self._task_config(overrides)
+        if cfg.plan.candidate >= 0:  # the job will run the same search and train this layout
+            extra, problem = candidate_overrides(cfg)
+            if problem:
+                return problem, ()
+            cfg = self._task_config(with_overrides(overrides, extra))
         plan = make_plan(cfg)
         if plan.layout is not None:
             plan.errors.extend(engine_problems(cfg, plan.layout))
@@ -127,6 +129,15 @@ class PlannedSlurmLauncher(SlurmLauncher):
             ("gpus_per_node", hw.devices_per_node if cuda else None),
         )
         return ("" if plan.ok else problems_message(plan)), resources
+
+    def _task_config(self, overrides: list[str]):
+        """The typed Config the task of a job with these overrides receives."""
+        from launcher.cli import to_config
+
+        dcfg = self.hydra_context.config_loader.load_sweep_config(self.config, overrides)
+        with open_dict(dcfg):
+            del dcfg["hydra"]
+        return to_config(dcfg)
 
     def _executor(self, resources: dict):
         """submitit's executor with hydra.launcher's parameters and this group's resources

@@ -120,6 +120,32 @@ def search(cfg: Config) -> tuple[int, list[Estimate]]:
     return evaluated, fitting
 
 
+def runnable(cfg: Config) -> list[Estimate]:
+    """The layouts of the search that fit and that launcher.train runs, fastest first."""
+    return [e for e in search(cfg)[1] if not engine_problems(cfg, e.layout)]
+
+
+def candidate_overrides(cfg: Config) -> tuple[list[str], str]:
+    """plan.candidate=k: (the overrides that give the k-th fastest runnable layout, "") or
+    ([], why there is none)."""
+    k = cfg.plan.candidate
+    found = runnable(cfg)
+    if k >= len(found):
+        return [], (
+            f"plan.candidate={k}: the search found {len(found)} layout(s) that fit and that "
+            f"launcher.train runs for model={cfg.model.name} on {cfg.hardware.nodes} x "
+            f"{cfg.hardware.devices_per_node} {cfg.hardware.name} (0-based)"
+        )
+    return found[k].layout.overrides(), ""
+
+
+def with_overrides(base: list[str], extra: list[str]) -> list[str]:
+    """`base` with every key `extra` sets replaced by extra's value (Hydra refuses a key
+    given twice)."""
+    keys = {o.split("=", 1)[0] for o in extra}
+    return [o for o in base if o.split("=", 1)[0] not in keys] + extra
+
+
 def run_search(cfg: Config, as_json: bool) -> int:
     """Print the top plan.top_k layouts; exit status 0 when at least one fits."""
     console = Console(stderr=as_json, width=None if Console().is_terminal else 150)

@@ -71,3 +71,27 @@ def test_a_sweep_writes_every_job_under_one_directory(tmp_path):
     (sweep,) = tmp_path.iterdir()
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
     assert len(read_metrics(sweep / "1")) == 2
+
+
+def test_sweep_of_the_planners_best_layouts(tmp_path):
+    """plan.candidate=k trains the k-th fastest layout of plan.search that launcher.train
+    runs; a k past the end is rejected by name."""
+    from launcher.cli import compose
+    from launcher.plan.search import runnable
+
+    result = run_cli(
+        "launcher.train",
+        "-m",
+        "plan.candidate=0,99",
+        "hardware.devices_per_node=2",
+        *SHORT,
+        f"hydra.sweep.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    best = runnable(compose(["hardware.devices_per_node=2", *SHORT]))[0].layout
+    plan = json.loads((tmp_path / "0" / "plan.json").read_text())
+    assert plan["degrees"] == best.degrees
+    assert plan["layout"]["micro_batch_size"] == best.micro_batch_size
+    assert len(read_metrics(tmp_path / "0")) == 2
+    rows = [json.loads(x) for x in (tmp_path / "summary.jsonl").read_text().splitlines()]
+    assert rows[1]["status"] == "rejected" and "plan.candidate=99" in rows[1]["reason"]
