@@ -103,6 +103,10 @@ class HardwareConfig:
     intra_node_gbps: float = 100.0  # GB/s per device inside a node
     inter_node_gbps: float = 10.0  # GB/s per device across nodes
     storage_gbps: float = 2.0  # GB/s per node written to the checkpoint storage
+    # Fraction of peak_tflops the engine's compute achieves. 0: the fit to the Megatron-LM
+    # table, 0.586 x dim / (dim + 440); a measured value comes from
+    # `python -m launcher.plan.calibrate --from SWEEP_DIR`.
+    efficiency: float = 0.0
 
 
 @dataclass

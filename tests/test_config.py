@@ -8,7 +8,8 @@ from conftest import CONF, ROOT, compose_config, run_cli
 from launcher.config import Config, DType
 from launcher.plan import make_plan
 
-GROUPS = sorted(p for p in CONF.iterdir() if p.is_dir() and p.name != "recipe")
+# conf/hydra holds Hydra's own groups (hydra/launcher=slurm), tested below.
+GROUPS = sorted(p for p in CONF.iterdir() if p.is_dir() and p.name not in ("recipe", "hydra"))
 OPTIONS = [(g.name, f.stem) for g in GROUPS for f in sorted(g.rglob("*.yaml"))]
 RECIPES = sorted(
     p.relative_to(ROOT / "recipes").with_suffix("").as_posix()
@@ -27,6 +28,20 @@ def test_every_group_option_composes(group, option):
     assert isinstance(cfg, Config)
     if hasattr(getattr(cfg, group), "name"):
         assert getattr(cfg, group).name == option
+
+
+def test_the_slurm_launcher_config_composes():
+    from hydra import compose, initialize_config_dir
+
+    from launcher.cli import hydra_app
+
+    hydra_app(lambda cfg: None)  # the schema and resolvers
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose("config", overrides=["hydra/launcher=slurm"], return_hydra_config=True)
+    launcher = cfg.hydra.launcher
+    assert launcher._target_ == "hydra_plugins.llm_launcher_slurm.slurm.PlannedSlurmLauncher"
+    assert launcher.signal_delay_s == 120 and launcher.max_num_timeout == 3
+    assert "partition" in launcher and "additional_parameters" in launcher
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

@@ -1,4 +1,5 @@
-"""`python -m launcher.plan.calibrate`: fit the compute efficiency to the Megatron-LM table.
+"""`python -m launcher.plan.calibrate`: fit the compute efficiency to the Megatron-LM table;
+`--from SWEEP_DIR`: refit it from this engine's own measured runs.
 
 Each row of Narayanan et al. 2021, Table 1 is a recipe (recipes/megatron_gpt_*.yaml). For a
 candidate efficiency the planner predicts each row's step time; the achieved TFLOP/s per GPU
@@ -6,14 +7,26 @@ follows with Megatron's own FLOP count, 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) p
 (full recomputation, attention counted without the causal mask). The efficiency minimising the
 squared relative error (efficiency = max x dim / (dim + d0)) is printed with each
 row's residual; EFFICIENCY_MAX and EFFICIENCY_DIM in launcher/plan/estimate.py hold the fit.
+
+`--from SWEEP_DIR` reads a sweep's completed jobs (launcher/sweep.py: each job's overrides and
+its measured tokens/s per device, the median step after the first) and fits, per hardware
+preset, the one constant efficiency (a fraction of peak_tflops) whose predictions come
+closest, in squared relative error. It prints every job's residual before (the efficiency
+its config used) and after, and the override to use: `hardware.efficiency=X`. The Megatron
+fit stays the default.
 """
 
 from __future__ import annotations
 
+import argparse
+import math
+from dataclasses import replace
+from pathlib import Path
+
 from rich.console import Console
 from rich.table import Table
 
-from launcher.cli import compose
+from launcher.cli import compose, fail
 from launcher.plan import estimate, make_plan
 
 # (recipe, reported TFLOP/s per GPU) from REFERENCE.md section 2.
@@ -71,7 +84,96 @@ def fit(cfgs, reported) -> tuple[float, float, list[float]]:
     return best[1], best[2], best[3]
 
 
-def main() -> None:
+def measured_runs(sweep_dir: str) -> list[tuple[dict, object]]:
+    """(summary row, Config) of every completed job of the sweep with a measured speed."""
+    from launcher import sweep
+    from launcher.plan.search import candidate_overrides, with_overrides
+
+    out = []
+    for row in sweep.summarize(sweep_dir):
+        if row["status"] != "completed" or not row.get("tokens_per_s"):
+            continue
+        cfg = compose(row["overrides"])
+        if cfg.plan.candidate >= 0:  # the layout that job trained
+            cfg = compose(with_overrides(row["overrides"], candidate_overrides(cfg)[0]))
+        out.append((row, cfg))
+    return out
+
+
+def predicted_speed(cfg, efficiency: float) -> float:
+    """tokens/s per device the planner predicts for `cfg` at `efficiency` of peak."""
+    hw = replace(cfg.hardware, efficiency=efficiency)
+    return make_plan(replace(cfg, hardware=hw)).estimate.tokens_per_s_per_device
+
+
+def fit_efficiency(cfgs, measured: list[float]) -> float:
+    """The efficiency minimising the squared relative error of the predicted speeds: a
+    geometric grid from 0.1% to 100% of peak, then a finer one around the best."""
+
+    def err(e: float) -> float:
+        pairs = zip(cfgs, measured, strict=True)
+        return sum((predicted_speed(c, e) - m) ** 2 / m**2 for c, m in pairs)
+
+    grid = [10 ** (-3 + 3 * i / 90) for i in range(91)]
+    best = min(grid, key=err)
+    fine = [best * 10 ** (i / 900) for i in range(-15, 16)]
+    return min((e for e in fine if e <= 1.0), key=err)
+
+
+def calibrate_from(sweep_dir: str) -> None:
+    runs = measured_runs(sweep_dir)
+    if not runs:
+        fail(f"{sweep_dir} has no completed job with a measured speed (see its summary.jsonl)")
+    console = Console(width=140)
+    by_hw: dict[str, list] = {}
+    for row, cfg in runs:
+        by_hw.setdefault(cfg.hardware.name, []).append((row, cfg))
+    for name, group in by_hw.items():
+        cfgs = [cfg for _, cfg in group]
+        measured = [row["tokens_per_s"] for row, _ in group]
+        before = [make_plan(cfg) for cfg in cfgs]
+        eff = fit_efficiency(cfgs, measured)
+        after = [predicted_speed(cfg, eff) for cfg in cfgs]
+        table = Table(
+            title=f"hardware={name}: {len(group)} measured run(s) in {sweep_dir}; refitted "
+            f"efficiency {eff:.4f} of peak_tflops={cfgs[0].hardware.peak_tflops:g}",
+            title_justify="left",
+        )
+        cols = ("job", "point", "measured tok/s/dev", "efficiency in use", "predicted")
+        for col in (*cols, "residual", "refitted", "residual"):
+            table.add_column(col, justify="left" if col in ("job", "point") else "right")
+        res_before, res_after = [], []
+        for (row, _), plan, m, a in zip(group, before, measured, after, strict=True):
+            b = plan.estimate.tokens_per_s_per_device
+            res_before.append((b - m) / m)
+            res_after.append((a - m) / m)
+            table.add_row(
+                row["job"],
+                row.get("layout") or " ".join(row["overrides"]),
+                f"{m:,.0f}",
+                f"{plan.context.efficiency:.4f}",
+                f"{b:,.0f}",
+                f"{res_before[-1]:+.1%}",
+                f"{a:,.0f}",
+                f"{res_after[-1]:+.1%}",
+            )
+        console.print(table)
+        rms = lambda r: math.sqrt(sum(x * x for x in r) / len(r))  # noqa: E731
+        print(
+            f"RMS relative residual {rms(res_before):.1%} before, {rms(res_after):.1%} after; "
+            f"use it with hardware={name} hardware.efficiency={eff:.4f} (or put efficiency: "
+            f"{eff:.4f} in conf/hardware/{name}.yaml)"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m launcher.plan.calibrate", description=__doc__)
+    parser.add_argument("--from", dest="sweep_dir", help="refit from this sweep's measured runs")
+    args = parser.parse_args(argv)
+    if args.sweep_dir:
+        if not Path(args.sweep_dir).is_dir():
+            fail(f"--from {args.sweep_dir}: no such sweep directory")
+        return calibrate_from(args.sweep_dir)
     cfgs = [compose([f"recipe={name}"]) for name, _ in MEGATRON]
     reported = [r for _, r in MEGATRON]
     eff_max, eff_dim, pred = fit(cfgs, reported)

@@ -90,7 +90,8 @@ class Context:
         self.capacity = hw.memory_gib * GIB
         self.reserve = reserve_gib(hw.device_type.value, hw.memory_gib) * GIB
         self.peak = hw.peak_tflops * 1e12
-        self.sustained = compute_efficiency(m.dim) * self.peak
+        self.efficiency = hw.efficiency or compute_efficiency(m.dim)
+        self.sustained = self.efficiency * self.peak
         self.intra, self.inter = hw.intra_node_gbps * 1e9, hw.inter_node_gbps * 1e9
         self.param_b, self.grad_b = BYTES[p.param_dtype], BYTES[p.grad_dtype]
         self.master_b = BYTES[p.master_dtype] if p.master_dtype != p.param_dtype else 0

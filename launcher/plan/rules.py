@@ -179,6 +179,12 @@ def config_problems(cfg: Config) -> list[Problem]:
     for key in ("memory_gib", "peak_tflops", "intra_node_gbps", "inter_node_gbps", "storage_gbps"):
         if getattr(hw, key) <= 0:
             err("hardware", f"hardware.{key}={getattr(hw, key)} must be > 0")
+    if not 0 <= hw.efficiency <= 1:
+        err(
+            "hardware",
+            f"hardware.efficiency={hw.efficiency} must be in [0, 1] (a fraction of "
+            "peak_tflops; 0: the Megatron-LM fit)",
+        )
     return errors
 
 
