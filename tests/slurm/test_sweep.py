@@ -86,3 +86,21 @@ def test_two_node_job_trains_like_one_process(slurm_cluster, tmp_path):
     want = [r["loss"] for r in read_metrics(single)]
     got = [r["loss"] for r in read_metrics(sweep_dir / "0")]
     assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_every_point_rejected_submits_nothing_and_exits_2(tmp_path):
+    """No cluster needed: nothing may reach sbatch (PATH has none here)."""
+    result = run_cli(
+        "launcher.train",
+        "-m",
+        "parallel.tp=3,5",
+        "hardware.devices_per_node=2",
+        "hydra/launcher=slurm",
+        f"hydra.sweep.dir={tmp_path}",
+        env={"PATH": "/nonexistent"},
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "every point of the sweep was rejected; nothing was submitted" in result.stderr
+    assert "rejected: parallel.tp=3" in result.stderr and "rejected: parallel.tp=5" in result.stderr
+    assert not (tmp_path / ".submitit").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0", "1"]
