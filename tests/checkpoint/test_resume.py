@@ -98,7 +98,16 @@ def resume(run_dir, source_dir, layout: str) -> list[dict]:
     return read_metrics(run_dir)
 
 
-@pytest.mark.parametrize("name", BITWISE)
+# HSDP's resume rows (its source run, bitwise, and into DDP) are in the `slow` tier: FSDP and
+# ZeRO-1 cover its state, and the parity rows its mesh (make test-all runs them).
+SLOW = "hsdp 2x2"
+
+
+def tier(*names: str) -> list:
+    return [pytest.mark.slow] if SLOW in names else []
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=tier(n)) for n in BITWISE])
 def test_resume_is_bitwise(name, sources, tmp_path):
     source = sources(name)
     rows = resume(tmp_path, source, name)
@@ -112,7 +121,10 @@ def test_resume_is_bitwise(name, sources, tmp_path):
     assert not unequal, f"{name}: final parameters not bitwise equal: {unequal[:5]}"
 
 
-@pytest.mark.parametrize(("source", "target"), RESHARD, ids=[f"{s} -> {t}" for s, t in RESHARD])
+@pytest.mark.parametrize(
+    ("source", "target"),
+    [pytest.param(s, t, marks=tier(s, t), id=f"{s} -> {t}") for s, t in RESHARD],
+)
 def test_resume_on_another_layout(source, target, sources, tmp_path):
     src = sources(source)
     rows = resume(tmp_path, src, target)

@@ -25,7 +25,13 @@ def reference(tmp_path_factory):
     return run_dir, losses
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+# fsdp dp_shard=4: dp_shard=2 and HSDP's 4 ranks cover it (the `slow` tier: make test-all).
+SLOW = ("fsdp dp_shard=4",)
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in LAYOUTS]
+)
 def test_matches_single_process(name, reference, tmp_path):
     ref_dir, ref_losses = reference
     assert_parity(ref_losses, run_layout(tmp_path, LAYOUTS[name]), rtol=1e-5, label=name)

@@ -59,6 +59,8 @@ SLOW = {
     ("gpt_debug", "tp=4"),
     ("gpt_debug", "dp_shard=2 x tp=2"),
     ("gpt_debug", "tp=2 recompute=selective"),
+    ("gpt_debug", "tp=2 recompute=full"),
+    ("gpt_debug", "tp=2 sp+loss parallel"),
 }
 ROWS = [
     pytest.param(m, lay, id=f"{m} {lay}", marks=[pytest.mark.slow] if (m, lay) in SLOW else [])
