@@ -19,9 +19,8 @@ from launcher import launch, sweep
 from launcher.checkpoint.store import checkpoint_dir, start_problems
 from launcher.cli import fail, hydra_app, to_config
 from launcher.failures import resume_mode
-from launcher.plan import make_plan
+from launcher.plan import engine_plan
 from launcher.plan.report import plan_json, print_plan, problems_message
-from launcher.plan.rules import engine_problems
 from launcher.plan.search import candidate_overrides, with_overrides
 
 
@@ -65,9 +64,7 @@ def task(dcfg: DictConfig) -> None:
         cfg = to_config(dcfg)
         if first:
             print(f"plan.candidate={cfg.plan.candidate}: {' '.join(extra)}", flush=True)
-    plan = make_plan(cfg)
-    if plan.layout is not None:  # the planner may accept what the engine cannot run yet
-        plan.errors.extend(engine_problems(cfg, plan.layout))
+    plan = engine_plan(cfg)
     if first:
         print_plan(plan)
     if not plan.ok:

@@ -107,9 +107,8 @@ class PlannedSlurmLauncher(SlurmLauncher):
 
     def _plan(self, overrides: list[str]) -> tuple[str, tuple]:
         """(the problems of this point, or ""; its SLURM resources)."""
-        from launcher.plan import make_plan
+        from launcher.plan import engine_plan
         from launcher.plan.report import problems_message
-        from launcher.plan.rules import engine_problems
         from launcher.plan.search import candidate_overrides, with_overrides
 
         cfg = self._task_config(overrides)
@@ -118,9 +117,7 @@ class PlannedSlurmLauncher(SlurmLauncher):
             if problem:
                 return problem, ()
             cfg = self._task_config(with_overrides(overrides, extra))
-        plan = make_plan(cfg)
-        if plan.layout is not None:
-            plan.errors.extend(engine_problems(cfg, plan.layout))
+        plan = engine_plan(cfg)
         hw = cfg.hardware
         cuda = hw.device_type.value == "cuda"
         resources = (

@@ -35,6 +35,7 @@ from launcher.bench import refusing_bad_config
 from launcher.bench.peers import Step, Workload, engine, hugging_face
 from launcher.bench.timing import seconds_per_step
 from launcher.plan.memory import GIB, reserve_gib
+from launcher.plan.search import with_overrides
 
 GPU_1B = [
     "model=llama3_2_1b",
@@ -54,12 +55,6 @@ def titan_builder(w: Workload) -> Step:
 
 
 PEERS = {"transformers": hugging_face, "torchtitan": titan_builder}
-
-
-def merged(defaults: list[str], overrides: list[str]) -> list[str]:
-    """`defaults` with each key the overrides name replaced by the override."""
-    keys = {o.split("=", 1)[0] for o in overrides}
-    return [d for d in defaults if d.split("=", 1)[0] not in keys] + overrides
 
 
 def measure(step: Step, w: Workload, steps: int, warmup: int) -> dict:
@@ -87,7 +82,7 @@ def release(device: torch.device) -> None:
 def run(overrides: list[str], steps: int, warmup: int, peers: list[str], progress=print) -> dict:
     """Every contender's figures and the planner's, as one JSON-able dict."""
     progress("engine: building")
-    step, w, plan = engine(merged(GPU_1B, overrides))
+    step, w, plan = engine(with_overrides(GPU_1B, overrides))
     cfg = plan.cfg
     peak = cfg.hardware.peak_tflops * 1e12
     m = plan.memory
@@ -95,7 +90,7 @@ def run(overrides: list[str], steps: int, warmup: int, peers: list[str], progres
     result = {
         "device": torch.cuda.get_device_name(w.device) if w.device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "overrides": merged(GPU_1B, overrides),
+        "overrides": with_overrides(GPU_1B, overrides),
         "model": cfg.model.name,
         "tokens_per_step": w.tokens,
         "micro_batches": len(w.micro),

@@ -59,16 +59,13 @@ def engine(overrides: list[str], run_dir: str | None = None):
     from launcher import distributed
     from launcher.cli import compose
     from launcher.parallel.data_parallel import DTYPES
-    from launcher.plan import make_plan
+    from launcher.plan import engine_plan
     from launcher.plan.report import problems_message
-    from launcher.plan.rules import engine_problems
     from launcher.train import check_devices
     from launcher.trainer import Trainer
 
     cfg = compose(["hardware.devices_per_node=1", "hardware.nodes=1", *overrides])
-    plan = make_plan(cfg)
-    if plan.layout is not None:
-        plan.errors.extend(engine_problems(cfg, plan.layout))
+    plan = engine_plan(cfg)
     if not plan.valid:
         raise ValueError(problems_message(plan))
     check_devices(cfg.hardware.device_type.value, 1)
@@ -97,12 +94,11 @@ def plain_loop(model: nn.Module, w: Workload, forward: Callable | None = None) -
     """A plain training loop's step over `model` (AdamW on decayed matrices and undecayed
     vectors, as the engine groups them; torch's own global-norm clipping)."""
     forward = forward or model
+    from launcher.optim import param_groups
+
     t = w.train
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
+    groups = param_groups(model, t.weight_decay)
     opt = torch.optim.AdamW(groups, lr=t.lr, betas=(t.beta1, t.beta2), eps=1e-8)
 
     def step() -> torch.Tensor:

@@ -12,7 +12,13 @@ from launcher.config import Config
 from launcher.layout import AXES, Layout, stage_split
 from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
-from launcher.plan.rules import Problem, config_problems, layout_problems, resolve_degrees
+from launcher.plan.rules import (
+    Problem,
+    config_problems,
+    engine_problems,
+    layout_problems,
+    resolve_degrees,
+)
 
 
 @dataclass
@@ -128,6 +134,15 @@ def make_plan(cfg: Config) -> Plan:
     plan.estimate = evaluate(plan.context, plan.layout)
     if not plan.fits:
         plan.errors.append(Problem("memory", memory_message(plan)))
+    return plan
+
+
+def engine_plan(cfg: Config) -> Plan:
+    """make_plan, plus what launcher.train cannot run yet (the planner plans more layouts
+    than the engine builds): the plan every launch path checks before starting anything."""
+    plan = make_plan(cfg)
+    if plan.layout is not None:
+        plan.errors.extend(engine_problems(cfg, plan.layout))
     return plan
 
 

@@ -14,6 +14,7 @@ from launcher.bench import __main__ as bench
 from launcher.bench import gpu
 from launcher.bench.peers import bare, engine, hugging_face
 from launcher.bench.timing import interleaved, least_disturbed
+from launcher.plan.search import with_overrides
 
 TINY = [
     "train.seq_len=32",
@@ -109,7 +110,7 @@ def test_gpu_benchmark_runs_on_cpu_at_a_tiny_size(tmp_path):
 
 
 def test_gpu_benchmark_merges_overrides_and_refuses_unknown_peers(capsys):
-    assert gpu.merged(["a=1", "b=2"], ["b=3", "c=4"]) == ["a=1", "b=3", "c=4"]
+    assert with_overrides(["a=1", "b=2"], ["b=3", "c=4"]) == ["a=1", "b=3", "c=4"]
     with pytest.raises(SystemExit) as e:
         gpu.main(["--peers", "megatron"])
     assert e.value.code == 2
