@@ -9,8 +9,10 @@
 
 Training can also start from a Hugging Face directory directly, each rank reading only its
 shards: checkpoint.initial_load_path=HF_DIR checkpoint.initial_load_format=hf.
-Families: llama, mixtral. Our q/k projections rotate interleaved pairs, transformers' rotate
-halves: their rows are permuted per head both ways (launcher/hf/weights.py).
+Families: llama, mixtral, deepseek (DeepseekV3ForCausalLM, or DeepseekV2ForCausalLM for a
+softmax router). Our q/k projections rotate interleaved pairs, transformers' Llama and Mixtral
+rotate halves: their rows are permuted per head both ways (launcher/hf/weights.py); DeepSeek's
+checkpoints keep interleaved pairs, as ours.
 
 Examples:
   python -m launcher.convert to-hf outputs/RUN/checkpoints/step_00000200 /tmp/my-llama --dtype bf16

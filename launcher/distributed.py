@@ -31,10 +31,40 @@ class Dist:
     # outermost under HSDP; shard_mesh is its sharding dimension alone (ZeRO-1's group too).
     fsdp_mesh: DeviceMesh | None = None
     shard_mesh: DeviceMesh | None = None
+    # MoE models: see expert_meshes and split_group.
+    _experts: tuple[DeviceMesh, DeviceMesh, DeviceMesh] | None = None
+    _split: DeviceMesh | None = None
 
     @property
     def dp_rank(self) -> int:
         return self.dp_mesh.get_local_rank() if self.dp_mesh is not None else 0
+
+    def expert_meshes(self, layout: Layout) -> tuple[DeviceMesh, DeviceMesh, DeviceMesh]:
+        """The ep ranks (carved from dp_shard x cp x tp, innermost), the experts' data-
+        parallel mesh (the rest of those ranks, with dp_replicate outermost under HSDP) and
+        that mesh flattened to one dimension.
+
+        A root mesh of its own over the same ranks: (dp_shard, cp, tp) flattened row-major is
+        (edp, ep), so an ep group is ep consecutive ranks. FSDP needs the experts' DTensor mesh
+        (ep) and their sharding mesh (edp) to share a root, hence one root for both. Built on
+        first use; every rank must ask (it creates process groups).
+        """
+        if self._experts is None:
+            inner = layout.dp_shard * layout.cp * layout.tp
+            shape = (layout.pp, layout.dp_replicate, inner // layout.ep, layout.ep)
+            names = ("pp", "dp_replicate", "edp", "ep")
+            root = init_device_mesh(self.mesh.device_type, shape, mesh_dim_names=names)
+            edp = root["dp_replicate", "edp"] if layout.dp_replicate > 1 else root["edp"]
+            flat = root["dp_replicate", "edp"]._flatten("edp_all")
+            self._experts = (root["ep"], edp, flat)
+        return self._experts
+
+    def split_group(self) -> DeviceMesh:
+        """cp x tp flattened: the ranks holding other tokens of the same sequences (an MoE
+        layer splits its tokens over tp). Built on first use; every rank must ask."""
+        if self._split is None:
+            self._split = self.mesh["cp", "tp"]._flatten("cp_tp")
+        return self._split
 
     def local_rank_of(self, dim: str) -> int:
         """This rank's coordinate along a mesh dimension (0 on a single process)."""

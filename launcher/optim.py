@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from launcher.config import TrainConfig
 from launcher.distributed import Dist
 from launcher.layout import Layout
+from launcher.parallel.expert_parallel import moe_layers
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 # Segments wrappers add to parameter names (DDP, activation checkpointing, compile); a
@@ -26,9 +27,12 @@ FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 WRAPPER_SEGMENTS = ("module", "_checkpoint_wrapped_module", "_orig_mod")
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices (weights, embeddings); leave vectors (norm gains) undecayed."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def param_groups(
+    model: nn.Module, weight_decay: float, skip: frozenset = frozenset()
+) -> list[dict]:
+    """Decay matrices (weights, embeddings); leave vectors (norm gains) undecayed. `skip`:
+    parameters left out."""
+    params = [p for p in model.parameters() if p.requires_grad and p not in skip]
     return [
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
@@ -50,8 +54,10 @@ class Optimizers:
     them back the same way: DCP reshards them like any other tensor.
     """
 
-    def __init__(self, parts: list[nn.Module], optimizers: list[torch.optim.Optimizer]):
-        self.parts, self.optimizers = parts, optimizers
+    def __init__(self, pairs: list[tuple[nn.Module, torch.optim.Optimizer]]):
+        # (model part, optimizer): one per part, two under ZeRO-1 with expert parallelism.
+        self.pairs = pairs
+        self.optimizers = [opt for _, opt in pairs]
 
     def step(self) -> None:
         for opt in self.optimizers:
@@ -68,7 +74,7 @@ class Optimizers:
 
     def state_dict(self) -> dict:
         out: dict = {}
-        for part, opt in zip(self.parts, self.optimizers, strict=True):
+        for part, opt in self.pairs:
             if isinstance(opt, ZeroRedundancyOptimizer):
                 out.update(zero1_entries(part, opt))
             else:
@@ -76,7 +82,7 @@ class Optimizers:
         return out
 
     def load_state_dict(self, state: dict) -> None:
-        for part, opt in zip(self.parts, self.optimizers, strict=True):
+        for part, opt in self.pairs:
             if isinstance(opt, ZeroRedundancyOptimizer):
                 load_zero1(part, opt, state)
             else:
@@ -124,23 +130,38 @@ def build_optimizers(parts: list[nn.Module], layout: Layout, t: TrainConfig, d: 
     """AdamW per part; with ZeRO-1 its states sharded over dp_shard x cp (ranks that hold the
     same parameters)."""
     kwargs = {"lr": t.lr, "betas": (t.beta1, t.beta2), "eps": 1e-8}
-    optimizers: list[torch.optim.Optimizer] = []
+    pairs: list[tuple[nn.Module, torch.optim.Optimizer]] = []
     for part in parts:
-        groups = param_groups(part, t.weight_decay)
         if layout.zero1_enabled:
             # Each dp_shard x cp rank keeps the Adam states of its share of the parameters, steps
             # them and broadcasts the result; gradients arrive whole from DDP's all-reduce.
-            optimizers.append(
-                ZeroRedundancyOptimizer(
-                    groups,
-                    optimizer_class=torch.optim.AdamW,
-                    process_group=d.shard_mesh.get_group(),
-                    **kwargs,
-                )
+            # Expert-parallel experts differ between ranks: never broadcast, their own AdamW.
+            experts = frozenset(
+                p
+                for _, moe in moe_layers(part)
+                if hasattr(moe.experts, "ep_group")
+                for p in moe.experts.parameters()
             )
+            zero = ZeroRedundancyOptimizer(
+                param_groups(part, t.weight_decay, skip=experts),
+                optimizer_class=torch.optim.AdamW,
+                process_group=d.shard_mesh.get_group(),
+                **kwargs,
+            )
+            pairs.append((part, zero))
+            if experts:
+                own = [p for p in part.parameters() if p in experts]
+                pairs.append(
+                    (
+                        part,
+                        torch.optim.AdamW(
+                            [{"params": own, "weight_decay": t.weight_decay}], **kwargs
+                        ),
+                    )
+                )
         else:
-            optimizers.append(torch.optim.AdamW(groups, **kwargs))
-    return Optimizers(parts, optimizers)
+            pairs.append((part, torch.optim.AdamW(param_groups(part, t.weight_decay), **kwargs)))
+    return Optimizers(pairs)
 
 
 def lr_at(step: int, t: TrainConfig) -> float:

@@ -45,6 +45,7 @@ from launcher.optim import build_optimizers, clip_grad_norm, lr_at
 from launcher.parallel import parallelize, pipeline
 from launcher.parallel.context_parallel import chunk_positions
 from launcher.parallel.data_parallel import DTYPES, grad_sync
+from launcher.parallel.expert_parallel import balance_step, moe_layers, sync_expert_grads
 from launcher.plan import Plan
 from launcher.plan.report import plan_json
 
@@ -84,6 +85,15 @@ class Trainer:
         if d.device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         self._build_model()
+        # Each micro-batch's balance losses weigh 1 / micro-batches, like its main loss (the
+        # pipeline schedules divide every gradient by the micro-batch count themselves). Every
+        # tp rank starts the same balance loss's gradient, and tp ranks' gradients add up
+        # rather than average: each starts a tp-th.
+        self.moe = cfg.model.n_routed_experts > 0
+        micro = 1 if self.schedule else self.layout.microbatches
+        for part in self.parts:
+            for _, moe in moe_layers(part):
+                moe.aux_grad_scale = 1.0 / (micro * self.layout.tp)
         self.optimizers = build_optimizers(self.parts, self.layout, t, d)
         self.params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
         # FSDP casts to param_dtype itself; replicated models compute under autocast instead.
@@ -199,10 +209,18 @@ class Trainer:
         """Clip the global gradient norm and step every part's optimizer at step's lr."""
         lr = lr_at(step - 1, self.cfg.train)
         self.optimizers.set_lr(lr)
+        sync_expert_grads(self.parts)
         grad_norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.d.group("pp"))
         self.optimizers.step()
         self.optimizers.zero_grad()
         return lr, grad_norm
+
+    def balance_step(self) -> dict:
+        """MoE models: the expert loads of the step, the bias update, their metrics."""
+        if not self.moe:
+            return {}
+        m = self.cfg.model
+        return balance_step(self.parts, m.n_layers, self.layout.microbatches, m.bias_update_speed)
 
     @torch.no_grad()
     def eval_loss(self, micro: list) -> torch.Tensor | None:
@@ -250,6 +268,7 @@ class Trainer:
             loss = self.forward_backward(self.prepare(self.train_batches.at(s.samples)))
         with timed(f"optimizer step {step}", d.rank, t.timeout_s):
             lr, grad_norm = self.optimizer_step(step)
+            balance = self.balance_step()
             step_loss = self.global_mean([loss])
         s.step, s.samples = step, s.samples + t.global_batch_size
         elapsed = time.perf_counter() - start
@@ -262,6 +281,7 @@ class Trainer:
             "mfu": tps * self.plan.flops_per_token / (self.cfg.hardware.peak_tflops * 1e12),
             "step_time_s": elapsed,
             "peak_memory_gib": peak_memory_gib(d.device),
+            **balance,
         }
 
     # -- checkpoints ---------------------------------------------------------------------

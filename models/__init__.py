@@ -6,6 +6,7 @@ import dataclasses
 
 from torch import nn
 
+from models.deepseek import DeepSeek, DeepSeekArgs
 from models.gpt import GPT, GPTArgs
 from models.llama import LlamaArgs, Transformer
 from models.mixtral import Mixtral, MixtralArgs
@@ -14,6 +15,7 @@ MODELS = {
     "llama": (Transformer, LlamaArgs),
     "gpt": (GPT, GPTArgs),
     "mixtral": (Mixtral, MixtralArgs),
+    "deepseek": (DeepSeek, DeepSeekArgs),
 }
 
 

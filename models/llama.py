@@ -59,10 +59,16 @@ def rope_frequencies(args: LlamaArgs) -> torch.Tensor:
 
 
 def rope_cache(args: LlamaArgs, seq_len: int) -> torch.Tensor:
-    """(S, 2, E) for positions 0..seq_len-1: row 0 the cosine of each pair's angle at both of
-    its places, row 1 its sine with the sign of the rotation, (-sin, sin) per pair."""
-    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), rope_frequencies(args))
-    cos, sin = angles.cos(), angles.sin()  # (S, E/2)
+    """(S, 2, E) for positions 0..seq_len-1 (see rope_table)."""
+    return rope_table(rope_frequencies(args), seq_len)
+
+
+def rope_table(inv_freq: torch.Tensor, seq_len: int, scale: float = 1.0) -> torch.Tensor:
+    """(S, 2, E) for positions 0..seq_len-1 and inverse frequencies (E/2,): row 0 the cosine
+    of each pair's angle at both of its places, row 1 its sine with the sign of the rotation,
+    (-sin, sin) per pair; both times `scale` (YaRN's attention factor, else 1)."""
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float32), inv_freq)
+    cos, sin = angles.cos() * scale, angles.sin() * scale  # (S, E/2)
     signed = torch.stack([-sin, sin], dim=-1).flatten(-2)  # (S, E)
     return torch.stack([cos.repeat_interleave(2, dim=-1), signed], dim=-2)
 
@@ -209,10 +215,15 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: LlamaArgs, feed_forward: nn.Module | None = None):
+    def __init__(
+        self,
+        args: LlamaArgs,
+        feed_forward: nn.Module | None = None,
+        attention: nn.Module | None = None,
+    ):
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
-        self.attention = Attention(args)
+        self.attention = attention or Attention(args)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = feed_forward or FeedForward(args.dim, args.ffn_dim)
         self.dropout = args.dropout
@@ -238,7 +249,7 @@ class Transformer(nn.Module):
         self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         # Not persistent: derived from args, rebuilt after meta-device init by init_weights().
-        self.register_buffer("rope", rope_cache(args, args.max_seq_len), persistent=False)
+        self.register_buffer("rope", self.make_rope(), persistent=False)
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -250,11 +261,16 @@ class Transformer(nn.Module):
         """Block `index`; families that differ only in their blocks override this."""
         return TransformerBlock(args)
 
+    def make_rope(self) -> torch.Tensor:
+        """The RoPE table of positions 0..max_seq_len-1 that attention looks angles up in;
+        families with another RoPE (width, frequencies) override this."""
+        return rope_cache(self.args, self.args.max_seq_len)
+
     @torch.no_grad()
     def init_weights(self, seed: int | None = None) -> None:
         """Initialise every parameter in place (also after building on the meta device)."""
         gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        self.rope = rope_cache(self.args, self.args.max_seq_len).to(self.rope.device)
+        self.rope = self.make_rope().to(self.rope.device)
         std = 0.02
         # Output projections of each residual branch get the depth-scaled std of GPT-2.
         out_std = std / math.sqrt(2 * self.args.n_layers)
@@ -265,6 +281,9 @@ class Transformer(nn.Module):
                 # Output projections of residual branches: wo, w2 (and stacked experts' w2).
                 s = out_std if name.removesuffix(".weight").endswith(("wo", "w2")) else std
                 p.copy_(torch.randn(p.shape, generator=gen) * s)
+        for name, b in self.named_buffers():
+            if name.endswith(("expert_bias", "router.load")):  # MoE routers start unbiased
+                b.zero_()
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B, S) ids, or hidden states (B, S, D) on a later pipeline stage. positions

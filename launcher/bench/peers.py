@@ -134,14 +134,15 @@ def bare(w: Workload) -> Step:
 
 
 def hugging_face(w: Workload) -> Step:
-    """transformers' LlamaForCausalLM (MixtralForCausalLM) of the same shape, random init, SDPA
-    attention, in a plain loop; with compile, each decoder layer compiled."""
+    """transformers' model of the same shape (LlamaForCausalLM, MixtralForCausalLM,
+    DeepseekV3ForCausalLM or DeepseekV2ForCausalLM), random init, SDPA attention, in a plain
+    loop; with compile, each decoder layer compiled."""
     import transformers
 
     from launcher.hf.config import to_hf_config
 
     hf = to_hf_config(w.model, "float32")
-    config = getattr(transformers, hf["model_type"].capitalize() + "Config")(**hf)
+    config = transformers.AutoConfig.for_model(**hf)  # model_type picks the class
     torch.manual_seed(w.train.seed)
     model_cls = getattr(transformers, hf["architectures"][0])
     model = model_cls._from_config(config, attn_implementation="sdpa").to(w.device)

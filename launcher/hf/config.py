@@ -3,6 +3,8 @@
 Pure Python (no torch): the pre-launch check reads config.json with it. Both spellings of
 RoPE that transformers reads are understood: `rope_parameters` (transformers 5) and
 `rope_theta` + `rope_scaling` (4.x); `to_hf_config` writes the 4.x one, which both load.
+DeepSeek has two model types: deepseek_v3 (sigmoid router scores with a correction bias and
+group-limited choice) and deepseek_v2 (softmax, greedy top-k); the router tells them apart.
 """
 
 from __future__ import annotations
@@ -10,25 +12,60 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# Our family -> (model_type, architecture) in transformers.
-FAMILIES = {"llama": ("llama", "LlamaForCausalLM"), "mixtral": ("mixtral", "MixtralForCausalLM")}
+# transformers' model_type -> (our family, architecture, our router's score function).
+MODEL_TYPES = {
+    "llama": ("llama", "LlamaForCausalLM", None),
+    "mixtral": ("mixtral", "MixtralForCausalLM", None),
+    "deepseek_v3": ("deepseek", "DeepseekV3ForCausalLM", "sigmoid"),
+    "deepseek_v2": ("deepseek", "DeepseekV2ForCausalLM", "softmax"),
+}
+FAMILIES = tuple(dict.fromkeys(family for family, _, _ in MODEL_TYPES.values()))
 # (config.json key, model config field) shared by every family.
 COMMON = (
     ("hidden_size", "dim"),
     ("num_hidden_layers", "n_layers"),
     ("num_attention_heads", "n_heads"),
     ("num_key_value_heads", "n_kv_heads"),
-    ("head_dim", "head_dim"),
     ("vocab_size", "vocab_size"),
     ("rms_norm_eps", "norm_eps"),
     ("tie_word_embeddings", "tie_embeddings"),
 )
+# DeepSeek's config.json has a head_dim too: transformers sets it to qk_rope_head_dim.
+HEAD_DIM = (("head_dim", "head_dim"),)
 PER_FAMILY = {
-    "llama": (("intermediate_size", "ffn_dim"),),
+    "llama": (*HEAD_DIM, ("intermediate_size", "ffn_dim")),
     "mixtral": (
+        *HEAD_DIM,
         ("intermediate_size", "moe_ffn_dim"),
         ("num_local_experts", "n_routed_experts"),
         ("num_experts_per_tok", "top_k"),
+    ),
+    "deepseek": (
+        ("intermediate_size", "ffn_dim"),
+        ("moe_intermediate_size", "moe_ffn_dim"),
+        ("n_routed_experts", "n_routed_experts"),
+        ("n_shared_experts", "n_shared_experts"),
+        ("num_experts_per_tok", "top_k"),
+        ("first_k_dense_replace", "n_dense_layers"),
+        ("q_lora_rank", "q_lora_rank"),
+        ("kv_lora_rank", "kv_lora_rank"),
+        ("qk_nope_head_dim", "qk_nope_head_dim"),
+        ("qk_rope_head_dim", "qk_rope_head_dim"),
+        ("v_head_dim", "v_head_dim"),
+        ("n_group", "n_group"),
+        ("topk_group", "topk_group"),
+        ("norm_topk_prob", "norm_topk_prob"),
+        ("routed_scaling_factor", "routed_scaling_factor"),
+    ),
+}
+# config.json keys that null stands for: no q latent, one expert group.
+NULL_MEANS = {"q_lora_rank": 0, "n_group": 1, "topk_group": 1}
+# DeepSeek's routing keys, when absent, take transformers' defaults for the model type; the
+# other keys must be there (their defaults are a full-size DeepSeek-V3's or V2's shapes).
+DEEPSEEK_DEFAULTS = {
+    "deepseek_v3": dict(n_group=8, topk_group=4, norm_topk_prob=True, routed_scaling_factor=2.5),
+    "deepseek_v2": dict(
+        n_group=None, topk_group=None, norm_topk_prob=False, routed_scaling_factor=1.0
     ),
 }
 # Llama 3 RoPE scaling: rope_parameters / rope_scaling key -> model config field.
@@ -38,6 +75,17 @@ ROPE_LLAMA3 = (
     ("high_freq_factor", "rope_high_freq_factor"),
     ("original_max_position_embeddings", "rope_original_max_seq_len"),
 )
+# YaRN (DeepSeek): key -> (model config field, value when absent, as transformers reads it).
+ROPE_YARN = (
+    ("factor", "rope_yarn_factor", None),
+    ("original_max_position_embeddings", "rope_yarn_original_max_seq_len", None),
+    ("beta_fast", "rope_yarn_beta_fast", 32.0),
+    ("beta_slow", "rope_yarn_beta_slow", 1.0),
+    ("mscale", "rope_yarn_mscale", 0.0),
+    ("mscale_all_dim", "rope_yarn_mscale_all_dim", 0.0),
+)
+# The RoPE scalings each family's model has.
+ROPE_TYPES = {"llama": ("llama3",), "mixtral": ("llama3",), "deepseek": ("yarn",)}
 
 
 class HFConfigError(ValueError):
@@ -58,11 +106,14 @@ def read_config(hf_dir: str | Path) -> dict:
 
 def family_of(hf: dict) -> str:
     model_type = hf.get("model_type")
-    for family, (mtype, _) in FAMILIES.items():
-        if model_type == mtype:
-            return family
-    known = ", ".join(m for m, _ in FAMILIES.values())
-    raise HFConfigError(f"model_type={model_type} is not supported (supported: {known})")
+    if model_type not in MODEL_TYPES:
+        known = ", ".join(MODEL_TYPES)
+        raise HFConfigError(f"model_type={model_type} is not supported (supported: {known})")
+    return MODEL_TYPES[model_type][0]
+
+
+def _pairs(family: str) -> tuple[tuple[str, str], ...]:
+    return (*COMMON, *PER_FAMILY[family])
 
 
 def _rope(hf: dict) -> tuple[dict, str]:
@@ -87,8 +138,37 @@ def unsupported(hf: dict) -> list[str]:
         out.append(f"sliding_window={hf['sliding_window']} (full causal attention only)")
     rope, key = _rope(hf)
     kind = rope.get("rope_type", rope.get("type", "default"))
-    if kind not in ("default", "llama3"):
-        out.append(f"{key}.rope_type={kind} (default or llama3 only)")
+    family = MODEL_TYPES.get(hf.get("model_type"), ("llama",))[0]
+    if kind not in ("default", *ROPE_TYPES[family]):
+        out.append(f"{key}.rope_type={kind} (default or {ROPE_TYPES[family][0]} only)")
+    if kind == "yarn":
+        if rope.get("attention_factor") is not None:
+            out.append(f"{key}.attention_factor (only the one mscale and factor give)")
+        if rope.get("truncate") is False:
+            out.append(f"{key}.truncate=false (the truncated correction range only)")
+    if rope.get("partial_rotary_factor", 1.0) != 1.0:
+        out.append(f"{key}.partial_rotary_factor={rope['partial_rotary_factor']} (1 only)")
+    if family == "deepseek":
+        out += _deepseek_unsupported(hf)
+    return out
+
+
+def _deepseek_unsupported(hf: dict) -> list[str]:
+    out = []
+    defaults = DEEPSEEK_DEFAULTS[hf["model_type"]]
+    missing = [k for k, _ in PER_FAMILY["deepseek"] if k not in hf and k not in defaults]
+    if missing:
+        out.append(f"no {', '.join(missing)} (their defaults are a full-size model's)")
+    if hf["model_type"] == "deepseek_v3" and hf.get("rope_interleave") is False:
+        # Rotate-half rows for the rope part of q and of the shared key: not permuted here.
+        out.append("rope_interleave=false (DeepSeek's interleaved RoPE rows only)")
+    if hf["model_type"] == "deepseek_v2":
+        method = hf.get("topk_method") or "greedy"
+        if method != "greedy" and (hf.get("n_group") or 1) > 1:
+            out.append(f"topk_method={method} (greedy top-k only)")
+        if hf.get("norm_topk_prob"):
+            # transformers' DeepseekV2 router never renormalises; ours would.
+            out.append("norm_topk_prob=true (transformers' DeepseekV2 ignores it)")
     return out
 
 
@@ -96,12 +176,17 @@ def model_fields(hf: dict) -> dict:
     """The model config fields this config.json describes (family included)."""
     family = family_of(hf)
     fields: dict = {"family": family}
-    for hf_key, field in (*COMMON, *PER_FAMILY[family]):
+    if family == "deepseek":
+        hf = {**DEEPSEEK_DEFAULTS[hf["model_type"]], **hf}
+    for hf_key, field in _pairs(family):
         if hf_key in hf:
-            fields[field] = hf[hf_key]
+            fields[field] = hf[hf_key] if hf[hf_key] is not None else NULL_MEANS.get(hf_key)
     # Absent in older configs, meaning their defaults: as many kv heads as heads, untied.
     fields.setdefault("n_kv_heads", fields.get("n_heads"))
-    if fields.get("head_dim") is None:
+    if family == "deepseek":
+        fields["head_dim"] = None  # MLA's head widths are their own fields
+        fields["score_func"] = MODEL_TYPES[hf["model_type"]][2]
+    elif fields.get("head_dim") is None:
         fields["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
     fields.setdefault("tie_embeddings", False)
     if family == "mixtral":
@@ -109,11 +194,27 @@ def model_fields(hf: dict) -> dict:
     fields["max_seq_len"] = hf.get("max_position_embeddings", 2048)
     rope, _ = _rope(hf)
     fields["rope_theta"] = float(rope.get("rope_theta", 10000.0))
-    if rope.get("rope_type", rope.get("type")) == "llama3":
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind == "llama3":
         fields.update({field: rope[key] for key, field in ROPE_LLAMA3})
     else:
         fields["rope_scaling_factor"] = 1.0
+    if family == "deepseek":
+        fields.update(_yarn_fields(rope if kind == "yarn" else {}, fields["max_seq_len"]))
     return fields
+
+
+def _yarn_fields(rope: dict, max_seq_len: int) -> dict:
+    """Our YaRN fields from rope parameters ({} for none), with transformers' fallbacks: the
+    original length defaults to max_position_embeddings, the factor to their ratio."""
+    if not rope:
+        return {"rope_yarn_factor": 1.0}
+    old_len = rope.get("original_max_position_embeddings") or max_seq_len
+    out = {"rope_yarn_factor": float(rope.get("factor") or max_seq_len / old_len)}
+    out["rope_yarn_original_max_seq_len"] = old_len
+    for key, field, absent in ROPE_YARN[2:]:
+        out[field] = float(rope.get(key) or absent)
+    return out
 
 
 def mismatches(hf: dict, model: dict) -> list[str]:
@@ -127,21 +228,34 @@ def mismatches(hf: dict, model: dict) -> list[str]:
     if model.get("family") != family:
         return [f"model_type={hf.get('model_type')} but model.family={model.get('family')}"]
     ours = dict(model)
-    if ours.get("head_dim") is None:
+    if ours.get("head_dim") is None and family != "deepseek":
         ours["head_dim"] = ours["dim"] // ours["n_heads"]
     theirs = model_fields(hf)
-    for hf_key, field in (*COMMON, *PER_FAMILY[family]):
+    for hf_key, field in _pairs(family):
         if theirs.get(field) != ours.get(field):
             out.append(f"{hf_key}={theirs.get(field)} but model.{field}={ours.get(field)}")
+    if family == "deepseek" and theirs["score_func"] != ours.get("score_func", "softmax"):
+        out.append(
+            f"model_type={hf['model_type']} (a {theirs['score_func']} router) but "
+            f"model.score_func={ours.get('score_func', 'softmax')}"
+        )
     rope, key = _rope(hf)
     pairs = [("rope_theta", "rope_theta")]
     scaled = theirs["rope_scaling_factor"] != 1.0 or ours.get("rope_scaling_factor", 1.0) != 1.0
     if scaled:
         pairs += ROPE_LLAMA3
+    if family == "deepseek" and (
+        _yarn_on(theirs.get("rope_yarn_factor")) or _yarn_on(ours.get("rope_yarn_factor"))
+    ):
+        pairs += [(hf_key, field) for hf_key, field, _ in ROPE_YARN]
     for hf_key, field in pairs:
         if float(theirs.get(field, 1.0)) != float(ours.get(field, 1.0)):
             out.append(f"{key}.{hf_key}={theirs.get(field)} but model.{field}={ours.get(field)}")
     return out
+
+
+def _yarn_on(factor) -> bool:
+    return factor is not None and float(factor) > 1.0
 
 
 def to_hf_config(model: dict, dtype: str) -> dict:
@@ -151,10 +265,12 @@ def to_hf_config(model: dict, dtype: str) -> dict:
         raise HFConfigError(
             f"model.family={family} has no Hugging Face mapping (supported: {', '.join(FAMILIES)})"
         )
-    model_type, arch = FAMILIES[family]
+    score = model.get("score_func", "softmax") if family == "deepseek" else None
+    model_type = next(t for t, (f, _, s) in MODEL_TYPES.items() if f == family and s == score)
+    arch = MODEL_TYPES[model_type][1]
     head_dim = model.get("head_dim") or model["dim"] // model["n_heads"]
     out = {"architectures": [arch], "model_type": model_type}
-    for hf_key, field in (*COMMON, *PER_FAMILY[family]):
+    for hf_key, field in _pairs(family):
         out[hf_key] = head_dim if field == "head_dim" else model[field]
     out.update(
         hidden_act="silu",
@@ -167,9 +283,34 @@ def to_hf_config(model: dict, dtype: str) -> dict:
         out.update(attention_bias=False, mlp_bias=False)
     if family == "mixtral":
         out.update(sliding_window=None, output_router_logits=False)
-    if model.get("rope_scaling_factor", 1.0) != 1.0:
+    if family == "deepseek":
+        out.update(_deepseek_hf(model, model_type))
+    elif model.get("rope_scaling_factor", 1.0) != 1.0:
         out["rope_scaling"] = {"rope_type": "llama3"}
         out["rope_scaling"].update({key: model[field] for key, field in ROPE_LLAMA3})
+    return out
+
+
+def _deepseek_hf(model: dict, model_type: str) -> dict:
+    """config.json keys of a deepseek model beyond the shared ones."""
+    if model_type == "deepseek_v2" and model.get("norm_topk_prob"):
+        raise HFConfigError(
+            "model.norm_topk_prob=true with score_func=softmax has no transformers model: "
+            "DeepseekV2ForCausalLM never renormalises the chosen experts' weights"
+        )
+    out: dict = {"q_lora_rank": model["q_lora_rank"] or None, "attention_bias": False}
+    if model_type == "deepseek_v3":
+        # DeepSeek's checkpoints keep RoPE rows in interleaved pairs, as ours; no MTP module.
+        out.update(rope_interleave=True, num_nextn_predict_layers=0)
+    else:
+        out.update(topk_method="greedy", mlp_bias=False)
+    if _yarn_on(model.get("rope_yarn_factor")):
+        out["rope_scaling"] = {"rope_type": "yarn"}
+        for key, field, _ in ROPE_YARN:
+            out["rope_scaling"][key] = model[field]
+        for key in ("mscale", "mscale_all_dim"):  # 0: unset
+            if not out["rope_scaling"][key]:
+                del out["rope_scaling"][key]
     return out
 
 
@@ -180,14 +321,20 @@ def preset_yaml(name: str, hf_dir: str, hf: dict) -> str:
     order += ["vocab_size", "max_seq_len", "rope_theta", "rope_scaling_factor"]
     order += [f for _, f in ROPE_LLAMA3[1:]]
     order += ["norm_eps", "tie_embeddings", "n_routed_experts", "top_k", "moe_ffn_dim"]
+    order += [f for _, f in PER_FAMILY["deepseek"] if f not in order] + ["score_func"]
+    order += [f for _, f, _ in ROPE_YARN]
     lines = [
-        f"# {hf.get('architectures', ['?'])[0]} from {hf_dir}/config.json",
+        f"# {(hf.get('architectures') or ['?'])[0]} from {hf_dir}/config.json",
         f"# (python -m launcher.convert model-config {hf_dir}).",
         f"name: {name}",
     ]
     unscaled = {f for _, f in ROPE_LLAMA3[1:]} if fields["rope_scaling_factor"] == 1.0 else set()
+    if fields["family"] == "deepseek":
+        unscaled.add("rope_scaling_factor")
+        if not _yarn_on(fields["rope_yarn_factor"]):
+            unscaled |= {f for _, f, _ in ROPE_YARN[1:]}
     for field in order:
-        if field in fields and field not in unscaled:
+        if field in fields and fields[field] is not None and field not in unscaled:
             lines.append(f"{field}: {_yaml(fields[field])}")
     return "\n".join(lines) + "\n"
 

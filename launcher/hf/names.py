@@ -3,8 +3,9 @@
 Pure Python (no torch): the pre-launch check compares these names and shapes with the
 safetensors headers of a directory before any process starts. Our q/k projections rotate
 interleaved pairs (Meta's layout) while transformers' Llama rotates halves: their rows are
-permuted per head (`Source.heads`, applied by launcher/hf/weights.py both ways). Stacked expert
-weights (E, ...) are E tensors there, one per expert (`Source.names`).
+permuted per head (`Source.heads`, applied by launcher/hf/weights.py both ways); DeepSeek's
+need none (see MLA). Stacked expert weights (E, ...) are E tensors there, one per expert
+(`Source.names`).
 """
 
 from __future__ import annotations
@@ -27,12 +28,28 @@ class Source:
 
 
 # Our name (under layers.{i}) -> Hugging Face name (under model.layers.{i}).
-ATTENTION = {
+NORMS = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
+}
+ATTENTION = {
     "attention.wq.weight": "self_attn.q_proj.weight",
     "attention.wk.weight": "self_attn.k_proj.weight",
     "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+}
+# Multi-head latent attention. DeepSeek's checkpoints keep the rope rows of q and of the
+# shared key (the last qk_rope_head_dim rows of each q head and of kv_a_proj_with_mqa) in
+# interleaved pairs, as ours: transformers' DeepseekV2 rotates them as complex pairs and its
+# DeepseekV3 (rope_interleave=true) de-interleaves q and k alike. No permutation.
+MLA = {
+    "attention.wq.weight": "self_attn.q_proj.weight",  # q_lora_rank = 0
+    "attention.wq_a.weight": "self_attn.q_a_proj.weight",
+    "attention.q_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attention.wq_b.weight": "self_attn.q_b_proj.weight",
+    "attention.wkv_a.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attention.kv_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attention.wkv_b.weight": "self_attn.kv_b_proj.weight",
     "attention.wo.weight": "self_attn.o_proj.weight",
 }
 DENSE_MLP = {
@@ -41,10 +58,22 @@ DENSE_MLP = {
     "feed_forward.w3.weight": "mlp.up_proj.weight",
 }
 MIXTRAL_MOE = {
-    "feed_forward.router.weight": "block_sparse_moe.gate.weight",
-    "feed_forward.w1": "block_sparse_moe.experts.{e}.w1.weight",
-    "feed_forward.w2": "block_sparse_moe.experts.{e}.w2.weight",
-    "feed_forward.w3": "block_sparse_moe.experts.{e}.w3.weight",
+    "feed_forward.router.gate.weight": "block_sparse_moe.gate.weight",
+    "feed_forward.experts.w1": "block_sparse_moe.experts.{e}.w1.weight",
+    "feed_forward.experts.w2": "block_sparse_moe.experts.{e}.w2.weight",
+    "feed_forward.experts.w3": "block_sparse_moe.experts.{e}.w3.weight",
+}
+# transformers holds DeepSeek's experts fused (gate_up_proj, down_proj) but save_pretrained
+# writes them one per expert, under these names, as DeepSeek's own checkpoints do.
+DEEPSEEK_MOE = {
+    "feed_forward.router.gate.weight": "mlp.gate.weight",
+    "feed_forward.router.expert_bias": "mlp.gate.e_score_correction_bias",  # a buffer
+    "feed_forward.experts.w1": "mlp.experts.{e}.gate_proj.weight",
+    "feed_forward.experts.w2": "mlp.experts.{e}.down_proj.weight",
+    "feed_forward.experts.w3": "mlp.experts.{e}.up_proj.weight",
+    "feed_forward.shared.w1.weight": "mlp.shared_experts.gate_proj.weight",
+    "feed_forward.shared.w2.weight": "mlp.shared_experts.down_proj.weight",
+    "feed_forward.shared.w3.weight": "mlp.shared_experts.up_proj.weight",
 }
 TOP = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
@@ -53,54 +82,90 @@ TOP = {
 }
 
 
-def sources(model: dict) -> dict[str, Source]:
-    """Our parameter name -> its Source, for the whole model the config fields describe."""
-    family = model["family"]
-    d, v, n_layers = model["dim"], model["vocab_size"], model["n_layers"]
-    h, k = model["n_heads"], model["n_kv_heads"]
+def _swiglu(prefix: str, d: int, f: int) -> dict[str, tuple[int, ...]]:
+    """Shapes of w1, w2, w3: nn.Linear weights, or stacked experts (each expert's shape)."""
+    w = "" if prefix.endswith("experts") else ".weight"
+    return {f"{prefix}.w1{w}": (f, d), f"{prefix}.w2{w}": (d, f), f"{prefix}.w3{w}": (f, d)}
+
+
+def _attention(model: dict) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
+    """(our attention weight -> shape, q/k weight -> heads whose rows are permuted)."""
+    d, h = model["dim"], model["n_heads"]
+    if model["family"] == "deepseek":
+        nope, r, v = model["qk_nope_head_dim"], model["qk_rope_head_dim"], model["v_head_dim"]
+        q, c = model["q_lora_rank"], model["kv_lora_rank"]
+        if q:
+            shapes = {
+                "attention.wq_a.weight": (q, d),
+                "attention.q_norm.weight": (q,),
+                "attention.wq_b.weight": (h * (nope + r), q),
+            }
+        else:
+            shapes = {"attention.wq.weight": (h * (nope + r), d)}
+        shapes |= {
+            "attention.wkv_a.weight": (c + r, d),  # the kv latent, then the shared rope key
+            "attention.kv_norm.weight": (c,),
+            "attention.wkv_b.weight": (h * (nope + v), c),
+            "attention.wo.weight": (d, h * v),
+        }
+        return shapes, {}
+    k = model["n_kv_heads"]
     e = model.get("head_dim") or d // h
     shapes = {
-        "attention_norm.weight": (d,),
-        "ffn_norm.weight": (d,),
         "attention.wq.weight": (h * e, d),
         "attention.wk.weight": (k * e, d),
         "attention.wv.weight": (k * e, d),
         "attention.wo.weight": (d, h * e),
     }
-    heads = {"attention.wq.weight": h, "attention.wk.weight": k}
-    per_layer = dict(ATTENTION)
-    if family == "llama":
-        f = model["ffn_dim"]
-        per_layer.update(DENSE_MLP)
-        shapes.update({"feed_forward.w1.weight": (f, d), "feed_forward.w2.weight": (d, f)})
-        shapes["feed_forward.w3.weight"] = (f, d)
-    elif family == "mixtral":
-        f = model["moe_ffn_dim"]
-        per_layer.update(MIXTRAL_MOE)
-        shapes.update({"feed_forward.w1": (f, d), "feed_forward.w2": (d, f)})
-        shapes.update(
-            {
-                "feed_forward.w3": (f, d),
-                "feed_forward.router.weight": (model["n_routed_experts"], d),
-            }
-        )
-    else:
-        raise HFConfigError(f"model.family={family} has no Hugging Face mapping (llama, mixtral)")
+    return shapes, {"attention.wq.weight": h, "attention.wk.weight": k}
 
+
+def _feed_forward(model: dict, i: int) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
+    """(our feed-forward tensor -> Hugging Face name, -> shape) of layer i."""
+    family, d = model["family"], model["dim"]
+    moe = family == "mixtral" or (family == "deepseek" and i >= model["n_dense_layers"])
+    if not moe:
+        return DENSE_MLP, _swiglu("feed_forward", d, model["ffn_dim"])
+    f, e = model["moe_ffn_dim"], model["n_routed_experts"]
+    shapes = {"feed_forward.router.gate.weight": (e, d), **_swiglu("feed_forward.experts", d, f)}
+    if family == "mixtral":
+        return MIXTRAL_MOE, shapes
+    if model.get("score_func") == "sigmoid":  # DeepSeek-V3's correction bias
+        shapes["feed_forward.router.expert_bias"] = (e,)
+    if model.get("n_shared_experts"):
+        shapes |= _swiglu("feed_forward.shared", d, model["n_shared_experts"] * f)
+    return DEEPSEEK_MOE, shapes
+
+
+def sources(model: dict) -> dict[str, Source]:
+    """Our parameter (and persistent buffer) name -> its Source, for the whole model the
+    config fields describe."""
+    family = model["family"]
+    if family not in ("llama", "mixtral", "deepseek"):
+        raise HFConfigError(
+            f"model.family={family} has no Hugging Face mapping (llama, mixtral, deepseek)"
+        )
+    d, v = model["dim"], model["vocab_size"]
     out = {
         ours: Source((hf,), (v, d) if "embed" in hf or "lm_head" in hf else (d,))
         for ours, hf in TOP.items()
     }
     if model.get("tie_embeddings"):
         del out["output.weight"]  # the embedding is the output projection: no lm_head
-    for i in range(n_layers):
-        for ours, hf in per_layer.items():
-            name = f"model.layers.{i}.{hf}"
+    attention, heads = _attention(model)
+    hf_attention = MLA if family == "deepseek" else ATTENTION
+    for i in range(model["n_layers"]):
+        hf_ff, feed_forward = _feed_forward(model, i)
+        names = {**NORMS, **hf_attention, **hf_ff}
+        shapes = {"attention_norm.weight": (d,), "ffn_norm.weight": (d,)}
+        shapes |= attention | feed_forward
+        for ours, shape in shapes.items():
+            name = f"model.layers.{i}.{names[ours]}"
             if "{e}" in name:
-                names = tuple(name.format(e=x) for x in range(model["n_routed_experts"]))
+                hf_names = tuple(name.format(e=x) for x in range(model["n_routed_experts"]))
             else:
-                names = (name,)
-            out[f"layers.{i}.{ours}"] = Source(names, shapes[ours], heads.get(ours, 0))
+                hf_names = (name,)
+            out[f"layers.{i}.{ours}"] = Source(hf_names, shape, heads.get(ours, 0))
     return out
 
 

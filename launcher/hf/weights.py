@@ -79,11 +79,15 @@ def local_box(t: torch.Tensor) -> Box:
 
 @torch.no_grad()
 def load_into(parts: list[nn.Module], hf_dir: str | Path, model: dict) -> int:
-    """Fill every parameter of the model parts (whole, FSDP or TP shards, pipeline stages)
-    from the directory; returns the number of elements this rank read."""
+    """Fill every parameter (and persistent buffer) of the model parts (whole, FSDP or TP
+    shards, pipeline stages) from the directory; returns the number of elements this rank
+    read."""
     table, reader = sources(model), Reader(hf_dir)
     for part in parts:
-        for name, p in part.named_parameters():  # a tied weight is listed once
+        # Parameters (a tied weight is listed once), and the buffers the table names
+        # (DeepSeek-V3's expert bias); other buffers (RoPE tables, load counts) are derived.
+        buffers = [(n, b) for n, b in part.named_buffers() if canonical_name(n) in table]
+        for name, p in [*part.named_parameters(), *buffers]:
             name = canonical_name(name)
             if name not in table:
                 raise KeyError(f"parameter {name} has no Hugging Face source")

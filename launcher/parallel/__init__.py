@@ -20,6 +20,7 @@ from launcher.layout import Layout
 from launcher.parallel.checkpointing import apply_ac, apply_compile
 from launcher.parallel.context_parallel import apply_cp
 from launcher.parallel.data_parallel import apply_ddp, apply_fsdp
+from launcher.parallel.expert_parallel import apply_ep, apply_moe_hooks, expert_parameters
 from launcher.parallel.tensor_parallel import apply_tp
 
 
@@ -30,6 +31,19 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
         apply_tp(
             model, d.mesh["tp"], cfg.model.family, layout.sequence_parallel, layout.loss_parallel
         )
+    expert_mesh = None
+    if cfg.model.n_routed_experts and (layout.ep > 1 or layout.tp > 1):
+        # Under tp the routed experts see a tp-th of the tokens each: their ranks form an
+        # expert-parallel layout even with ep=1 (experts replicated over the tp ranks).
+        ep_mesh, expert_mesh, flat = d.expert_meshes(layout)
+        apply_ep(
+            model,
+            ep_mesh,
+            grad_scale=expert_mesh.size() / layout.dp_cp,
+            reduce_group=None if layout.fsdp_enabled else flat.get_group(),
+        )
+    if cfg.model.n_routed_experts and layout.cp * layout.tp > 1:
+        apply_moe_hooks(model, d.split_group().get_group())
     if layout.cp > 1:
         apply_cp(model, d.mesh["cp"].get_group(), cfg.context.method.value)
     if layout.recompute != "none":
@@ -46,5 +60,6 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
             reshard_after_forward=layout.zero_stage == 3,
             param_dtype=prec.param_dtype.value,
             reduce_dtype=prec.grad_dtype.value,
+            expert_mesh=expert_mesh,
         )
-    return apply_ddp(model, d.dp_cp_mesh, d.device)
+    return apply_ddp(model, d.dp_cp_mesh, d.device, skip=expert_parameters(model))

@@ -23,6 +23,7 @@ def apply_fsdp(
     reshard_after_forward: bool,
     param_dtype: str,
     reduce_dtype: str,
+    expert_mesh: DeviceMesh | None = None,
 ) -> nn.Module:
     """Shard each block, then the root (embedding, final norm, output) as the last unit.
 
@@ -41,6 +42,17 @@ def apply_fsdp(
         return None
 
     for block in model.layers.values():
+        experts = getattr(getattr(block, "feed_forward", None), "experts", None)
+        if expert_mesh is not None and experts is not None:
+            # Expert-parallel experts differ per ep rank: their own unit over the ranks that
+            # hold the same experts (their gradient's scale: launcher/parallel/expert_parallel).
+            fully_shard(
+                experts,
+                mesh=expert_mesh,
+                reshard_after_forward=reshard_after_forward,
+                mp_policy=mp,
+                shard_placement_fn=placement,
+            )
         fully_shard(
             block,
             mesh=mesh,
@@ -53,9 +65,15 @@ def apply_fsdp(
     return model
 
 
-def apply_ddp(model: nn.Module, mesh: DeviceMesh, device: torch.device) -> nn.Module:
-    """Replicate over the flattened data-parallel group; gradients all-reduced (averaged)."""
+def apply_ddp(
+    model: nn.Module, mesh: DeviceMesh, device: torch.device, skip: list[str] = ()
+) -> nn.Module:
+    """Replicate over the flattened data-parallel group; gradients all-reduced (averaged).
+    `skip`: parameters DDP leaves alone (expert-parallel experts, reduced over their own
+    group)."""
     device_ids = [device.index] if device.type == "cuda" else None
+    if skip:
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(skip))
     # The rope buffer is derived from config, identical everywhere: no broadcast each forward.
     # The initial shape check and sync cannot run on a meta-device dry run.
     return DistributedDataParallel(

@@ -10,6 +10,10 @@ sharded over the vocabulary and the loss is computed without gathering them.
 
 from __future__ import annotations
 
+import types
+
+import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
@@ -21,6 +25,8 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
+
+from models.moe import MoE
 
 
 def apply_tp(
@@ -65,13 +71,90 @@ def apply_tp(
             plan["attention"] = PrepareModuleInput(
                 input_layouts=(Shard(1), *extra), desired_input_layouts=(Replicate(), *extra)
             )
-        up, down = ("fc1", "fc2") if family == "gpt" else ("w1", "w2")
-        plan[f"feed_forward.{up}"] = ColwiseParallel()
-        plan[f"feed_forward.{down}"] = RowwiseParallel(output_layouts=residual)
-        if family != "gpt":
-            plan["feed_forward.w3"] = ColwiseParallel()
+        if isinstance(block.feed_forward, MoE):
+            plan.update(moe_plan(block.feed_forward, sp, residual))
+            split_routed_tokens(block.feed_forward, mesh, sp)
+        else:
+            up, down = ("fc1", "fc2") if family == "gpt" else ("w1", "w2")
+            plan[f"feed_forward.{up}"] = ColwiseParallel()
+            plan[f"feed_forward.{down}"] = RowwiseParallel(output_layouts=residual)
+            if family != "gpt":
+                plan["feed_forward.w3"] = ColwiseParallel()
+            if sp:
+                plan["feed_forward"] = PrepareModuleInput(
+                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+                )
+        parallelize_module(block, mesh, plan)
+
+
+def moe_plan(moe: MoE, sp: bool, residual) -> dict[str, object]:
+    """An MoE layer under tp: the routed experts take a tp-th of the tokens each (see
+    split_routed_tokens; the experts themselves are expert-parallel, never tp-sharded), the
+    router's gate is replicated with its tokens sharded (Shard(0) of the (T, D) rows, so its
+    gradient sums over the tp ranks), the shared experts are a Megatron MLP on all tokens."""
+    plan: dict[str, object] = {
+        "feed_forward.router.gate": SequenceParallel(sequence_dim=0, use_local_output=True)
+    }
+    if sp:  # the routed part works on the local sequence shard as it comes
+        plan["feed_forward"] = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
+        )
+    if moe.shared is not None:
+        plan["feed_forward.shared.w1"] = ColwiseParallel()
+        plan["feed_forward.shared.w3"] = ColwiseParallel()
+        plan["feed_forward.shared.w2"] = RowwiseParallel(output_layouts=residual)
         if sp:
-            plan["feed_forward"] = PrepareModuleInput(
+            plan["feed_forward.shared"] = PrepareModuleInput(
                 input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
             )
-        parallelize_module(block, mesh, plan)
+    return plan
+
+
+class _SplitSequence(torch.autograd.Function):
+    """x (B, S, D), the same on every tp rank -> this rank's (B, S / tp, D); backward gathers
+    the slices' gradients, so that every rank holds the whole (identical) gradient again."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        n, r = dist.get_world_size(group), dist.get_rank(group)
+        return x.chunk(n, dim=1)[r].contiguous()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return _gather_sequence(grad.contiguous(), ctx.group), None
+
+
+class _GatherSequence(torch.autograd.Function):
+    """This rank's (B, S / tp, D) -> the whole (B, S, D) on every tp rank; backward keeps this
+    rank's slice of the (identical) gradient."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return _gather_sequence(x.contiguous(), group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        n, r = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
+        return grad.chunk(n, dim=1)[r].contiguous(), None
+
+
+def _gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=1)
+
+
+def _tp_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
+    # x: (B, S / tp, D) under sequence parallelism, else (B, S, D) on every tp rank.
+    routed = self.routed(x if self.tp_sp else _SplitSequence.apply(x, self.tp_group))
+    out = routed if self.tp_sp else _GatherSequence.apply(routed, self.tp_group)
+    return out if self.shared is None else out + self.shared(x)
+
+
+def split_routed_tokens(moe: MoE, mesh: DeviceMesh, sp: bool) -> None:
+    """Each tp rank routes and computes a tp-th of the layer's tokens (its sequence shard)
+    instead of all ranks repeating the whole: dropless MoE has no weights to split by tp."""
+    moe.tp_group, moe.tp_sp = mesh.get_group(), sp
+    moe.forward = types.MethodType(_tp_moe_forward, moe)

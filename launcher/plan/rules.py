@@ -15,10 +15,7 @@ from launcher.layout import AXES, LOOPED, SCHEDULES, SINGLE, SPLIT_BACKWARD, V_S
 from launcher.plan import pipeline as pl
 
 # Axes whose engine is not built yet: launcher.train refuses them by name.
-NOT_AVAILABLE = {
-    "ep": "expert parallelism",
-}
-ENGINE_FAMILIES = ("llama", "gpt", "mixtral")
+ENGINE_FAMILIES = ("llama", "gpt", "mixtral", "deepseek")
 # Families whose attention the context-parallel core replaces (MLA's decoupled RoPE key and
 # its own head widths are not wired yet).
 CP_FAMILIES = ("llama", "gpt", "mixtral")
@@ -99,6 +96,14 @@ def config_problems(cfg: Config) -> list[Problem]:
         )
     if m.family == "deepseek" and not (m.kv_lora_rank and m.qk_rope_head_dim and m.v_head_dim):
         err("model", f"deepseek (MLA) needs kv_lora_rank, qk_rope_head_dim and v_head_dim ({name})")
+    if m.n_routed_experts:
+        errors.extend(_routing_problems(m, name))
+    if m.rope_yarn_factor > 1 and m.family != "deepseek":
+        err(
+            "model",
+            f"model.rope_yarn_factor={m.rope_yarn_factor:g}: YaRN RoPE is deepseek's "
+            f"({name} is {m.family}; Llama 3 scaling is rope_scaling_factor)",
+        )
     if not 0 <= m.dropout < 1:
         err("model", f"model.dropout={m.dropout} must be in [0, 1)")
 
@@ -186,6 +191,37 @@ def config_problems(cfg: Config) -> list[Problem]:
             "peak_tflops; 0: the Megatron-LM fit)",
         )
     return errors
+
+
+def _routing_problems(m, name: str) -> list[Problem]:
+    """The router's settings (models/moe.py): a score function it has, and groups that split
+    the experts evenly and leave top_k of them to choose from."""
+    out = []
+    if m.score_func not in ("softmax", "sigmoid"):
+        out.append(f"model.score_func={m.score_func} is not softmax or sigmoid ({name})")
+    elif m.score_func == "softmax" and m.n_group > 1:
+        out.append(
+            f"model.n_group={m.n_group} with score_func=softmax: the softmax router picks its "
+            f"top_k greedily, group-limited routing is the sigmoid router's ({name})"
+        )
+    elif m.score_func == "sigmoid" and m.n_group > 1:
+        if m.n_routed_experts % m.n_group:
+            out.append(
+                f"n_group={m.n_group} must divide n_routed_experts={m.n_routed_experts} ({name})"
+            )
+        elif not 1 <= m.topk_group <= m.n_group:
+            out.append(f"need 1 <= topk_group={m.topk_group} <= n_group={m.n_group} ({name})")
+        elif m.n_routed_experts // m.n_group < 2:
+            out.append(
+                f"n_group={m.n_group} groups of {m.n_routed_experts} experts: a group needs "
+                f"two, its score is the sum of its two best ({name})"
+            )
+        elif m.topk_group * (m.n_routed_experts // m.n_group) < m.top_k:
+            out.append(
+                f"top_k={m.top_k} experts cannot come from topk_group={m.topk_group} groups of "
+                f"{m.n_routed_experts // m.n_group} ({name})"
+            )
+    return [Problem("model", msg) for msg in out]
 
 
 def _data_sizes(path: str | None, err) -> tuple[int, int] | None:
@@ -391,13 +427,7 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
 
 def engine_problems(cfg: Config, lay) -> list[Problem]:
     """What the planner accepts but launcher.train cannot run yet, refused by name."""
-    errors = [
-        Problem(
-            "not_available", f"parallel.{axis}={lay.degrees[axis]}: {what} is not available yet"
-        )
-        for axis, what in NOT_AVAILABLE.items()
-        if lay.degrees[axis] > 1
-    ]
+    errors: list[Problem] = []
     if cfg.model.family not in ENGINE_FAMILIES:
         errors.append(
             Problem(
@@ -462,12 +492,20 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
                 "separate copies of the tied matrix; set model.tie_embeddings=false",
             )
         )
-    if lay.tp > 1 and cfg.model.family == "mixtral":
+    if lay.tp > 1 and cfg.model.n_routed_experts and cfg.train.seq_len % lay.tp:
         errors.append(
             Problem(
                 "not_available",
-                f"parallel.tp={lay.tp} with model.family=mixtral: "
-                "tensor parallelism of expert layers is not available yet",
+                f"train.seq_len={cfg.train.seq_len} must be divisible by tp={lay.tp} with "
+                "routed experts: each tp rank routes its own slice of every sequence",
+            )
+        )
+    if lay.tp > 1 and cfg.model.family == "deepseek":
+        errors.append(
+            Problem(
+                "not_available",
+                f"parallel.tp={lay.tp} with model.family=deepseek: tensor parallelism of "
+                "multi-head latent attention and expert layers is not available yet",
             )
         )
     return errors

@@ -40,7 +40,11 @@ LAYOUTS = {
         "parallel.dp_shard=1",
         "context=ring",
     ],
+    # Experts stacked (E, ...) and sharded over ep: the checkpoint holds the whole stack.
+    "mixtral ep=2": ["model=mixtral_debug", "hardware.devices_per_node=2", "parallel.ep=2"],
     # Targets of the reshard pairs only.
+    "mixtral one process": ["model=mixtral_debug", "hardware.devices_per_node=1"],
+    "mixtral ep=4": ["model=mixtral_debug", *FOUR, "parallel.ep=4"],
     "dp_shard=2 x tp=2": [*FOUR, "parallel.tp=2", "tensor=sequence_parallel"],
     "one process": ["hardware.devices_per_node=1"],
     "ddp 2": ["hardware.devices_per_node=2", "parallel.dp_replicate=2", "parallel.dp_shard=1"],
@@ -55,6 +59,7 @@ BITWISE = [
     "fsdp dp_shard=2 async save",
     "gpt dropout=0.1 one process",
     "cp=2 ring",
+    "mixtral ep=2",
 ]
 RESHARD = [
     ("fsdp dp_shard=4", "dp_shard=2 x tp=2"),
@@ -64,6 +69,8 @@ RESHARD = [
     ("zero1 dp_shard=2", "fsdp dp_shard=4"),
     # FSDP over dp_shard x cp = 2 ranks back into one process (the cp=2 -> cp=1).
     ("cp=2 ring", "one process"),
+    ("mixtral ep=2", "mixtral one process"),
+    ("mixtral ep=2", "mixtral ep=4"),
 ]
 
 

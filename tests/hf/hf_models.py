@@ -38,18 +38,91 @@ LLAMA_RUN = [
 ]
 MIXTRAL = dict(SHARED, intermediate_size=256, num_local_experts=4, num_experts_per_tok=2)
 MIXTRAL_RUN = ["model=mixtral_debug"]
-RUN = {"llama": LLAMA_RUN, "mixtral": MIXTRAL_RUN}
+# deepseek_debug: MLA with a q latent, first layer dense, 8 experts (sigmoid + bias, best 2 of
+# 4 groups, weights renormalised x 2.5) + 1 shared, YaRN 128 -> 512.
+DEEPSEEK_V3 = dict(
+    {k: v for k, v in SHARED.items() if k != "rope_theta"},  # in rope_parameters
+    num_key_value_heads=8,
+    rms_norm_eps=1e-6,
+    intermediate_size=256,
+    moe_intermediate_size=64,
+    n_routed_experts=8,
+    n_shared_experts=1,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    n_group=4,
+    topk_group=2,
+    norm_topk_prob=True,
+    routed_scaling_factor=2.5,
+    q_lora_rank=64,
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    rope_parameters={
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 128,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    },
+)
+DEEPSEEK_V3_RUN = ["model=deepseek_debug"]
+# DeepSeek-V2-Lite's kind on the same shape: queries straight from dim, softmax greedy top-2
+# of 8 experts (weights not renormalised, x 2.0), 2 shared; mscale != mscale_all_dim, so
+# YaRN also scales the rotated parts.
+DEEPSEEK_V2 = dict(
+    {k: v for k, v in DEEPSEEK_V3.items() if k not in ("n_group", "topk_group")},
+    q_lora_rank=None,
+    n_shared_experts=2,
+    norm_topk_prob=False,
+    routed_scaling_factor=2.0,
+    topk_method="greedy",
+    rope_parameters={**DEEPSEEK_V3["rope_parameters"], "mscale_all_dim": 0.707},
+)
+DEEPSEEK_V2_RUN = [
+    "model=deepseek_debug",
+    "model.q_lora_rank=0",
+    "model.n_shared_experts=2",
+    "model.score_func=softmax",
+    "model.n_group=1",
+    "model.topk_group=1",
+    "model.norm_topk_prob=false",
+    "model.routed_scaling_factor=2.0",
+    "model.rope_yarn_mscale_all_dim=0.707",
+]
+RUN = {
+    "llama": LLAMA_RUN,
+    "mixtral": MIXTRAL_RUN,
+    "deepseek_v3": DEEPSEEK_V3_RUN,
+    "deepseek_v2": DEEPSEEK_V2_RUN,
+}
 
 
-def build(family: str, seed: int = 0, **changes):
-    """A randomly initialised transformers model of the family (fp32, eval mode)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+def build(kind: str, seed: int = 0, **changes):
+    """A randomly initialised transformers model (fp32, eval mode) of a kind: a family, or
+    deepseek_v3 / deepseek_v2. DeepSeek-V3's expert correction biases are random too (they
+    start at zero), so that they take part in the choice of experts, and mostly below -0.5:
+    biased scores (sigmoid + bias) below zero must still beat the groups left out."""
+    import transformers
 
     torch.manual_seed(seed)
-    if family == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**{**LLAMA, **changes}))
-    else:
-        model = MixtralForCausalLM(MixtralConfig(**{**MIXTRAL, **changes}))
+    names = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM", LLAMA),
+        "mixtral": ("MixtralConfig", "MixtralForCausalLM", MIXTRAL),
+        "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", DEEPSEEK_V3),
+        "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", DEEPSEEK_V2),
+    }
+    config_cls, model_cls, fields = names[kind]
+    config = getattr(transformers, config_cls)(**{**fields, **changes})
+    model = getattr(transformers, model_cls)(config)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape) * 0.3 - 0.6)
     return model.eval()
 
 

@@ -2,7 +2,8 @@
 layout computes transformers' logits, and each rank reads only the slices it holds.
 
 The engine's own Trainer loads the weights (tests/hf/hf_logits.py under torchrun); the
-reference is transformers' LlamaForCausalLM / MixtralForCausalLM on the same batch.
+reference is transformers' LlamaForCausalLM / MixtralForCausalLM / DeepseekV3ForCausalLM /
+DeepseekV2ForCausalLM on the same batch.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ CASES = [("llama", name) for name in LAYOUTS] + [
     ("mixtral", "one process"),
     ("mixtral", "dp_shard=2"),
     ("mixtral", "pp=2"),
+    ("deepseek_v3", "one process"),
+    ("deepseek_v3", "dp_shard=2"),
+    ("deepseek_v3", "pp=2"),
+    ("deepseek_v2", "one process"),
 ]
 
 
@@ -66,7 +71,8 @@ def test_start_from_hf_equals_transformers(saved, tmp_path, family, layout):
     ranks = run(tmp_path, family, hf_dir, LAYOUTS[layout])
     ours = torch.load(tmp_path / "logits.pt")
     hf_models.assert_close(ours, reference, f"{family} {layout}")
-    total = sum(p.numel() for p in hf_models.build(family).parameters())
+    # Parameters and persistent buffers (DeepSeek-V3's expert biases, read like weights).
+    total = sum(t.numel() for t in hf_models.build(family).state_dict().values())
     for rank, r in ranks.items():
         # A q/k shard that starts or ends inside a head reads that head whole: a little more
         # than it holds, never the whole model when the layout shards it.

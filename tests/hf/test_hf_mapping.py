@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import compose_config
 from safetensors.torch import load_file, save_file
 
 import models
@@ -43,8 +44,8 @@ def test_transformers_4_spelling_reads_the_same():
 
 
 def test_our_config_json_round_trips():
-    for family in ("llama", "mixtral"):
-        fields = model_fields(hf_config(family))
+    for kind in ("llama", "mixtral", "deepseek_v3", "deepseek_v2"):
+        fields = model_fields(hf_config(kind))
         assert model_fields(to_hf_config(fields, "float32")) == fields
         assert mismatches(to_hf_config(fields, "float32"), fields) == []
 
@@ -115,3 +116,93 @@ def test_check_names_missing_and_misshapen_tensors(tmp_path):
     problems = check(src, fields)
     assert "lacks tensors: model.layers.2.block_sparse_moe.experts.3.w2.weight" in problems[0]
     assert "model.norm.weight [64], expected [128]" in problems[1]
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v2"])
+def test_deepseek_logits_equal_transformers(tmp_path, kind):
+    """DeepseekV3ForCausalLM (q latent, sigmoid + bias routing in groups, YaRN's softmax
+    temperature) and DeepseekV2ForCausalLM (queries straight from dim, softmax greedy
+    routing, YaRN scaling the rotated parts too), saved by transformers, imported by the
+    run's preset overrides: the same logits, fp32."""
+    model = hf_models.build(kind)
+    src = hf_models.save(model, tmp_path)
+    fields = vars(compose_config(hf_models.RUN[kind]).model)
+    assert mismatches(model.config.to_dict(), fields) == []
+    assert check(src, fields) == []
+    ours = models.build("deepseek", fields)
+    ours.load_state_dict(from_hf(src, fields))
+    x = torch.randint(0, 320, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hf_models.assert_close(ours.eval()(x), hf_models.logits(model, x), kind)
+
+
+def test_deepseek_fields_and_names():
+    """config.json fields, the per-expert names save_pretrained writes, and the V3 expert
+    bias (a buffer) among the sources; V2 has no bias and no q latent."""
+    v3 = model_fields(hf_config("deepseek_v3"))
+    assert v3 == {**v3, "family": "deepseek", "score_func": "sigmoid", "head_dim": None}
+    routing = [v3[k] for k in ("n_group", "topk_group", "norm_topk_prob", "routed_scaling_factor")]
+    assert routing == [4, 2, True, 2.5]
+    assert (v3["rope_yarn_factor"], v3["rope_yarn_original_max_seq_len"]) == (4.0, 128)
+    assert (v3["rope_yarn_mscale"], v3["rope_yarn_mscale_all_dim"]) == (1.0, 1.0)
+    table = sources(v3)
+    assert table["layers.1.feed_forward.router.expert_bias"].names == (
+        "model.layers.1.mlp.gate.e_score_correction_bias",
+    )
+    experts = table["layers.3.feed_forward.experts.w1"]
+    assert experts.names[7] == "model.layers.3.mlp.experts.7.gate_proj.weight"
+    assert experts.shape == (64, 128) and len(experts.names) == 8
+    assert table["layers.0.feed_forward.w2.weight"].names == (
+        "model.layers.0.mlp.down_proj.weight",
+    )
+    assert table["layers.0.attention.wkv_a.weight"].shape == (32 + 8, 128)
+    assert not any(s.heads for s in table.values())  # interleaved RoPE rows, as ours
+    v2 = model_fields(hf_config("deepseek_v2"))
+    assert v2["score_func"] == "softmax" and v2["q_lora_rank"] == 0  # null: no q latent
+    assert v2["n_group"] == 1 and v2["norm_topk_prob"] is False
+    table = sources(v2)
+    assert "layers.1.feed_forward.router.expert_bias" not in table
+    assert table["layers.1.attention.wq.weight"].names == (
+        "model.layers.1.self_attn.q_proj.weight",
+    )
+    assert "layers.1.attention.wq_a.weight" not in table
+
+
+def test_deepseek_mismatches_and_unsupported():
+    v3 = hf_config("deepseek_v3")
+    ours = model_fields(v3)
+    assert mismatches(v3, {**ours, "score_func": "softmax"}) == [
+        "model_type=deepseek_v3 (a sigmoid router) but model.score_func=softmax"
+    ]
+    assert mismatches(v3, {**ours, "rope_yarn_mscale_all_dim": 0.707}) == [
+        "rope_parameters.mscale_all_dim=1.0 but model.rope_yarn_mscale_all_dim=0.707"
+    ]
+    assert mismatches(v3, {**ours, "n_group": 1}) == ["n_group=4 but model.n_group=1"]
+    assert unsupported({**v3, "rope_interleave": False}) == [
+        "rope_interleave=false (DeepSeek's interleaved RoPE rows only)"
+    ]
+    v2 = hf_config("deepseek_v2")
+    grouped = {**v2, "norm_topk_prob": True, "topk_method": "group_limited_greedy", "n_group": 2}
+    assert unsupported(grouped) == [
+        "topk_method=group_limited_greedy (greedy top-k only)",
+        "norm_topk_prob=true (transformers' DeepseekV2 ignores it)",
+    ]
+    llama_yarn = {**hf_config("llama"), "rope_parameters": v3["rope_parameters"]}
+    assert unsupported(llama_yarn) == ["rope_parameters.rope_type=yarn (default or llama3 only)"]
+
+
+@pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v2"])
+def test_deepseek_preset_is_the_run_model(kind):
+    """model-config's YAML, read into the schema, has every field the run overrides give
+    (the balance-loss settings, training-only, are not in config.json)."""
+    from omegaconf import OmegaConf
+
+    from launcher.config import ModelConfig
+    from launcher.hf.config import preset_yaml
+
+    hf = hf_config(kind)
+    yaml = preset_yaml("tiny", "/tmp/tiny", hf)
+    preset = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.create(yaml))
+    run = compose_config(hf_models.RUN[kind]).model
+    for field in model_fields(hf):
+        assert getattr(preset, field) == getattr(run, field), field

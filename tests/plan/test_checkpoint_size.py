@@ -27,7 +27,7 @@ from launcher.plan.checkpoint_size import (
 from launcher.plan.report import plan_json, print_plan
 from launcher.plan.rules import config_problems
 
-DEBUG_MODELS = ("llama3_debug", "gpt_debug", "mixtral_debug")
+DEBUG_MODELS = ("llama3_debug", "gpt_debug", "mixtral_debug", "deepseek_debug")
 
 
 def size_of(overrides: list[str]):

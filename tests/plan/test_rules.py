@@ -276,11 +276,17 @@ def test_missing_data_file():
 
 
 @pytest.mark.parametrize("axis", ["tp", "ep"])
-def test_train_refuses_unbuilt_axes_by_name(axis):
+def test_train_runs_expert_layers_under_tp_and_ep(axis):
     overrides = [*H100, "model=mixtral_8x7b", f"parallel.{axis}=2", "train.micro_batch_size=1"]
     plan, _, _ = rules(overrides)
+    assert engine_problems(plan.cfg, plan.layout) == []
+
+
+def test_routed_tokens_split_over_tp_need_a_divisible_sequence():
+    overrides = ["model=mixtral_debug", "parallel.tp=2", "parallel.dp_shard=1", "train.seq_len=127"]
+    plan, _, _ = rules(overrides)
     msgs = " ".join(p.message for p in engine_problems(plan.cfg, plan.layout))
-    assert f"parallel.{axis}=2" in msgs and "not available yet" in msgs
+    assert "train.seq_len=127 must be divisible by tp=2" in msgs
 
 
 @pytest.mark.e2e
@@ -328,6 +334,38 @@ def test_cp_with_a_family_the_engine_cannot_shard_is_refused():
     assert any(
         "parallel.cp=2 with model.family=deepseek: context parallelism" in p for p in refused
     )
+
+
+def test_deepseek_trains_but_not_under_tp():
+    one = compose_config(["model=deepseek_debug", "hardware.devices_per_node=1"])
+    assert engine_problems(one, make_plan(one).layout) == []
+    cfg = compose_config(["model=deepseek_debug", "parallel.tp=2", "hardware.devices_per_node=2"])
+    refused = [str(p) for p in engine_problems(cfg, make_plan(cfg).layout)]
+    assert refused == [
+        "[not_available] parallel.tp=2 with model.family=deepseek: tensor parallelism of "
+        "multi-head latent attention and expert layers is not available yet"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["model.score_func=tanh"], "model.score_func=tanh is not softmax or sigmoid"),
+        (["model.score_func=softmax"], "model.n_group=4 with score_func=softmax: the softmax"),
+        (["model.n_group=3"], "n_group=3 must divide n_routed_experts=8"),
+        (["model.topk_group=5"], "need 1 <= topk_group=5 <= n_group=4"),
+        (["model.n_group=8", "model.topk_group=1"], "n_group=8 groups of 8 experts: a group"),
+        (["model.topk_group=1", "model.top_k=3"], "top_k=3 experts cannot come from"),
+    ],
+)
+def test_routing_rules(overrides, expected):
+    _, names, msg = rules(["model=deepseek_debug", *overrides])
+    assert "model" in names and expected in msg, msg
+
+
+def test_yarn_is_deepseek_only():
+    _, names, msg = rules(["model.rope_yarn_factor=4"])
+    assert "model" in names and "model.rope_yarn_factor=4: YaRN RoPE is deepseek's" in msg
 
 
 @pytest.mark.e2e

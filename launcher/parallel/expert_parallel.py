@@ -1,0 +1,190 @@
+"""Expert parallelism and what every MoE layer needs from the engine.
+
+`apply_ep` shards each MoE layer's stacked experts along the expert dimension over the ep mesh
+(DTensors, Shard(0): a checkpoint holds the whole (E, ...) stack and reshards to any ep) and
+replaces the experts' forward with dispatch -> local grouped experts -> combine:
+
+  x (N, D) this rank's token copies sorted by global expert, counts (E,)
+    -> exchange counts (all-to-all): how many copies each rank sends to each of my L = E / ep
+    -> all-to-all of the copies (uneven splits)  -> (M, D) ordered by (source rank, my expert)
+    -> reorder to (my expert, source rank)        -> grouped SwiGLU of my L experts
+    -> the inverse reorder, the reverse all-to-all -> (N, D) in x's order.
+
+Both all-to-alls carry gradients (backward is the opposite all-to-all). Dropless: every copy is
+computed. The ep group is carved from dp_shard x cp x tp (consecutive ranks, so ep sits on the
+fastest links); the experts' own data-parallel group is what remains (launcher/distributed.py).
+
+`apply_moe_hooks` gives every MoE layer the sum over the ranks that split its tokens (context
+parallel ranks), which the balance losses need to equal one process's.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.distributed as dist
+import torch.distributed.nn.functional as dist_fn
+from torch import nn
+from torch.distributed._functional_collectives import all_to_all_single_autograd
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from models.moe import MoE, grouped_swiglu
+
+
+def moe_layers(model: nn.Module) -> list[tuple[str, MoE]]:
+    """(layer index, MoE) of every MoE layer this model part holds."""
+    layers = getattr(model, "module", model).layers  # under DDP, the model it wraps
+    return [
+        (name, block.feed_forward)
+        for name, block in layers.items()
+        if isinstance(getattr(block, "feed_forward", None), MoE)
+    ]
+
+
+def _local(w: torch.Tensor) -> torch.Tensor:
+    return w.to_local() if isinstance(w, DTensor) else w
+
+
+def dispatch_plan(
+    counts: torch.Tensor, ep: int, group
+) -> tuple[list[int], list[int], torch.Tensor]:
+    """Split sizes for the copies (send, receive) and received (ep, L) counts: row src holds how
+    many copies rank src sends for each of my local experts."""
+    local = counts.numel() // ep
+    received = torch.empty_like(counts)
+    dist.all_to_all_single(received, counts, group=group)  # even splits: L counts per rank
+    received = received.view(ep, local)
+    send = counts.view(ep, local).sum(1).tolist()
+    return send, received.sum(1).tolist(), received
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the gradient by `scale`."""
+
+    @staticmethod
+    def forward(ctx, w: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.scale = scale
+        return w.view_as(w)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.scale, None
+
+
+def _ep_forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    group, ep = self.ep_group, self.ep_size
+    weights = (_ScaleGrad.apply(_local(w), self.grad_scale) for w in (self.w1, self.w2, self.w3))
+    if ep == 1:  # every expert here (tensor parallelism alone): nothing to send
+        return grouped_swiglu(x, counts, *weights)
+    send, recv, received = dispatch_plan(counts, ep, group)
+    r = self.ep_rank
+    self.sent_rows += sum(send) - send[r] + sum(recv) - recv[r]  # dispatch and combine
+    mine = all_to_all_single_autograd(x, recv, send, group)  # (M, D) by (source, expert)
+    local = received.shape[1]
+    # Sort the received blocks by (local expert, source): key l x ep + src for block (src, l).
+    block_key = (
+        torch.arange(local, device=x.device) * ep + torch.arange(ep, device=x.device)[:, None]
+    )
+    row_key = block_key.flatten().repeat_interleave(received.flatten())
+    order = row_key.argsort(stable=True)
+    y = grouped_swiglu(mine[order], received.sum(0), *weights)
+    y = torch.empty_like(y).index_copy(0, order, y)  # back to (source, expert) order
+    return all_to_all_single_autograd(y, send, recv, group)
+
+
+def expert_parameters(model: nn.Module) -> list[str]:
+    """Names of the expert-parallel experts' parameters (DDP must leave them alone)."""
+    return [
+        f"layers.{i}.feed_forward.experts.{name}"
+        for i, moe in moe_layers(model)
+        if hasattr(moe.experts, "ep_group")
+        for name, _ in moe.experts.named_parameters()
+    ]
+
+
+def apply_ep(model: nn.Module, ep_mesh: DeviceMesh, grad_scale: float, reduce_group=None) -> None:
+    """Shard every MoE layer's experts over `ep_mesh` (1-D) and route their tokens there.
+
+    An expert's gradient on its rank already sums what every ep rank's tokens contributed, and
+    the experts' data-parallel reduction then averages over the ranks holding the same experts
+    (dp_replicate x dp_shard x cp x tp / ep of them). The loss is the mean over the dp x cp
+    ranks' losses, so `grad_scale` = (dp_replicate x that) / (dp x cp) corrects the average.
+    Without FSDP that reduction is `sync_expert_grads` over `reduce_group`.
+    """
+    ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
+    for _, moe in moe_layers(model):
+        experts = moe.experts
+        for name, p in list(experts.named_parameters(recurse=False)):
+            shard = distribute_tensor(p.data, ep_mesh, [Shard(0)])
+            experts.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
+        experts.ep_group, experts.ep_size, experts.ep_rank = ep_mesh.get_group(), ep, rank
+        experts.grad_scale, experts.reduce_group = grad_scale, reduce_group
+        experts.sent_rows = 0  # (D,) rows this rank sent to other ranks in forward all-to-alls
+        experts.forward = types.MethodType(_ep_forward, experts)
+
+
+def sync_expert_grads(parts: list[nn.Module]) -> None:
+    """Average the experts' gradients over the ranks holding the same experts, where no FSDP
+    does it (DDP, ZeRO-1, or no data parallelism beside tp)."""
+    for part in parts:
+        for _, moe in moe_layers(part):
+            group = getattr(moe.experts, "reduce_group", None)
+            if group is None or dist.get_world_size(group) == 1:
+                continue
+            for p in moe.experts.parameters():
+                if p.grad is not None:
+                    g = _local(p.grad)
+                    dist.all_reduce(g, group=group)
+                    g /= dist.get_world_size(group)
+
+
+def apply_moe_hooks(model: nn.Module, split_group) -> None:
+    """Balance-loss statistics summed over `split_group`, the ranks holding other tokens of the
+    same sequences (None: one rank holds them all)."""
+    if split_group is None:
+        return
+    for _, moe in moe_layers(model):
+        moe.reduce_split = lambda t, g=split_group: dist_fn.all_reduce(t, group=g)
+
+
+def balance_step(
+    parts: list[nn.Module], n_layers: int, microbatches: int, bias_update_speed: float
+) -> dict:
+    """After a step, on every rank (a collective over the world): each MoE layer's expert load
+    summed over all ranks that ran it (each layer lives on one pipeline stage), DeepSeek-V3's
+    bias update from it, and the step's metrics: the balance losses (summed over layers, mean
+    over forwards) and each layer's max / mean load (1 is perfect balance)."""
+    layers = [(int(i), moe) for part in parts for i, moe in moe_layers(part)]
+    width = torch.tensor([max((m.router.n_experts for _, m in layers), default=0)])
+    if dist.is_initialized():  # stages without MoE layers learn E too
+        dist.all_reduce(width, op=dist.ReduceOp.MAX)
+    e = int(width.item())
+    device = layers[0][1].router.load.device if layers else torch.device("cpu")
+    # Per layer: load per expert, the balance losses' sum, how many ranks ran it.
+    stats = torch.zeros(n_layers, e + 2, dtype=torch.float64, device=device)
+    for i, moe in layers:
+        stats[i, :e] = moe.router.load
+        stats[i, e] = moe.aux_loss_sum.to(device)
+        stats[i, e + 1] = 1.0
+        moe.router.load.zero_()
+        moe.aux_loss_sum = torch.zeros((), device=device)
+    if dist.is_initialized():
+        dist.all_reduce(stats)
+    for i, moe in layers:
+        if bias_update_speed and moe.router.expert_bias is not None:
+            # Overloaded experts lose bias, underloaded ones gain it; every rank of the stage
+            # applies the same update from the same global load.
+            load = stats[i, :e]
+            step = bias_update_speed * torch.sign(load.mean() - load)
+            moe.router.expert_bias += step.to(moe.router.expert_bias.dtype)
+    held = (stats[:, e + 1] > 0).nonzero().flatten().tolist()
+    metrics = {}
+    if held:
+        forwards = stats[held, e + 1] * microbatches
+        metrics["aux_loss"] = float((stats[held, e] / forwards).sum())
+    for i in held:
+        load = stats[i, :e]
+        metrics[f"expert_load/layer_{i}"] = float(load.max() / load.mean().clamp_min(1e-12))
+    return metrics

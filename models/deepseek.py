@@ -1,0 +1,182 @@
+"""DeepSeek-V2 / V3 (and Kimi K2): multi-head latent attention (MLA) with a decoupled RoPE key,
+YaRN RoPE scaling, and fine-grained routed + shared experts after the first dense layers.
+
+MLA compresses keys and values into one latent per token: kv_lora_rank values, RMS-normed and
+expanded per head into a key part without position (nope) and a value. Position lives in a
+separate qk_rope_head_dim-wide key that all heads share, rotated by RoPE, concatenated to
+each head's nope key; queries (optionally through their own latent) get both parts too. The
+blocks are Llama's (pre-norm, residual) with this attention, a dense SwiGLU MLP in the first
+n_dense_layers and a models.moe.MoE after. Plain torch, no distributed import.
+
+Shapes: B batch, S sequence, D dim, H heads, Q q_lora_rank, C kv_lora_rank, N qk_nope_head_dim,
+R qk_rope_head_dim, V v_head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.llama import (
+    AttentionCore,
+    LlamaArgs,
+    RMSNorm,
+    Transformer,
+    TransformerBlock,
+    apply_rope,
+    rope_table,
+)
+from models.moe import MoE, Router
+
+# The latent norms' epsilon: DeepSeek's reference code and transformers' both build them with
+# their default, whatever rms_norm_eps the block norms use.
+LATENT_NORM_EPS = 1e-6
+
+
+@dataclass
+class DeepSeekArgs(LlamaArgs):
+    n_routed_experts: int = 256
+    n_shared_experts: int = 1
+    top_k: int = 8
+    moe_ffn_dim: int = 2048
+    n_dense_layers: int = 3
+    score_func: str = "sigmoid"
+    n_group: int = 1
+    topk_group: int = 1
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    aux_loss_coef: float = 0.0
+    seq_aux_loss_coef: float = 0.0
+    q_lora_rank: int = 1536  # 0: queries projected directly from dim (DeepSeek-V2-Lite)
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 128
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 128
+    # YaRN (launcher/config.py ModelConfig says what each does); factor <= 1: plain RoPE.
+    rope_yarn_factor: float = 1.0
+    rope_yarn_original_max_seq_len: int = 4096
+    rope_yarn_beta_fast: float = 32.0
+    rope_yarn_beta_slow: float = 1.0
+    rope_yarn_mscale: float = 0.0
+    rope_yarn_mscale_all_dim: float = 0.0
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_frequencies(args: DeepSeekArgs) -> torch.Tensor:
+    """Inverse frequencies (R/2,) of the rotated key/query part, with YaRN's scaling: the
+    pairs whose wavelength fits the original length many times (above beta_fast turns) keep
+    their frequency, the slow ones (below beta_slow turns) are divided by the factor, and a
+    linear ramp over the pair index blends the ones between."""
+    r, theta = args.qk_rope_head_dim, args.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, r, 2, dtype=torch.float64) / r))
+    factor = args.rope_yarn_factor
+    if factor <= 1:
+        return inv_freq.float()
+    old_len = args.rope_yarn_original_max_seq_len
+
+    def pair_index(turns: float) -> float:  # the pair that turns `turns` times over old_len
+        return r * math.log(old_len / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(pair_index(args.rope_yarn_beta_fast)), 0)
+    high = min(math.ceil(pair_index(args.rope_yarn_beta_slow)), r - 1)
+    ramp = (torch.arange(r // 2, dtype=torch.float64) - low) / max(high - low, 1e-3)
+    ramp = ramp.clamp(0, 1)  # 0: keep, 1: divide by factor
+    return (inv_freq / factor * ramp + inv_freq * (1 - ramp)).float()
+
+
+def yarn_scales(args: DeepSeekArgs) -> tuple[float, float]:
+    """(scale of the rotated parts' cos and sin, multiplier of the softmax scale): YaRN's
+    attention temperature, as transformers applies it."""
+    factor, m, m_all = args.rope_yarn_factor, args.rope_yarn_mscale, args.rope_yarn_mscale_all_dim
+    if factor <= 1:
+        return 1.0, 1.0
+    # The ratio only when both are set; otherwise mscale(factor, 1), whatever one is set.
+    rotated = yarn_mscale(factor, m) / yarn_mscale(factor, m_all) if m and m_all else None
+    return rotated or yarn_mscale(factor), yarn_mscale(factor, m_all) ** 2  # m_all 0: 1
+
+
+class MLAttention(nn.Module):
+    """Multi-head latent attention; x (B, S, D) -> (B, S, D), called as Llama's Attention."""
+
+    def __init__(self, args: DeepSeekArgs):
+        super().__init__()
+        self.nope_dim, self.rope_dim = args.qk_nope_head_dim, args.qk_rope_head_dim
+        self.v_dim, self.kv_rank = args.v_head_dim, args.kv_lora_rank
+        h, qk = args.n_heads, args.qk_nope_head_dim + args.qk_rope_head_dim
+        self.q_latent = args.q_lora_rank > 0
+        if self.q_latent:
+            self.wq_a = nn.Linear(args.dim, args.q_lora_rank, bias=False)
+            self.q_norm = RMSNorm(args.q_lora_rank, LATENT_NORM_EPS)
+            self.wq_b = nn.Linear(args.q_lora_rank, h * qk, bias=False)
+        else:
+            self.wq = nn.Linear(args.dim, h * qk, bias=False)
+        # The kv latent and the shared rotated key, in one projection: (C + R) rows.
+        self.wkv_a = nn.Linear(args.dim, args.kv_lora_rank + args.qk_rope_head_dim, bias=False)
+        self.kv_norm = RMSNorm(args.kv_lora_rank, LATENT_NORM_EPS)
+        self.wkv_b = nn.Linear(
+            args.kv_lora_rank, h * (args.qk_nope_head_dim + args.v_head_dim), bias=False
+        )
+        self.wo = nn.Linear(h * args.v_head_dim, args.dim, bias=False)
+        self.core = AttentionCore(args.dropout, args.flash_attention)
+        # The core scales by 1/sqrt(N + R); YaRN's softmax temperature is folded into q.
+        self.q_scale = yarn_scales(args)[1]
+
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """rope: the whole (S_max, 2, R) table without positions, else exactly their angles."""
+        b, s, _ = x.shape
+        n, r = self.nope_dim, self.rope_dim
+        q = self.wq_b(self.q_norm(self.wq_a(x))) if self.q_latent else self.wq(x)
+        q_nope, q_rope = q.view(b, s, -1, n + r).split([n, r], dim=-1)  # (B, S, H, N), (..., R)
+        latent, k_rope = self.wkv_a(x).split([self.kv_rank, r], dim=-1)  # (B, S, C), (B, S, R)
+        kv = self.wkv_b(self.kv_norm(latent)).view(b, s, -1, n + self.v_dim)  # (B, S, H, N + V)
+        k_nope, v = kv.split([n, self.v_dim], dim=-1)
+        angles = rope[:s] if positions is None else rope
+        q_rope = apply_rope(q_rope, angles)
+        k_rope = apply_rope(k_rope.unsqueeze(2), angles)  # (B, S, 1, R): one for every head
+        q = torch.cat([q_nope, q_rope], dim=-1)  # (B, S, H, N + R)
+        if self.q_scale != 1.0:
+            q = q * self.q_scale
+        k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        out = self.core(q, k, v, positions)  # (B, H, S, V)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
+
+
+class DeepSeek(Transformer):
+    def make_block(self, args: DeepSeekArgs, index: int) -> nn.Module:
+        attention = MLAttention(args)
+        if index < args.n_dense_layers:  # a dense SwiGLU MLP of ffn_dim
+            return TransformerBlock(args, attention=attention)
+        router = Router(
+            args.dim,
+            args.n_routed_experts,
+            args.top_k,
+            score_func=args.score_func,
+            n_group=args.n_group,
+            topk_group=args.topk_group,
+            normalize=args.norm_topk_prob,
+            scale=args.routed_scaling_factor,
+        )
+        moe = MoE(
+            args.dim,
+            args.moe_ffn_dim,
+            args.n_routed_experts,
+            router,
+            n_shared=args.n_shared_experts,
+            aux_loss_coef=args.aux_loss_coef,
+            seq_aux_loss_coef=args.seq_aux_loss_coef,
+        )
+        return TransformerBlock(args, feed_forward=moe, attention=attention)
+
+    def make_rope(self) -> torch.Tensor:
+        """(S_max, 2, R): the rotated part's table, YaRN-scaled frequencies and magnitude."""
+        scale, _ = yarn_scales(self.args)
+        return rope_table(yarn_frequencies(self.args), self.args.max_seq_len, scale)

@@ -1,0 +1,255 @@
+"""A mixture-of-experts MLP in four named pieces: router -> token reordering -> grouped experts ->
+combine, plus always-on shared experts.
+
+Each token goes to its top_k routed experts; their SwiGLU outputs are summed with the router's
+weights. The experts are stacked weights (E, ...) run by one grouped matmul over the tokens
+sorted by expert, so that expert parallelism can wrap `MoE.experts` (dispatch the sorted tokens
+to the ranks that hold their experts, compute, send them back) without touching this file.
+Plain torch, no distributed import: what the engine needs from a router (summing statistics
+over ranks that split a batch, the load seen since it last looked) are attributes it sets/reads.
+
+Shapes: T tokens of this forward (B x S), D dim, E routed experts, k top_k, F expert FFN width,
+N = T x k token copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _grouped_mm_runs(x: torch.Tensor, *ws: torch.Tensor) -> bool:
+    """torch's grouped matmul: CPU in any float dtype, CUDA in bf16 only; rows of a multiple of
+    16 bytes (see ../shared/MACHINE.md). Compiled, bf16 only: torch 2.13's shape function
+    refuses other dtypes even where the CPU kernel runs them."""
+    if not hasattr(F, "grouped_mm") or (
+        (x.device.type == "cuda" or torch.compiler.is_compiling()) and x.dtype != torch.bfloat16
+    ):
+        return False
+    return all(w.shape[-1] * x.element_size() % 16 == 0 for w in ws) and all(
+        w.shape[-2] * x.element_size() % 16 == 0 for w in ws
+    )
+
+
+def grouped_swiglu(
+    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
+) -> torch.Tensor:
+    """w2_e(silu(w1_e x) * w3_e x) for every row of x (N, D), rows grouped by expert in order:
+    counts (G,) rows for each of the G experts of w1, w3 (G, F, D) and w2 (G, D, F)."""
+    w1, w2, w3 = (w.to(x.dtype) for w in (w1, w2, w3))
+    if x.shape[0] == 0:
+        # No tokens here: an empty result that still reaches x and every weight (zero
+        # gradients), so that this rank's backward runs the same collectives as its peers'
+        # (the all-to-all that brought x, the weights' gradient reduction).
+        return x.new_zeros(0, w2.shape[1]) + 0 * (x.sum() + w1.sum() + w2.sum() + w3.sum())
+    if _grouped_mm_runs(x, w1, w2, w3):
+        offs = counts.cumsum(0).to(torch.int32)
+        h = F.silu(F.grouped_mm(x, w1.transpose(-2, -1), offs=offs))
+        h = h * F.grouped_mm(x, w3.transpose(-2, -1), offs=offs)  # (N, F)
+        return F.grouped_mm(h, w2.transpose(-2, -1), offs=offs)  # (N, D)
+    out = []
+    for e, part in enumerate(x.split(counts.tolist())):
+        out.append((F.silu(part @ w1[e].T) * (part @ w3[e].T)) @ w2[e].T)
+    return torch.cat(out)
+
+
+class GroupedExperts(nn.Module):
+    """E SwiGLU experts as stacked weights; forward takes the token copies sorted by expert."""
+
+    def __init__(self, n_experts: int, dim: int, ffn_dim: int):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.empty(n_experts, ffn_dim, dim))
+        self.w2 = nn.Parameter(torch.empty(n_experts, dim, ffn_dim))
+        self.w3 = nn.Parameter(torch.empty(n_experts, ffn_dim, dim))
+
+    def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """x (N, D) sorted by expert, counts (E,) copies per expert -> (N, D) in the same order."""
+        return grouped_swiglu(x, counts, self.w1, self.w2, self.w3)
+
+
+class Router(nn.Module):
+    """Scores every expert for every token and keeps the top_k.
+
+    softmax (Mixtral, DeepSeek-V2): weights are the softmax probabilities of the chosen experts,
+    renormalised over them when `normalize`.
+    sigmoid (DeepSeek-V3, Kimi K2): independent sigmoid scores; the choice is made on scores plus
+    `expert_bias` (a per-expert correction moved by the load-balance rule, never by gradient),
+    limited to the `topk_group` best of `n_group` expert groups (a group's score: the sum of its
+    two best biased scores); the weights are the unbiased scores of the chosen, renormalised.
+    The weights are then multiplied by `scale` (routed_scaling_factor).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        n_experts: int,
+        top_k: int,
+        score_func: str = "softmax",
+        n_group: int = 1,
+        topk_group: int = 1,
+        normalize: bool = True,
+        scale: float = 1.0,
+    ):
+        super().__init__()
+        self.n_experts, self.top_k, self.score_func = n_experts, top_k, score_func
+        self.n_group, self.topk_group, self.normalize, self.scale = (
+            n_group,
+            topk_group,
+            normalize,
+            scale,
+        )
+        self.gate = nn.Linear(dim, n_experts, bias=False)
+        if score_func == "sigmoid":
+            self.register_buffer("expert_bias", torch.zeros(n_experts))
+        else:
+            self.expert_bias = None
+        # Routed copies per expert since the engine last read and zeroed it (training only).
+        self.register_buffer("load", torch.zeros(n_experts), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (T, D) -> weights (T, k) in x's dtype, chosen (T, k) expert ids, and the
+        normalised scores (T, E) in fp32 that the balance losses use."""
+        logits = self.gate(x).float()  # (T, E)
+        if self.score_func == "softmax":
+            scores = logits.softmax(-1)
+            weights, chosen = scores.topk(self.top_k, dim=-1)
+            probs = scores
+        else:
+            scores = logits.sigmoid()
+            biased = scores + self.expert_bias.float()
+            if self.n_group > 1:
+                groups = biased.unflatten(-1, (self.n_group, -1))  # (T, G, E/G)
+                best = groups.topk(2, dim=-1).values.sum(-1).topk(self.topk_group, -1).indices
+                keep = torch.zeros_like(groups[..., 0], dtype=torch.bool).scatter(-1, best, True)
+                # -inf, not 0: a biased score can be negative (the bias of an overloaded
+                # expert is), and must still beat every expert of a group left out.
+                biased = groups.masked_fill(~keep[..., None], float("-inf")).flatten(-2)
+            chosen = biased.topk(self.top_k, dim=-1).indices
+            weights = scores.gather(-1, chosen)
+            probs = scores / scores.sum(-1, keepdim=True)
+        if self.normalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return (weights * self.scale).type_as(x), chosen, probs
+
+
+def balance_loss(
+    chosen: torch.Tensor, probs: torch.Tensor, n_experts: int, reduce: Callable
+) -> torch.Tensor:
+    """The Switch Transformer balance loss per group of tokens, E * sum_e f_e P_e with f_e the
+    fraction of the group's routed copies that go to expert e and P_e its mean normalised score
+    (1 at perfect balance), averaged over the groups.
+
+    chosen (G, T, k), probs (G, T, E). `reduce` sums a tensor over the ranks that hold other
+    tokens of the same groups (context- or tensor-parallel ranks), with gradient.
+    """
+    k = chosen.shape[-1]
+    copies = chosen.flatten(-2)  # (G, T x k)
+    counts = torch.zeros(*chosen.shape[:-2], n_experts, device=chosen.device)
+    counts = counts.scatter_add(-1, copies, torch.ones_like(copies, dtype=counts.dtype))
+    tokens = torch.full(chosen.shape[:-2], float(chosen.shape[-2]), device=chosen.device)
+    counts, prob_sum, tokens = reduce(counts.detach()), reduce(probs.sum(-2)), reduce(tokens)
+    per_group = n_experts * (counts / (tokens[..., None] * k) * prob_sum / tokens[..., None])
+    return per_group.sum(-1).mean()
+
+
+class _AttachLoss(torch.autograd.Function):
+    """Identity on x whose backward also starts the gradient of `loss` with `scale`: an
+    auxiliary loss reaches the parameters through any pipeline stage without travelling to
+    the stage that computes the main loss (Megatron-LM's MoEAuxLossAutoScaler)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, loss: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.save_for_backward(loss)
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (loss,) = ctx.saved_tensors
+        return grad, torch.full_like(loss, ctx.scale), None
+
+
+def _no_reduce(x: torch.Tensor) -> torch.Tensor:
+    return x
+
+
+class MoE(nn.Module):
+    """Routed experts (plus shared ones) in place of a dense MLP; x (B, S, D) -> (B, S, D).
+
+    Balance losses: `aux_loss_coef` per forward's tokens (Mixtral, Switch), `seq_aux_loss_coef`
+    per sequence (DeepSeek-V3's sequence-wise loss). Their gradient is attached in backward,
+    scaled by `aux_grad_scale` (the trainer sets 1 / micro-batches when it averages them);
+    their sum over forwards accumulates in `aux_loss_sum`.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        ffn_dim: int,
+        n_experts: int,
+        router: Router,
+        n_shared: int = 0,
+        aux_loss_coef: float = 0.0,
+        seq_aux_loss_coef: float = 0.0,
+    ):
+        super().__init__()
+        from models.llama import FeedForward  # llama imports this module's users
+
+        self.router = router
+        self.experts = GroupedExperts(n_experts, dim, ffn_dim)
+        self.shared = FeedForward(dim, n_shared * ffn_dim) if n_shared else None
+        self.aux_loss_coef, self.seq_aux_loss_coef = aux_loss_coef, seq_aux_loss_coef
+        self.aux_grad_scale = 1.0
+        # Set by the engine when the tokens of one batch are split over ranks (context or
+        # tensor parallelism): sums a tensor over those ranks, with gradient.
+        self.reduce_split: Callable[[torch.Tensor], torch.Tensor] = _no_reduce
+        # The balance losses' sum over training forwards since the engine last read it.
+        self.aux_loss_sum = torch.zeros(())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.routed(x)
+        return out if self.shared is None else out + self.shared(x)
+
+    def routed(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' part alone (tensor parallelism splits its tokens over ranks,
+        not the shared experts')."""
+        shape = x.shape
+        flat = x.reshape(-1, shape[-1])  # (T, D)
+        weights, chosen, probs = self.router(flat)
+        k = chosen.shape[-1]
+        # Reorder: the T x k copies sorted by expert (stable, so each expert sees its tokens
+        # in order), and how many each expert gets.
+        expert_of_copy = chosen.flatten()  # (N,)
+        order = expert_of_copy.argsort(stable=True)
+        counts = torch.bincount(expert_of_copy, minlength=self.router.n_experts)  # (E,)
+        token = order // k  # the token of each sorted copy
+        # Counted in forward only: a recomputing backward (activation checkpointing) runs this
+        # again and must not count the batch twice.
+        counting = self.training and torch._C._current_graph_task_id() == -1
+        if counting:
+            self.router.load += counts.detach().to(self.router.load.dtype)
+        y = self.experts(flat[token], counts)  # (N, D)
+        # Combine: each token's copies weighted and summed back into place.
+        y = y * weights.flatten()[order, None]
+        out = torch.zeros_like(flat).index_add(0, token, y.type_as(flat))
+        if self.training and (self.aux_loss_coef or self.seq_aux_loss_coef):
+            out = self._attach_balance_loss(out, chosen, probs, shape, counting)
+        return out.view(shape)
+
+    def _attach_balance_loss(self, out, chosen, probs, shape, counting) -> torch.Tensor:
+        n, loss = self.router.n_experts, torch.zeros((), device=out.device)
+        if self.aux_loss_coef:
+            batch = balance_loss(chosen[None], probs[None], n, self.reduce_split)
+            loss = loss + self.aux_loss_coef * batch
+        if self.seq_aux_loss_coef and len(shape) == 3:
+            b = shape[0]
+            per_seq = balance_loss(
+                chosen.view(b, -1, chosen.shape[-1]), probs.view(b, -1, n), n, self.reduce_split
+            )
+            loss = loss + self.seq_aux_loss_coef * per_seq
+        if counting:
+            self.aux_loss_sum = self.aux_loss_sum.to(loss.device) + loss.detach()
+        return _AttachLoss.apply(out, loss, self.aux_grad_scale)

@@ -1,0 +1,112 @@
+"""The DeepSeek model: its size as the planner counts it, YaRN against transformers' own
+formula at the published presets' settings, and its initialisation. Its logits against
+transformers' DeepseekV3ForCausalLM / DeepseekV2ForCausalLM are in tests/hf/test_hf_mapping.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from conftest import compose_config
+
+import models
+from launcher.plan.model_size import shape
+from models.deepseek import DeepSeekArgs, yarn_frequencies, yarn_scales
+
+PRESETS = ["deepseek_debug", "deepseek_v2_lite", "deepseek_v3", "kimi_k2"]
+
+
+def args_of(name: str) -> DeepSeekArgs:
+    m = vars(compose_config([f"model={name}"]).model)
+    return DeepSeekArgs(**{f.name: m[f.name] for f in dataclasses.fields(DeepSeekArgs)})
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_module_parameters_match_planner_count(name):
+    cfg = compose_config([f"model={name}"])
+    with torch.device("meta"):
+        model = models.build(cfg.model.family, vars(cfg.model))
+    assert sum(p.numel() for p in model.parameters()) == shape(cfg.model).total
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_yarn_matches_transformers(name):
+    """Frequencies and both temperature factors as transformers computes them from the same
+    rope parameters (its rotated-part factor from the rope init, the softmax one from MLA)."""
+    from transformers import DeepseekV3Config
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import yarn_apply_mscale
+
+    a = args_of(name)
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": a.rope_theta,
+        "factor": a.rope_yarn_factor,
+        "original_max_position_embeddings": a.rope_yarn_original_max_seq_len,
+        "beta_fast": a.rope_yarn_beta_fast,
+        "beta_slow": a.rope_yarn_beta_slow,
+        "mscale": a.rope_yarn_mscale,
+        "mscale_all_dim": a.rope_yarn_mscale_all_dim,
+    }
+    config = DeepseekV3Config(
+        hidden_size=a.dim,
+        num_attention_heads=a.n_heads,
+        num_hidden_layers=1,
+        qk_rope_head_dim=a.qk_rope_head_dim,
+        max_position_embeddings=a.max_seq_len,
+        rope_parameters=rope,
+    )
+    inv_freq, rotated = ROPE_INIT_FUNCTIONS["yarn"](config)
+    torch.testing.assert_close(yarn_frequencies(a), inv_freq, rtol=1e-6, atol=0)
+    qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+    softmax = yarn_apply_mscale(config.rope_parameters, qk**-0.5) * math.sqrt(qk)
+    assert yarn_scales(a) == pytest.approx((rotated, softmax), rel=1e-12)
+    assert a.rope_yarn_factor > 1  # every preset uses YaRN: the check above is not vacuous
+
+
+def test_yarn_off_is_plain_rope():
+    a = dataclasses.replace(args_of("deepseek_debug"), rope_yarn_factor=1.0)
+    r = a.qk_rope_head_dim
+    plain = 1.0 / (a.rope_theta ** (torch.arange(0, r, 2).double() / r))
+    torch.testing.assert_close(yarn_frequencies(a), plain.float())
+    assert yarn_scales(a) == (1.0, 1.0)
+
+
+def test_init_weights():
+    """Latent norms start at 1, the residual branches' output projections (attention wo,
+    dense and shared w2, stacked experts' w2) at the depth-scaled std, routers unbiased."""
+    cfg = compose_config(["model=deepseek_debug"])
+    model = models.build("deepseek", vars(cfg.model))
+    for _, b in model.named_buffers():
+        if b.dtype.is_floating_point:
+            b.fill_(7.0)
+    model.init_weights(0)
+    params = dict(model.named_parameters())
+    assert torch.equal(params["layers.1.attention.q_norm.weight"], torch.ones(64))
+    assert torch.equal(params["layers.1.attention.kv_norm.weight"], torch.ones(32))
+    out_std = 0.02 / math.sqrt(2 * cfg.model.n_layers)
+    for name in (
+        "layers.0.attention.wo.weight",
+        "layers.0.feed_forward.w2.weight",
+        "layers.1.feed_forward.experts.w2",
+        "layers.1.feed_forward.shared.w2.weight",
+    ):
+        assert params[name].std().item() == pytest.approx(out_std, rel=0.1), name
+    assert params["layers.1.attention.wkv_b.weight"].std().item() == pytest.approx(0.02, rel=0.1)
+    bias = model.layers["1"].feed_forward.router.expert_bias
+    assert torch.equal(bias, torch.zeros(8))
+    # The RoPE table is rebuilt: qk_rope_head_dim wide, for every position.
+    assert model.rope.shape == (cfg.model.max_seq_len, 2, cfg.model.qk_rope_head_dim)
+
+
+def test_initial_loss_is_near_uniform():
+    torch.manual_seed(0)
+    cfg = compose_config(["model=deepseek_debug"])
+    model = models.build("deepseek", vars(cfg.model))
+    model.init_weights(0)
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 33))
+    logits = model(tokens[:, :-1])
+    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+    assert loss.item() == pytest.approx(math.log(cfg.model.vocab_size), rel=0.05)
