@@ -19,7 +19,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from launcher.config import TrainConfig
 from launcher.distributed import Dist
 from launcher.layout import Layout
-from launcher.parallel.expert_parallel import moe_layers
+from launcher.parallel.expert_parallel import expert_params
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 # Segments wrappers add to parameter names (DDP, activation checkpointing, compile); a
@@ -136,12 +136,7 @@ def build_optimizers(parts: list[nn.Module], layout: Layout, t: TrainConfig, d: 
             # Each dp_shard x cp rank keeps the Adam states of its share of the parameters, steps
             # them and broadcasts the result; gradients arrive whole from DDP's all-reduce.
             # Expert-parallel experts differ between ranks: never broadcast, their own AdamW.
-            experts = frozenset(
-                p
-                for _, moe in moe_layers(part)
-                if hasattr(moe.experts, "ep_group")
-                for p in moe.experts.parameters()
-            )
+            experts = frozenset(expert_params(part))
             zero = ZeroRedundancyOptimizer(
                 param_groups(part, t.weight_decay, skip=experts),
                 optimizer_class=torch.optim.AdamW,

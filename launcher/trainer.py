@@ -40,12 +40,18 @@ from launcher.failures import (
     timed,
 )
 from launcher.hf import weights as hf_weights
+from launcher.layout import SPLIT_BACKWARD
 from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
 from launcher.parallel import parallelize, pipeline
 from launcher.parallel.context_parallel import chunk_positions
-from launcher.parallel.data_parallel import DTYPES, grad_sync
-from launcher.parallel.expert_parallel import balance_step, moe_layers, sync_expert_grads
+from launcher.parallel.data_parallel import DTYPES, average_grads, grad_sync
+from launcher.parallel.expert_parallel import (
+    balance_step,
+    expert_params,
+    moe_layers,
+    sync_expert_grads,
+)
 from launcher.plan import Plan
 from launcher.plan.report import plan_json
 
@@ -209,11 +215,22 @@ class Trainer:
         """Clip the global gradient norm and step every part's optimizer at step's lr."""
         lr = lr_at(step - 1, self.cfg.train)
         self.optimizers.set_lr(lr)
-        sync_expert_grads(self.parts)
+        self.reduce_gradients()
         grad_norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.d.group("pp"))
         self.optimizers.step()
         self.optimizers.zero_grad()
         return lr, grad_norm
+
+    def reduce_gradients(self) -> None:
+        """Where no FSDP or DDP hook did it: average the experts' gradients over the ranks
+        holding the same experts, and under the split-backward pipeline schedules with DDP or
+        ZeRO-1 (launcher.parallel.parallelize) every other gradient over dp x cp."""
+        lay = self.layout
+        if lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.dp_cp > 1 and not lay.fsdp_enabled:
+            experts = {id(p) for part in self.parts for p in expert_params(part)}
+            others = [p for p in self.params if id(p) not in experts]
+            average_grads(others, self.d.dp_cp_mesh.get_group())
+        sync_expert_grads(self.parts)
 
     def balance_step(self) -> dict:
         """MoE models: the expert loads of the step, the bias update, their metrics."""

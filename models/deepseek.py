@@ -119,6 +119,9 @@ class MLAttention(nn.Module):
         # The kv latent and the shared rotated key, in one projection: (C + R) rows.
         self.wkv_a = nn.Linear(args.dim, args.kv_lora_rank + args.qk_rope_head_dim, bias=False)
         self.kv_norm = RMSNorm(args.kv_lora_rank, LATENT_NORM_EPS)
+        # The rotated key, one for all heads: a named point so that an engine splitting the
+        # heads over ranks can sum its gradient over them (nothing else here needs that).
+        self.shared_key = nn.Identity()
         self.wkv_b = nn.Linear(
             args.kv_lora_rank, h * (args.qk_nope_head_dim + args.v_head_dim), bias=False
         )
@@ -136,6 +139,7 @@ class MLAttention(nn.Module):
         q = self.wq_b(self.q_norm(self.wq_a(x))) if self.q_latent else self.wq(x)
         q_nope, q_rope = q.view(b, s, -1, n + r).split([n, r], dim=-1)  # (B, S, H, N), (..., R)
         latent, k_rope = self.wkv_a(x).split([self.kv_rank, r], dim=-1)  # (B, S, C), (B, S, R)
+        k_rope = self.shared_key(k_rope)
         kv = self.wkv_b(self.kv_norm(latent)).view(b, s, -1, n + self.v_dim)  # (B, S, H, N + V)
         k_nope, v = kv.split([n, self.v_dim], dim=-1)
         angles = rope[:s] if positions is None else rope

@@ -226,9 +226,14 @@ class MoE(nn.Module):
         order = expert_of_copy.argsort(stable=True)
         counts = torch.bincount(expert_of_copy, minlength=self.router.n_experts)  # (E,)
         token = order // k  # the token of each sorted copy
-        # Counted in forward only: a recomputing backward (activation checkpointing) runs this
-        # again and must not count the batch twice.
-        counting = self.training and torch._C._current_graph_task_id() == -1
+        # Counted in a training forward only: not in a recomputing backward (activation
+        # checkpointing runs this again), nor without gradients (a pipeline stage's shape
+        # inference runs its first micro-batch once more).
+        counting = (
+            self.training
+            and torch.is_grad_enabled()
+            and torch._C._current_graph_task_id() == -1
+        )
         if counting:
             self.router.load += counts.detach().to(self.router.load.dtype)
         y = self.experts(flat[token], counts)  # (N, D)

@@ -16,11 +16,11 @@ from torch import nn
 
 from launcher.config import Config
 from launcher.distributed import Dist
-from launcher.layout import Layout
+from launcher.layout import SPLIT_BACKWARD, Layout
 from launcher.parallel.checkpointing import apply_ac, apply_compile
 from launcher.parallel.context_parallel import apply_cp
 from launcher.parallel.data_parallel import apply_ddp, apply_fsdp
-from launcher.parallel.expert_parallel import apply_ep, apply_moe_hooks, expert_parameters
+from launcher.parallel.expert_parallel import apply_ep, apply_moe_hooks, expert_parameter_names
 from launcher.parallel.tensor_parallel import apply_tp
 
 
@@ -62,4 +62,8 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
             reduce_dtype=prec.grad_dtype.value,
             expert_mesh=expert_mesh,
         )
-    return apply_ddp(model, d.dp_cp_mesh, d.device, skip=expert_parameters(model))
+    if layout.pp > 1 and layout.schedule in SPLIT_BACKWARD:
+        # torch's separate weight-gradient pass runs outside DDP's hooks: the trainer averages
+        # these gradients itself once the schedule's step is done (Trainer.reduce_gradients).
+        return model
+    return apply_ddp(model, d.dp_cp_mesh, d.device, skip=expert_parameter_names(model))

@@ -8,6 +8,7 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -94,3 +95,19 @@ def grad_sync(model: nn.Module, sync: bool):
     if isinstance(model, DistributedDataParallel) and not sync:
         return model.no_sync()
     return nullcontext()
+
+
+def average_grads(params: list[torch.Tensor], group) -> None:
+    """Average the gradients of replicated parameters over `group`, as DDP would (one
+    all-reduce per dtype, of all gradients flattened together)."""
+    by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+    for p in params:
+        if p.grad is not None:
+            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    n = dist.get_world_size(group)
+    for grads in by_dtype.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat /= n
+        for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
+            g.copy_(part.view_as(g))

@@ -94,14 +94,20 @@ def _ep_forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return all_to_all_single_autograd(y, send, recv, group)
 
 
-def expert_parameters(model: nn.Module) -> list[str]:
-    """Names of the expert-parallel experts' parameters (DDP must leave them alone)."""
+def expert_params(model: nn.Module) -> list[nn.Parameter]:
+    """The expert-parallel experts' parameters (each rank holds its own experts)."""
     return [
-        f"layers.{i}.feed_forward.experts.{name}"
-        for i, moe in moe_layers(model)
+        p
+        for _, moe in moe_layers(model)
         if hasattr(moe.experts, "ep_group")
-        for name, _ in moe.experts.named_parameters()
+        for p in moe.experts.parameters()
     ]
+
+
+def expert_parameter_names(model: nn.Module) -> list[str]:
+    """Names of the expert-parallel experts' parameters (DDP must leave them alone)."""
+    mine = {id(p) for p in expert_params(model)}
+    return [name for name, p in model.named_parameters() if id(p) in mine]
 
 
 def apply_ep(model: nn.Module, ep_mesh: DeviceMesh, grad_scale: float, reduce_group=None) -> None:

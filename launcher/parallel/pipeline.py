@@ -79,7 +79,21 @@ def split(
     ]
 
 
-class ReshardingStage(PipelineStage):
+class Stage(PipelineStage):
+    """torch's stage, except that the forward it runs once more to learn the shapes it sends
+    (on the first step) runs in eval mode: it is not training, and MoE layers must not count
+    its tokens in their expert loads or balance losses."""
+
+    def _forward_metadata_inference(self, *args, **kwargs):
+        training = self.submod.training
+        self.submod.eval()
+        try:
+            return super()._forward_metadata_inference(*args, **kwargs)
+        finally:
+            self.submod.train(training)
+
+
+class ReshardingStage(Stage):
     """A stage whose FSDP module reshards its parameters and reduce-scatters its gradients after
     every micro-batch's backward (pipeline.reshard_each_microbatch). torch's stage keeps both
     until the last micro-batch: it turns resharding and gradient sync off before each backward
@@ -109,7 +123,7 @@ def build_schedule(
 ):
     """The schedule object driving this rank's stages over the pp process group."""
     group = mesh.get_group()
-    stage_cls = ReshardingStage if reshard_each_microbatch else PipelineStage
+    stage_cls = ReshardingStage if reshard_each_microbatch else Stage
     pipeline_stages = [
         stage_cls(module, index, n_stages, device, group=group) for index, module in stages
     ]

@@ -1,4 +1,4 @@
-"""Tensor (+ sequence) parallelism for the llama and gpt families (Megatron layout).
+"""Tensor (+ sequence) parallelism for every family (Megatron layout).
 
 Column-parallel Q/K/V and gate/up (fc1) projections, row-parallel output and down (fc2)
 projections: each block needs one all-reduce forward and one backward per sublayer. With
@@ -56,20 +56,27 @@ def apply_tp(
     parallelize_module(model, mesh, root)
     model.tie_weights()  # tied halves are now the same vocab-sharded DTensor
 
+    group = mesh.get_group()
     for block in model.layers.values():
-        plan: dict[str, object] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
-            "attention.wo": RowwiseParallel(output_layouts=residual),
-        }
+        plan = attention_plan(block.attention, family, residual)
+        if family == "deepseek":
+            # MLA's rotated key is shared by all heads: each rank's backward adds only its own
+            # heads' share of its gradient (Megatron's "copy to tensor-parallel region").
+            block.attention.shared_key.register_forward_hook(
+                lambda module, args, out: _SumGradient.apply(out, group)
+            )
         # llama's attention takes (x, rope, positions); gpt's takes (x, positions).
         extra = (None, None) if family != "gpt" else (None,)
         if sp:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
+            # MLA's latent projections are plain (replicated) layers: they take the gathered
+            # input as a local tensor. Its gradient is still whole: every path from it into
+            # the heads passes a column-parallel layer, whose backward all-reduces.
             plan["attention"] = PrepareModuleInput(
-                input_layouts=(Shard(1), *extra), desired_input_layouts=(Replicate(), *extra)
+                input_layouts=(Shard(1), *extra),
+                desired_input_layouts=(Replicate(), *extra),
+                use_local_output=family == "deepseek",
             )
         if isinstance(block.feed_forward, MoE):
             plan.update(moe_plan(block.feed_forward, sp, residual))
@@ -85,6 +92,19 @@ def apply_tp(
                     input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
                 )
         parallelize_module(block, mesh, plan)
+
+
+def attention_plan(attention: nn.Module, family: str, residual) -> dict[str, object]:
+    """Heads split over tp: the projections into heads column-parallel, the output projection
+    row-parallel. MLA (deepseek) keeps its latent down-projections and their norms replicated
+    (every rank computes the small latents) and splits the up-projections by head."""
+    if family == "deepseek":
+        into_heads = ["wq_b" if attention.q_latent else "wq", "wkv_b"]
+    else:
+        into_heads = ["wq", "wk", "wv"]
+    plan: dict[str, object] = {f"attention.{name}": ColwiseParallel() for name in into_heads}
+    plan["attention.wo"] = RowwiseParallel(output_layouts=residual)
+    return plan
 
 
 def moe_plan(moe: MoE, sp: bool, residual) -> dict[str, object]:
@@ -108,6 +128,21 @@ def moe_plan(moe: MoE, sp: bool, residual) -> dict[str, object]:
                 input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
             )
     return plan
+
+
+class _SumGradient(torch.autograd.Function):
+    """Identity forward; backward all-reduces (sums) the gradient over `group`."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
 
 
 class _SplitSequence(torch.autograd.Function):

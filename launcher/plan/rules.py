@@ -471,16 +471,17 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
                 "its own random scores); set model.dropout=0",
             )
         )
-    if lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.dp_cp > 1:
+    if lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.fsdp_enabled:
         errors.append(
             Problem(
                 "not_available",
-                f"pipeline.schedule={lay.schedule} with dp x cp = {lay.dp_cp} ranks "
-                f"(dp_replicate={lay.dp_replicate} x dp_shard={lay.dp_shard} x cp={lay.cp}) "
-                "reducing gradients: torch 2.13's pipeline stage runs the separate weight-"
-                "gradient pass outside FSDP's and DDP's backward hooks, and the gradients come "
-                "out wrong (llama3_debug step 1 gradient norm: one process 6.78, FSDP 4.82, DDP "
-                "7.09); use gpipe, 1f1b or interleaved_1f1b, or dp x cp = 1",
+                f"pipeline.schedule={lay.schedule} with FSDP/ZeRO-2 over dp x cp = {lay.dp_cp} "
+                f"ranks (dp_replicate={lay.dp_replicate} x dp_shard={lay.dp_shard} x cp="
+                f"{lay.cp}): torch 2.13's pipeline stage runs the separate weight-gradient "
+                "pass outside FSDP's backward hooks, and the gradients come out wrong "
+                "(llama3_debug step 1 gradient norm: one process 6.78, FSDP 4.82); use "
+                "data_parallel=ddp or zero1 (the trainer then averages the gradients itself), "
+                "or gpipe, 1f1b or interleaved_1f1b",
             )
         )
     if lay.pp > 1 and cfg.model.tie_embeddings:
@@ -498,14 +499,6 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
                 "not_available",
                 f"train.seq_len={cfg.train.seq_len} must be divisible by tp={lay.tp} with "
                 "routed experts: each tp rank routes its own slice of every sequence",
-            )
-        )
-    if lay.tp > 1 and cfg.model.family == "deepseek":
-        errors.append(
-            Problem(
-                "not_available",
-                f"parallel.tp={lay.tp} with model.family=deepseek: tensor parallelism of "
-                "multi-head latent attention and expert layers is not available yet",
             )
         )
     return errors

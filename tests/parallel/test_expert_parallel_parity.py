@@ -6,7 +6,10 @@ expert's rank and back by all-to-all; the reference is one process holding every
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from conftest import torchrun
 from parity import assert_layout_matches, run_layout
 
 pytestmark = pytest.mark.dist
@@ -45,3 +48,59 @@ def test_matches_single_process(name, reference, tmp_path):
     assert_layout_matches(
         ref_dir, ref_losses, tmp_path, [*MIXTRAL, *LAYOUTS[name]], f"mixtral {name}"
     )
+
+
+# DeepSeek-V3 style (deepseek_debug): MLA, sigmoid routing over groups with the bias update and
+# the sequence-wise balance loss on, a shared expert, the first layer dense.
+DEEPSEEK = ["model=deepseek_debug"]
+DEEPSEEK_LAYOUTS = {
+    "ep=2": ["hardware.devices_per_node=2", "parallel.ep=2"],
+    "tp=2 x ep=2": ["hardware.devices_per_node=4", "parallel.tp=2", "parallel.ep=2"],
+    # DeepSeek-V3's own combination, scaled down: DualPipe(V) x EP x ZeRO-1.
+    "pp=2 dualpipev x ep=2 x zero1": [
+        "hardware.devices_per_node=4",
+        "parallel.pp=2",
+        "parallel.ep=2",
+        "pipeline=dualpipev",
+        "data_parallel=zero1",
+        "train.micro_batch_size=1",
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def deepseek_reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("deepseek_ref")
+    losses = run_layout(run_dir, [*DEEPSEEK, "hardware.devices_per_node=1"])
+    assert losses[-1] < losses[0]
+    return run_dir, losses
+
+
+@pytest.mark.parametrize("name", list(DEEPSEEK_LAYOUTS))
+def test_deepseek_matches_single_process(name, deepseek_reference, tmp_path):
+    ref_dir, ref_losses = deepseek_reference
+    overrides = [*DEEPSEEK, *DEEPSEEK_LAYOUTS[name]]
+    assert_layout_matches(ref_dir, ref_losses, tmp_path, overrides, f"deepseek {name}")
+
+
+BIAS = Path(__file__).with_name("expert_bias.py")
+
+
+def test_bias_update_is_the_same_on_every_rank_and_as_one_process(tmp_path):
+    """V3's auxiliary-loss-free balance: after 4 steps each rank holding a layer holds the same
+    bias as every other and as one process, whose loads are the whole batch's."""
+    steps = ["4", *DEEPSEEK]
+    one = torchrun(BIAS, 1, tmp_path / "one", *steps, "hardware.devices_per_node=1")[0]["bias"]
+    layout = ["hardware.devices_per_node=4", "parallel.pp=2", "parallel.ep=2"]
+    ranks = torchrun(BIAS, 4, tmp_path / "pp_ep", *steps, *layout)
+    assert one and any(any(b) for b in one.values()), "no bias moved: the test would prove little"
+    held = {}
+    for rank, out in ranks.items():
+        for layer, bias in out["bias"].items():
+            held.setdefault(layer, []).append((rank, bias))
+    assert held.keys() == one.keys()
+    for layer, copies in held.items():
+        for rank, bias in copies:
+            assert bias == one[layer], (
+                f"layer {layer}: rank {rank} {bias} vs one process {one[layer]}"
+            )

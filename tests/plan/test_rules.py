@@ -336,15 +336,10 @@ def test_cp_with_a_family_the_engine_cannot_shard_is_refused():
     )
 
 
-def test_deepseek_trains_but_not_under_tp():
-    one = compose_config(["model=deepseek_debug", "hardware.devices_per_node=1"])
-    assert engine_problems(one, make_plan(one).layout) == []
-    cfg = compose_config(["model=deepseek_debug", "parallel.tp=2", "hardware.devices_per_node=2"])
-    refused = [str(p) for p in engine_problems(cfg, make_plan(cfg).layout)]
-    assert refused == [
-        "[not_available] parallel.tp=2 with model.family=deepseek: tensor parallelism of "
-        "multi-head latent attention and expert layers is not available yet"
-    ]
+def test_deepseek_trains_under_tp_and_ep():
+    for layout in (["parallel.tp=2", "parallel.dp_shard=1"], ["parallel.ep=2"]):
+        cfg = compose_config(["model=deepseek_debug", "hardware.devices_per_node=2", *layout])
+        assert engine_problems(cfg, make_plan(cfg).layout) == []
 
 
 @pytest.mark.parametrize(
@@ -414,15 +409,20 @@ def test_configured_split_must_cover_the_layers():
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipev", "interleaved_zb"])
 @pytest.mark.parametrize("axis", ["dp_shard", "cp"])
-def test_split_backward_schedules_with_reduced_gradients_are_refused(schedule, axis):
-    """Zero-bubble schedules under FSDP or DDP train with wrong gradients in torch 2.13
-    (measured, see the message); without data or context parallelism they stay available."""
+def test_split_backward_schedules_under_fsdp_are_refused(schedule, axis):
+    """Zero-bubble schedules under FSDP train with wrong gradients in torch 2.13 (measured, see
+    the message); with DDP or ZeRO-1 (the trainer averages the gradients) or without data or
+    context parallelism they stay available."""
     v = ["pipeline.stages_per_rank=2"] if schedule == "interleaved_zb" else []
     others = {"dp_shard": 2, "cp": 1} if axis == "dp_shard" else {"dp_shard": 1, "cp": 2}
     base = ["hardware.devices_per_node=4", "parallel.pp=2", f"pipeline={schedule}", *v]
     cfg = compose_config([*base, *(f"parallel.{k}={n}" for k, n in others.items())])
     refused = " ".join(str(p) for p in engine_problems(cfg, make_plan(cfg).layout))
-    assert f"pipeline.schedule={schedule} with dp x cp = 2 ranks" in refused, refused
+    assert f"pipeline.schedule={schedule} with FSDP/ZeRO-2 over dp x cp = 2 ranks" in refused
+    for dp in ("ddp", "zero1"):
+        cfg = compose_config([*base, *(f"parallel.{k}={n}" for k, n in others.items()),
+                              f"data_parallel={dp}"])  # fmt: skip
+        assert not [p for p in engine_problems(cfg, make_plan(cfg).layout) if "pipeline" in str(p)]
     alone = compose_config(["hardware.devices_per_node=2", "parallel.pp=2", f"pipeline={schedule}",
                             "parallel.dp_shard=1", *v])  # fmt: skip
     assert not [p for p in engine_problems(alone, make_plan(alone).layout) if "pipeline" in str(p)]
