@@ -165,7 +165,8 @@ def to_hf_command(
         state = {n: torch.empty(metadata[f"model.{n}"].size, dtype=saved) for n in names}
         dcp.load({"model": state}, checkpoint_id=str(entry.path), no_dist=True)
         tensors = {
-            hf_name: t.to(target)
+            # The routers' correction biases stay fp32, as transformers keeps them.
+            hf_name: t.float() if name.endswith("expert_bias") else t.to(target)
             for name in names
             for hf_name, t in to_hf(state[name], table[name])
         }

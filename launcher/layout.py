@@ -136,6 +136,14 @@ class Layout:
         return self.zero_stage >= 2 and self.dp_shard_cp > 1
 
     @property
+    def grads_averaged_by_trainer(self) -> bool:
+        """DDP or ZeRO-1 under a pipeline: no DDP wrapper, the trainer averages the gradients
+        over dp x cp once the schedule's step is done. torch 2.13's stages run the split
+        schedules' weight-gradient pass outside DDP's hooks, and DDP's reducer fails an internal
+        assert with two stages per rank (interleaved 1F1B)."""
+        return self.pp > 1 and self.dp_cp > 1 and not self.fsdp_enabled
+
+    @property
     def zero1_enabled(self) -> bool:
         """DDP with the optimizer states sharded over dp_shard x cp."""
         return self.zero_stage == 1 and self.dp_shard_cp > 1

@@ -40,7 +40,6 @@ from launcher.failures import (
     timed,
 )
 from launcher.hf import weights as hf_weights
-from launcher.layout import SPLIT_BACKWARD
 from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
 from launcher.parallel import parallelize, pipeline
@@ -223,10 +222,9 @@ class Trainer:
 
     def reduce_gradients(self) -> None:
         """Where no FSDP or DDP hook did it: average the experts' gradients over the ranks
-        holding the same experts, and under the split-backward pipeline schedules with DDP or
-        ZeRO-1 (launcher.parallel.parallelize) every other gradient over dp x cp."""
-        lay = self.layout
-        if lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.dp_cp > 1 and not lay.fsdp_enabled:
+        holding the same experts, and with DDP or ZeRO-1 under a pipeline every other gradient
+        over dp x cp (Layout.grads_averaged_by_trainer)."""
+        if self.layout.grads_averaged_by_trainer:
             experts = {id(p) for part in self.parts for p in expert_params(part)}
             others = [p for p in self.params if id(p) not in experts]
             average_grads(others, self.d.dp_cp_mesh.get_group())

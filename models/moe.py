@@ -206,8 +206,10 @@ class MoE(nn.Module):
         # Set by the engine when the tokens of one batch are split over ranks (context or
         # tensor parallelism): sums a tensor over those ranks, with gradient.
         self.reduce_split: Callable[[torch.Tensor], torch.Tensor] = _no_reduce
-        # The balance losses' sum over training forwards since the engine last read it.
+        # The balance losses' sum over training forwards since the engine last read it, and
+        # whether a forward counts towards it and the router's load.
         self.aux_loss_sum = torch.zeros(())
+        self.count_steps = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.routed(x)
@@ -227,13 +229,9 @@ class MoE(nn.Module):
         counts = torch.bincount(expert_of_copy, minlength=self.router.n_experts)  # (E,)
         token = order // k  # the token of each sorted copy
         # Counted in a training forward only: not in a recomputing backward (activation
-        # checkpointing runs this again), nor without gradients (a pipeline stage's shape
-        # inference runs its first micro-batch once more).
-        counting = (
-            self.training
-            and torch.is_grad_enabled()
-            and torch._C._current_graph_task_id() == -1
-        )
+        # checkpointing runs this again), nor where the engine says the forward is not a
+        # training step (count_steps off: a pipeline stage's shape inference).
+        counting = self.training and self.count_steps and torch._C._current_graph_task_id() == -1
         if counting:
             self.router.load += counts.detach().to(self.router.load.dtype)
         y = self.experts(flat[token], counts)  # (N, D)

@@ -27,6 +27,7 @@ SHAPE_FIELDS = (
     "family", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab_size",
     "tie_embeddings", "n_routed_experts", "n_shared_experts", "moe_ffn_dim", "n_dense_layers",
     "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+    "score_func",  # sigmoid routers hold an expert_bias buffer
 )  # fmt: skip
 
 
@@ -112,6 +113,8 @@ def shape_mismatches(saved: dict, model: dict) -> list[str]:
         # head_dim None means dim // n_heads: compared as such when the other side sets it.
         if f == "head_dim" and config.get(f) is None and (saved.get(f) or model.get(f)):
             return config["dim"] // config["n_heads"]
+        if f == "score_func":  # checkpoints from before routing options were softmax
+            return config.get(f) or "softmax"
         return config.get(f)
 
     return [

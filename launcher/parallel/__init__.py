@@ -16,7 +16,7 @@ from torch import nn
 
 from launcher.config import Config
 from launcher.distributed import Dist
-from launcher.layout import SPLIT_BACKWARD, Layout
+from launcher.layout import Layout
 from launcher.parallel.checkpointing import apply_ac, apply_compile
 from launcher.parallel.context_parallel import apply_cp
 from launcher.parallel.data_parallel import apply_ddp, apply_fsdp
@@ -62,8 +62,6 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
             reduce_dtype=prec.grad_dtype.value,
             expert_mesh=expert_mesh,
         )
-    if layout.pp > 1 and layout.schedule in SPLIT_BACKWARD:
-        # torch's separate weight-gradient pass runs outside DDP's hooks: the trainer averages
-        # these gradients itself once the schedule's step is done (Trainer.reduce_gradients).
+    if layout.grads_averaged_by_trainer:  # no DDP under a pipeline (see Layout)
         return model
     return apply_ddp(model, d.dp_cp_mesh, d.device, skip=expert_parameter_names(model))

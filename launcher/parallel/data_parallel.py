@@ -33,14 +33,7 @@ def apply_fsdp(
     reshard_after_forward=False is ZeRO-2: parameters stay gathered from forward to backward.
     """
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
-    shards = mesh.size(-1)
-
-    def placement(p: nn.Parameter) -> Shard | None:
-        # FSDP shards dim 0 by default; stacked experts (E, ffn, dim) with fewer experts than
-        # ranks would leave most ranks empty, so shard their largest dimension instead.
-        if p.ndim > 1 and p.shape[0] < shards and not isinstance(p, DTensor):
-            return Shard(max(range(p.ndim), key=lambda i: p.shape[i]))
-        return None
+    placement = widest_when_few(mesh.size(-1))
 
     for block in model.layers.values():
         experts = getattr(getattr(block, "feed_forward", None), "experts", None)
@@ -52,7 +45,7 @@ def apply_fsdp(
                 mesh=expert_mesh,
                 reshard_after_forward=reshard_after_forward,
                 mp_policy=mp,
-                shard_placement_fn=placement,
+                shard_placement_fn=widest_when_few(expert_mesh.size(-1)),
             )
         fully_shard(
             block,
@@ -64,6 +57,20 @@ def apply_fsdp(
     # The root's parameters are needed again first thing in backward: never reshard them.
     fully_shard(model, mesh=mesh, reshard_after_forward=False, mp_policy=mp)
     return model
+
+
+def widest_when_few(shards: int):
+    """FSDP's placement for each parameter: dim 0 by default, but stacked experts (E, ffn,
+    dim) with fewer experts here than ranks would leave ranks empty (E / ep of them under
+    expert parallelism), so those shard their largest dimension instead."""
+
+    def placement(p: nn.Parameter) -> Shard | None:
+        shape = p.to_local().shape if isinstance(p, DTensor) else p.shape
+        if len(shape) > 1 and shape[0] < shards:
+            return Shard(max(range(len(shape)), key=lambda i: shape[i]))
+        return None
+
+    return placement
 
 
 def apply_ddp(

@@ -26,7 +26,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 from torch import nn
-from torch.distributed._functional_collectives import all_to_all_single_autograd
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
@@ -60,6 +59,25 @@ def dispatch_plan(
     return send, received.sum(1).tolist(), received
 
 
+class _AllToAll(torch.autograd.Function):
+    """Rows of x (N, D) to the ranks of `group`: in_splits[r] of them to rank r, out_splits[r]
+    received from it. Backward sends the gradients back the same way."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, out_splits: list, in_splits: list, group) -> torch.Tensor:
+        ctx.splits, ctx.group = (out_splits, in_splits), group
+        out = x.new_empty(sum(out_splits), *x.shape[1:])
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty(sum(in_splits), *grad.shape[1:])
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
 class _ScaleGrad(torch.autograd.Function):
     """Identity forward; backward multiplies the gradient by `scale`."""
 
@@ -79,9 +97,7 @@ def _ep_forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     if ep == 1:  # every expert here (tensor parallelism alone): nothing to send
         return grouped_swiglu(x, counts, *weights)
     send, recv, received = dispatch_plan(counts, ep, group)
-    r = self.ep_rank
-    self.sent_rows += sum(send) - send[r] + sum(recv) - recv[r]  # dispatch and combine
-    mine = all_to_all_single_autograd(x, recv, send, group)  # (M, D) by (source, expert)
+    mine = _AllToAll.apply(x, recv, send, group)  # (M, D) by (source, expert)
     local = received.shape[1]
     # Sort the received blocks by (local expert, source): key l x ep + src for block (src, l).
     block_key = (
@@ -91,7 +107,7 @@ def _ep_forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     order = row_key.argsort(stable=True)
     y = grouped_swiglu(mine[order], received.sum(0), *weights)
     y = torch.empty_like(y).index_copy(0, order, y)  # back to (source, expert) order
-    return all_to_all_single_autograd(y, send, recv, group)
+    return _AllToAll.apply(y, send, recv, group)
 
 
 def expert_params(model: nn.Module) -> list[nn.Parameter]:
@@ -119,15 +135,14 @@ def apply_ep(model: nn.Module, ep_mesh: DeviceMesh, grad_scale: float, reduce_gr
     ranks' losses, so `grad_scale` = (dp_replicate x that) / (dp x cp) corrects the average.
     Without FSDP that reduction is `sync_expert_grads` over `reduce_group`.
     """
-    ep, rank = ep_mesh.size(), ep_mesh.get_local_rank()
+    ep = ep_mesh.size()
     for _, moe in moe_layers(model):
         experts = moe.experts
         for name, p in list(experts.named_parameters(recurse=False)):
             shard = distribute_tensor(p.data, ep_mesh, [Shard(0)])
             experts.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
-        experts.ep_group, experts.ep_size, experts.ep_rank = ep_mesh.get_group(), ep, rank
+        experts.ep_group, experts.ep_size = ep_mesh.get_group(), ep
         experts.grad_scale, experts.reduce_group = grad_scale, reduce_group
-        experts.sent_rows = 0  # (D,) rows this rank sent to other ranks in forward all-to-alls
         experts.forward = types.MethodType(_ep_forward, experts)
 
 

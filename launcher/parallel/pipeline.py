@@ -28,6 +28,7 @@ from torch.distributed.pipelining import (
 from torch.distributed.pipelining._backward import stage_backward
 
 from launcher.layout import SCHEDULES, SINGLE, rank_stages, split_layers, stage_owner, stage_starts
+from models.moe import MoE
 
 # torch's class for each of layout.SCHEDULES, in that order.
 SCHEDULE_CLASSES = dict(
@@ -80,17 +81,20 @@ def split(
 
 
 class Stage(PipelineStage):
-    """torch's stage, except that the forward it runs once more to learn the shapes it sends
-    (on the first step) runs in eval mode: it is not training, and MoE layers must not count
-    its tokens in their expert loads or balance losses."""
+    """torch's stage, except that MoE layers do not count the forward it runs once more to
+    learn the shapes it sends (on the first step) in their expert loads and balance losses.
+    Not eval mode: torch then runs backward through it, and recompute must see the same
+    graph."""
 
     def _forward_metadata_inference(self, *args, **kwargs):
-        training = self.submod.training
-        self.submod.eval()
+        moes = [m for m in self.submod.modules() if isinstance(m, MoE)]
+        for moe in moes:
+            moe.count_steps = False
         try:
             return super()._forward_metadata_inference(*args, **kwargs)
         finally:
-            self.submod.train(training)
+            for moe in moes:
+                moe.count_steps = True
 
 
 class ReshardingStage(Stage):

@@ -189,7 +189,9 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     dense_params = (tp_sharded + emb + head) / lay.tp + replicated
     expert_params = moe_layers * s.expert_params / lay.ep
     n_dense = lay.dp_shard * lay.cp
-    n_expert = max(1, lay.dp_shard * lay.cp * lay.tp // lay.ep)
+    # The experts' states are sharded only by their own FSDP unit, over the ranks holding the
+    # same experts; under DDP and ZeRO-1 each rank keeps its experts' states whole.
+    n_expert = max(1, lay.dp_shard * lay.cp * lay.tp // lay.ep) if lay.fsdp_enabled else 1
     stage, grad_b = lay.zero_stage, ctx.grad_b
     if lay.pp > 1 and stage >= 2 and not lay.reshard_each_microbatch:
         # torch's pipeline stages keep FSDP parameters gathered and gradients unreduced (in
@@ -272,24 +274,25 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
     # Expert parallelism: dispatch and combine all-to-alls forward and backward.
     t_ep = 0.0
     if lay.ep > 1 and worst_moe:
-        routed = mb_tokens / (lay.tp if lay.sequence_parallel else 1) * m.top_k * m.dim
-        n = 6 if recompute == "full" else 4
-        t_ep = (
-            worst_moe
-            * mbs
-            * n
-            * routed
-            * ctx.act_b
-            * (lay.ep - 1)
-            / lay.ep
-            / (group_bandwidth(ctx, lay.ep, 1))
-        )
+        t_ep = worst_moe * ep_layer_bytes(ctx, lay) / group_bandwidth(ctx, lay.ep, 1)
         if lay.schedule == "dualpipev":  # DualPipe overlaps all-to-alls with the other chunk
             t_ep = max(0.0, t_ep - compute / 2)
     bubble_fraction = pl.bubble_fraction(lay.schedule, lay.pp, lay.stages_per_rank, mbs)
     bubble = bubble_fraction * (compute + t_tp + t_cp + t_ep)
     t_dp = data_parallel_time(ctx, lay, ranks, compute)
     return Time(compute, t_tp, t_cp, t_ep, bubble, t_dp, bubble_fraction)
+
+
+def ep_layer_bytes(ctx: Context, lay: Layout) -> float:
+    """Bytes one rank sends to other ranks per MoE layer and step in the expert-parallel
+    all-to-alls, with balanced routing: each micro-batch's routed copies (its tokens split
+    over cp and tp, top_k copies of dim values each) go out in the dispatch and come back in
+    the combine, forward and backward (and once more forward under full recompute); with E / ep
+    experts per rank, (ep - 1) / ep of them leave the rank."""
+    m = ctx.model
+    routed = lay.micro_batch_size * ctx.seq / (lay.cp * lay.tp) * m.top_k * m.dim
+    passes = 6 if lay.recompute == "full" else 4
+    return lay.microbatches * passes * routed * ctx.act_b * (lay.ep - 1) / lay.ep
 
 
 def cp_bytes_sent(ctx: Context, lay: Layout) -> tuple[float, float]:

@@ -94,6 +94,12 @@ def config_problems(cfg: Config) -> list[Problem]:
             f"an MoE needs 1 <= top_k={m.top_k} <= n_routed_experts="
             f"{m.n_routed_experts} and moe_ffn_dim={m.moe_ffn_dim} >= 1 ({name})",
         )
+    if m.n_routed_experts and not 0 <= m.n_dense_layers < m.n_layers:
+        err(
+            "model",
+            f"model.n_dense_layers={m.n_dense_layers} must be in [0, n_layers={m.n_layers}): "
+            f"the layers after the first n_dense_layers are the MoE ones ({name})",
+        )
     if m.family == "deepseek" and not (m.kv_lora_rank and m.qk_rope_head_dim and m.v_head_dim):
         err("model", f"deepseek (MLA) needs kv_lora_rank, qk_rope_head_dim and v_head_dim ({name})")
     if m.n_routed_experts:

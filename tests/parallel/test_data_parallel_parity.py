@@ -44,6 +44,7 @@ def test_matches_single_process(name, reference, tmp_path):
     )
 
 
+@pytest.mark.slow  # the expert-parallel row with fewer experts than ranks covers the placement
 def test_mixtral_fsdp_with_fewer_experts_than_ranks(tmp_path):
     """2 experts over 4 FSDP ranks: the stacked expert weights are sharded on their widest
     dimension instead of the expert dimension (which would leave two ranks empty)."""

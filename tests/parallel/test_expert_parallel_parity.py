@@ -31,6 +31,50 @@ LAYOUTS = {
     # Experts replicated over the tp ranks, no FSDP: their gradients are reduced by hand.
     "tp=2 alone": ["hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],
     "zero1 x ep=2": ["hardware.devices_per_node=2", "parallel.ep=2", "data_parallel=zero1"],
+    # ep=2 borrows the cp pair: the balance loss sums its statistics over cp.
+    "cp=2 x ep=2": [
+        "hardware.devices_per_node=2",
+        "parallel.cp=2",
+        "parallel.dp_shard=1",
+        "parallel.ep=2",
+    ],
+    # The experts' FSDP mesh is 2-D: replicated over dp_replicate, sharded over the rest.
+    "hsdp 2x2 x ep=2": [
+        "hardware.devices_per_node=4",
+        "parallel.dp_replicate=2",
+        "parallel.dp_shard=2",
+        "parallel.ep=2",
+    ],
+    **{
+        f"pp=2 x ep=2 {schedule}": [
+            "hardware.devices_per_node=4",
+            "parallel.pp=2",
+            "parallel.ep=2",
+            f"pipeline={schedule}",
+            *extra,
+        ]
+        for schedule, extra in {
+            "gpipe": [],
+            "interleaved_1f1b": ["pipeline.stages_per_rank=2"],
+            # The split-backward schedules: DDP, gradients averaged by the trainer.
+            "interleaved_zb": ["pipeline.stages_per_rank=2", "data_parallel=ddp"],
+            # zbv needs 2 x pp micro-batches: no dp here, ep borrows the tp pair.
+            "zbv": ["parallel.tp=2"],
+        }.items()
+    },
+}
+# Rows another row covers (make test-all, the `slow` tier), each saying which.
+SLOW = {
+    "tp=2 sp x ep=2",
+    "tp=2 alone",  # deepseek tp=2 below reduces replicated experts by hand too
+    "zero1 x ep=2",  # deepseek's dualpipev row runs ZeRO-1 with EP
+    "cp=2 x ep=2",  # the tp rows sum the balance statistics over their split group
+    "deepseek tp=2 x ep=2",
+    "hsdp 2x2 x ep=2",
+    "pp=2 x ep=2 gpipe",
+    "pp=2 x ep=2 interleaved_1f1b",
+    "pp=2 x ep=2 interleaved_zb",
+    "pp=2 x ep=2 zbv",
 }
 
 
@@ -42,7 +86,9 @@ def reference(tmp_path_factory):
     return run_dir, losses
 
 
-@pytest.mark.parametrize("name", list(LAYOUTS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in LAYOUTS]
+)
 def test_matches_single_process(name, reference, tmp_path):
     ref_dir, ref_losses = reference
     assert_layout_matches(
@@ -55,6 +101,9 @@ def test_matches_single_process(name, reference, tmp_path):
 DEEPSEEK = ["model=deepseek_debug"]
 DEEPSEEK_LAYOUTS = {
     "ep=2": ["hardware.devices_per_node=2", "parallel.ep=2"],
+    # MLA's heads split over tp, each tp rank routing half of every sequence to experts that
+    # both hold (their gradients averaged by hand: no FSDP without dp).
+    "tp=2": ["hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],
     "tp=2 x ep=2": ["hardware.devices_per_node=4", "parallel.tp=2", "parallel.ep=2"],
     # DeepSeek-V3's own combination, scaled down: DualPipe(V) x EP x ZeRO-1.
     "pp=2 dualpipev x ep=2 x zero1": [
@@ -76,7 +125,13 @@ def deepseek_reference(tmp_path_factory):
     return run_dir, losses
 
 
-@pytest.mark.parametrize("name", list(DEEPSEEK_LAYOUTS))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=[pytest.mark.slow] if f"deepseek {n}" in SLOW else [])
+        for n in DEEPSEEK_LAYOUTS
+    ],
+)
 def test_deepseek_matches_single_process(name, deepseek_reference, tmp_path):
     ref_dir, ref_losses = deepseek_reference
     overrides = [*DEEPSEEK, *DEEPSEEK_LAYOUTS[name]]
@@ -104,3 +159,13 @@ def test_bias_update_is_the_same_on_every_rank_and_as_one_process(tmp_path):
             assert bias == one[layer], (
                 f"layer {layer}: rank {rank} {bias} vs one process {one[layer]}"
             )
+
+
+def test_fewer_experts_per_rank_than_the_experts_mesh_has_ranks(tmp_path):
+    """2 experts over ep=2 leave one per rank, which FSDP then shards over 2 ranks (dp_shard=4
+    / ep=2): along its widest dimension, not the expert one (that would leave a rank empty)."""
+    model = [*MIXTRAL, "model.n_routed_experts=2"]
+    ref = tmp_path / "ref"
+    losses = run_layout(ref, [*model, "hardware.devices_per_node=1"])
+    layout = [*model, "hardware.devices_per_node=4", "parallel.ep=2"]
+    assert_layout_matches(ref, losses, tmp_path / "ep", layout, "mixtral 2 experts ep=2 x edp=2")

@@ -426,3 +426,28 @@ def test_split_backward_schedules_under_fsdp_are_refused(schedule, axis):
     alone = compose_config(["hardware.devices_per_node=2", "parallel.pp=2", f"pipeline={schedule}",
                             "parallel.dp_shard=1", *v])  # fmt: skip
     assert not [p for p in engine_problems(alone, make_plan(alone).layout) if "pipeline" in str(p)]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (["parallel.ep=3", "hardware.devices_per_node=3"], "ep=3 must divide n_routed_experts=4"),
+        (
+            ["parallel.ep=4", "hardware.devices_per_node=2", "parallel.dp_shard=2"],
+            "ep=4 must divide dp_shard x cp x tp = 2 x 1 x 1 = 2",
+        ),
+        (["model.top_k=5"], "1 <= top_k=5 <= n_routed_experts=4"),
+        (["model.n_dense_layers=4"], "model.n_dense_layers=4 must be in [0, n_layers=4)"),
+    ],
+)
+def test_moe_mistakes_are_named(overrides, expected):
+    _, _, msg = rules(["model=mixtral_debug", *overrides])
+    assert expected in msg, msg
+
+
+@pytest.mark.e2e
+def test_cli_refuses_an_ep_that_does_not_divide_the_experts():
+    result = run_cli("launcher.train", "model=mixtral_debug", "parallel.ep=3",
+                     "hardware.devices_per_node=3")  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "ep=3 must divide n_routed_experts=4 (model=mixtral_debug)" in result.stderr
