@@ -490,6 +490,24 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
                 "or gpipe, 1f1b or interleaved_1f1b",
             )
         )
+    routed_elsewhere = cfg.model.n_routed_experts and (lay.ep > 1 or lay.tp > 1)
+    if (
+        lay.pp > 1
+        and lay.schedule in SPLIT_BACKWARD
+        and lay.recompute == "full"
+        and routed_elsewhere
+    ):
+        errors.append(
+            Problem(
+                "not_available",
+                f"pipeline.schedule={lay.schedule} with recompute=full and routed experts "
+                f"across ranks (ep={lay.ep}, tp={lay.tp}): the recomputed blocks' all-to-alls "
+                "fell out of step between ranks in torch 2.13's separate weight-gradient pass "
+                "(recipe=deepseek_v3_debug at step 10: the checkpoint found other token counts "
+                "than its forward's); use recompute=selective or none, or gpipe, 1f1b or "
+                "interleaved_1f1b",
+            )
+        )
     if lay.pp > 1 and cfg.model.tie_embeddings:
         errors.append(
             Problem(
