@@ -235,7 +235,13 @@ class Trainer:
         if not self.moe:
             return {}
         m = self.cfg.model
-        return balance_step(self.parts, m.n_layers, self.layout.microbatches, m.bias_update_speed)
+        return balance_step(
+            self.parts,
+            m.n_layers,
+            m.n_routed_experts,
+            self.layout.microbatches,
+            m.bias_update_speed,
+        )
 
     @torch.no_grad()
     def eval_loss(self, micro: list) -> torch.Tensor | None:

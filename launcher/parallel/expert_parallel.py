@@ -14,8 +14,9 @@ Both all-to-alls carry gradients (backward is the opposite all-to-all). Dropless
 computed. The ep group is carved from dp_shard x cp x tp (consecutive ranks, so ep sits on the
 fastest links); the experts' own data-parallel group is what remains (launcher/distributed.py).
 
-`apply_moe_hooks` gives every MoE layer the sum over the ranks that split its tokens (context
-parallel ranks), which the balance losses need to equal one process's.
+`apply_moe_hooks` gives every MoE layer the sum over the ranks that split its tokens (context-
+and tensor-parallel ranks), which the balance losses need to equal one process's;
+`balance_step` sums the expert loads over all ranks after each step (metrics, bias update).
 """
 
 from __future__ import annotations
@@ -162,8 +163,8 @@ def sync_expert_grads(parts: list[nn.Module]) -> None:
 
 
 def apply_moe_hooks(model: nn.Module, split_group) -> None:
-    """Balance-loss statistics summed over `split_group`, the ranks holding other tokens of the
-    same sequences (None: one rank holds them all)."""
+    """Balance-loss statistics summed over `split_group`, the cp x tp ranks holding other tokens
+    of the same sequences (None: one rank holds them all)."""
     if split_group is None:
         return
     for _, moe in moe_layers(model):
@@ -171,17 +172,14 @@ def apply_moe_hooks(model: nn.Module, split_group) -> None:
 
 
 def balance_step(
-    parts: list[nn.Module], n_layers: int, microbatches: int, bias_update_speed: float
+    parts: list[nn.Module], n_layers: int, e: int, microbatches: int, bias_update_speed: float
 ) -> dict:
     """After a step, on every rank (a collective over the world): each MoE layer's expert load
     summed over all ranks that ran it (each layer lives on one pipeline stage), DeepSeek-V3's
     bias update from it, and the step's metrics: the balance losses (summed over layers, mean
-    over forwards) and each layer's max / mean load (1 is perfect balance)."""
+    over forwards) and each layer's max / mean load (1 is perfect balance). `e`: the routed
+    experts of every MoE layer."""
     layers = [(int(i), moe) for part in parts for i, moe in moe_layers(part)]
-    width = torch.tensor([max((m.router.n_experts for _, m in layers), default=0)])
-    if dist.is_initialized():  # stages without MoE layers learn E too
-        dist.all_reduce(width, op=dist.ReduceOp.MAX)
-    e = int(width.item())
     device = layers[0][1].router.load.device if layers else torch.device("cpu")
     # Per layer: load per expert, the balance losses' sum, how many ranks ran it.
     stats = torch.zeros(n_layers, e + 2, dtype=torch.float64, device=device)

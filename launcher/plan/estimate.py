@@ -275,8 +275,9 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
     t_ep = 0.0
     if lay.ep > 1 and worst_moe:
         t_ep = worst_moe * ep_layer_bytes(ctx, lay) / group_bandwidth(ctx, lay.ep, 1)
-        if lay.schedule == "dualpipev":  # DualPipe overlaps all-to-alls with the other chunk
-            t_ep = max(0.0, t_ep - compute / 2)
+        # DualPipe hides these all-to-alls behind the other chunk's compute; torch 2.13's
+        # DualPipeV runs its overlapped forward and backward one after the other unless a
+        # custom function is registered for them, and this engine registers none.
     bubble_fraction = pl.bubble_fraction(lay.schedule, lay.pp, lay.stages_per_rank, mbs)
     bubble = bubble_fraction * (compute + t_tp + t_cp + t_ep)
     t_dp = data_parallel_time(ctx, lay, ranks, compute)
