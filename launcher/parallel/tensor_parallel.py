@@ -72,7 +72,8 @@ def apply_tp(
             plan["ffn_norm"] = SequenceParallel()
             # MLA's latent projections are plain (replicated) layers: they take the gathered
             # input as a local tensor. Its gradient is still whole: every path from it into
-            # the heads passes a column-parallel layer, whose backward all-reduces.
+            # the heads passes a column-parallel layer, whose backward all-reduces, or the
+            # shared key's hook above.
             plan["attention"] = PrepareModuleInput(
                 input_layouts=(Shard(1), *extra),
                 desired_input_layouts=(Replicate(), *extra),

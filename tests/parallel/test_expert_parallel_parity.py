@@ -70,6 +70,7 @@ SLOW = {
     "zero1 x ep=2",  # deepseek's dualpipev row runs ZeRO-1 with EP
     "cp=2 x ep=2",  # the tp rows sum the balance statistics over their split group
     "deepseek tp=2 x ep=2",
+    "deepseek tp=2 sp",  # mixtral's SP row and deepseek tp=2 cover its two halves
     "hsdp 2x2 x ep=2",
     "pp=2 x ep=2 gpipe",
     "pp=2 x ep=2 interleaved_1f1b",
@@ -105,6 +106,12 @@ DEEPSEEK_LAYOUTS = {
     # both hold (their gradients averaged by hand: no FSDP without dp).
     "tp=2": ["hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],
     "tp=2 x ep=2": ["hardware.devices_per_node=4", "parallel.tp=2", "parallel.ep=2"],
+    "tp=2 sp": [
+        "hardware.devices_per_node=2",
+        "parallel.tp=2",
+        "parallel.dp_shard=1",
+        "tensor.sequence_parallel=true",
+    ],
     # DeepSeek-V3's own combination, scaled down: DualPipe(V) x EP x ZeRO-1.
     "pp=2 dualpipev x ep=2 x zero1": [
         "hardware.devices_per_node=4",
