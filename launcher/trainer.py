@@ -226,7 +226,7 @@ class Trainer:
         over dp x cp (Layout.grads_averaged_by_trainer)."""
         if self.layout.grads_averaged_by_trainer:
             experts = {id(p) for part in self.parts for p in expert_params(part)}
-            others = [p for p in self.params if id(p) not in experts]
+            others = [p.grad for p in self.params if id(p) not in experts and p.grad is not None]
             average_grads(others, self.d.dp_cp_mesh.get_group())
         sync_expert_grads(self.parts)
 

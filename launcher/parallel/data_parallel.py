@@ -104,13 +104,12 @@ def grad_sync(model: nn.Module, sync: bool):
     return nullcontext()
 
 
-def average_grads(params: list[torch.Tensor], group) -> None:
-    """Average the gradients of replicated parameters over `group`, as DDP would (one
-    all-reduce per dtype, of all gradients flattened together)."""
+def average_grads(grads: list[torch.Tensor], group) -> None:
+    """Average gradients in place over `group`, as DDP would (one all-reduce per dtype, of all
+    of them flattened together)."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-    for p in params:
-        if p.grad is not None:
-            by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
+    for g in grads:
+        by_dtype.setdefault(g.dtype, []).append(g)
     n = dist.get_world_size(group)
     for grads in by_dtype.values():
         flat = torch.cat([g.reshape(-1) for g in grads])

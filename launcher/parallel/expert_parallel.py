@@ -30,6 +30,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from launcher.parallel.data_parallel import average_grads
 from models.moe import MoE, grouped_swiglu
 
 
@@ -150,16 +151,13 @@ def apply_ep(model: nn.Module, ep_mesh: DeviceMesh, grad_scale: float, reduce_gr
 def sync_expert_grads(parts: list[nn.Module]) -> None:
     """Average the experts' gradients over the ranks holding the same experts, where no FSDP
     does it (DDP, ZeRO-1, or no data parallelism beside tp)."""
-    for part in parts:
-        for _, moe in moe_layers(part):
-            group = getattr(moe.experts, "reduce_group", None)
-            if group is None or dist.get_world_size(group) == 1:
-                continue
-            for p in moe.experts.parameters():
-                if p.grad is not None:
-                    g = _local(p.grad)
-                    dist.all_reduce(g, group=group)
-                    g /= dist.get_world_size(group)
+    experts = [moe.experts for part in parts for _, moe in moe_layers(part)]
+    group = getattr(experts[0], "reduce_group", None) if experts else None
+    if group is None or dist.get_world_size(group) == 1:
+        return
+    # Every layer's experts share the group: one all-reduce for them all (local shards).
+    grads = [_local(p.grad) for e in experts for p in e.parameters() if p.grad is not None]
+    average_grads(grads, group)
 
 
 def apply_moe_hooks(model: nn.Module, split_group) -> None:

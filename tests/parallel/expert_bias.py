@@ -26,18 +26,25 @@ from launcher.trainer import Trainer
 BATCH = ["train.global_batch_size=8", "train.micro_batch_size=2", "precision=fp32"]
 
 
-def main() -> None:
-    out, steps, overrides = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def build_trainer(out: Path, overrides: list[str]) -> Trainer:
+    """The engine's Trainer for the composed config (the parity batch), in this torchrun
+    process; its run directory under `out`."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     out.mkdir(parents=True, exist_ok=True)
     hydra_app(lambda cfg: None)  # registers the schema
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        dcfg = compose("config", overrides=[*BATCH, f"train.steps={steps}", *overrides])
+        dcfg = compose("config", overrides=[*BATCH, *overrides])
     cfg = OmegaConf.to_object(dcfg)
     plan = engine_plan(cfg)
     assert plan.ok, plan.errors
     d = distributed.init("cpu", plan.layout)
-    trainer = Trainer(cfg, plan, str(out / f"run{d.rank}"), dcfg, d)
+    return Trainer(cfg, plan, str(out / f"run{d.rank}"), dcfg, d)
+
+
+def main() -> None:
+    out, steps, overrides = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    trainer = build_trainer(out, [f"train.steps={steps}", *overrides])
+    d = trainer.d
     metrics = {}
     for step in range(1, steps + 1):
         metrics = trainer.train_step(step)

@@ -65,36 +65,18 @@ LAYOUTS = {
 }
 # Rows another row covers (make test-all, the `slow` tier), each saying which.
 SLOW = {
-    "tp=2 sp x ep=2",
-    "tp=2 alone",  # deepseek tp=2 below reduces replicated experts by hand too
-    "zero1 x ep=2",  # deepseek's dualpipev row runs ZeRO-1 with EP
-    "cp=2 x ep=2",  # the tp rows sum the balance statistics over their split group
+    "mixtral tp=2 sp x ep=2",
+    "mixtral tp=2 alone",  # deepseek tp=2 below reduces replicated experts by hand too
+    "mixtral zero1 x ep=2",  # deepseek's dualpipev row runs ZeRO-1 with EP
+    "mixtral cp=2 x ep=2",  # the tp rows sum the balance statistics over their split group
     "deepseek tp=2 x ep=2",
     "deepseek tp=2 sp",  # mixtral's SP row and deepseek tp=2 cover its two halves
-    "hsdp 2x2 x ep=2",
-    "pp=2 x ep=2 gpipe",
-    "pp=2 x ep=2 interleaved_1f1b",
-    "pp=2 x ep=2 interleaved_zb",
-    "pp=2 x ep=2 zbv",
+    "mixtral hsdp 2x2 x ep=2",
+    "mixtral pp=2 x ep=2 gpipe",
+    "mixtral pp=2 x ep=2 interleaved_1f1b",
+    "mixtral pp=2 x ep=2 interleaved_zb",
+    "mixtral pp=2 x ep=2 zbv",
 }
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("ref")
-    losses = run_layout(run_dir, [*MIXTRAL, "hardware.devices_per_node=1"])
-    assert losses[-1] < losses[0], "the reference run does not learn: parity would prove little"
-    return run_dir, losses
-
-
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in LAYOUTS]
-)
-def test_matches_single_process(name, reference, tmp_path):
-    ref_dir, ref_losses = reference
-    assert_layout_matches(
-        ref_dir, ref_losses, tmp_path, [*MIXTRAL, *LAYOUTS[name]], f"mixtral {name}"
-    )
 
 
 # DeepSeek-V3 style (deepseek_debug): MLA, sigmoid routing over groups with the bias update and
@@ -124,25 +106,38 @@ DEEPSEEK_LAYOUTS = {
 }
 
 
+MODELS = {"mixtral": MIXTRAL, "deepseek": DEEPSEEK}
+ROWS = [("mixtral", n) for n in LAYOUTS] + [("deepseek", n) for n in DEEPSEEK_LAYOUTS]
+
+
 @pytest.fixture(scope="module")
-def deepseek_reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("deepseek_ref")
-    losses = run_layout(run_dir, [*DEEPSEEK, "hardware.devices_per_node=1"])
-    assert losses[-1] < losses[0]
-    return run_dir, losses
+def references(tmp_path_factory):
+    """The one-process run of each model (losses, final parameters), made once."""
+    cache = {}
+
+    def get(model: str):
+        if model not in cache:
+            run_dir = tmp_path_factory.mktemp(f"{model}_ref")
+            losses = run_layout(run_dir, [*MODELS[model], "hardware.devices_per_node=1"])
+            assert losses[-1] < losses[0], "the reference does not learn: parity would prove little"
+            cache[model] = run_dir, losses
+        return cache[model]
+
+    return get
 
 
 @pytest.mark.parametrize(
-    "name",
+    ("model", "name"),
     [
-        pytest.param(n, marks=[pytest.mark.slow] if f"deepseek {n}" in SLOW else [])
-        for n in DEEPSEEK_LAYOUTS
+        pytest.param(m, n, marks=[pytest.mark.slow] if f"{m} {n}" in SLOW else [], id=f"{m} {n}")
+        for m, n in ROWS
     ],
 )
-def test_deepseek_matches_single_process(name, deepseek_reference, tmp_path):
-    ref_dir, ref_losses = deepseek_reference
-    overrides = [*DEEPSEEK, *DEEPSEEK_LAYOUTS[name]]
-    assert_layout_matches(ref_dir, ref_losses, tmp_path, overrides, f"deepseek {name}")
+def test_matches_single_process(model, name, references, tmp_path):
+    ref_dir, ref_losses = references(model)
+    layout = (LAYOUTS if model == "mixtral" else DEEPSEEK_LAYOUTS)[name]
+    overrides = [*MODELS[model], *layout]
+    assert_layout_matches(ref_dir, ref_losses, tmp_path, overrides, f"{model} {name}")
 
 
 BIAS = Path(__file__).with_name("expert_bias.py")
