@@ -123,6 +123,29 @@ class _RMSNormFunction(torch.autograd.Function):
         return grad_x.type_as(x), grad_weight.type_as(weight), None
 
 
+class _SwiGLUFunction(torch.autograd.Function):
+    """silu(a) * b, keeping only a and b (the gate and up projections' outputs) for backward.
+
+    Element-wise, autograd would also keep silu(a), a third ffn-wide tensor; backward recomputes
+    it instead (as Megatron's fused SwiGLU does). Gradients as autograd's, bitwise.
+    """
+
+    @staticmethod
+    def forward(ctx, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        return F.silu(a) * b
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        a, b = ctx.saved_tensors
+        return torch.ops.aten.silu_backward(grad * b, a), grad * F.silu(a)
+
+
+def swiglu(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b, saving a and b only (see _SwiGLUFunction)."""
+    return _SwiGLUFunction.apply(a, b)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -211,7 +234,7 @@ class FeedForward(nn.Module):
         self.w3 = nn.Linear(dim, ffn_dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return self.w2(swiglu(self.w1(x), self.w3(x)))
 
 
 class TransformerBlock(nn.Module):

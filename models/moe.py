@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.llama import FeedForward, swiglu
+
 
 def _grouped_mm_runs(x: torch.Tensor, *ws: torch.Tensor) -> bool:
     """torch's grouped matmul: CPU in any float dtype, CUDA in bf16 only; rows of a multiple of
@@ -47,12 +49,14 @@ def grouped_swiglu(
         return x.new_zeros(0, w2.shape[1]) + 0 * (x.sum() + w1.sum() + w2.sum() + w3.sum())
     if _grouped_mm_runs(x, w1, w2, w3):
         offs = counts.cumsum(0).to(torch.int32)
-        h = F.silu(F.grouped_mm(x, w1.transpose(-2, -1), offs=offs))
-        h = h * F.grouped_mm(x, w3.transpose(-2, -1), offs=offs)  # (N, F)
+        h = swiglu(
+            F.grouped_mm(x, w1.transpose(-2, -1), offs=offs),
+            F.grouped_mm(x, w3.transpose(-2, -1), offs=offs),
+        )  # (N, F)
         return F.grouped_mm(h, w2.transpose(-2, -1), offs=offs)  # (N, D)
     out = []
     for e, part in enumerate(x.split(counts.tolist())):
-        out.append((F.silu(part @ w1[e].T) * (part @ w3[e].T)) @ w2[e].T)
+        out.append(swiglu(part @ w1[e].T, part @ w3[e].T) @ w2[e].T)
     return torch.cat(out)
 
 
@@ -196,8 +200,6 @@ class MoE(nn.Module):
         seq_aux_loss_coef: float = 0.0,
     ):
         super().__init__()
-        from models.llama import FeedForward  # llama imports this module's users
-
         self.router = router
         self.experts = GroupedExperts(n_experts, dim, ffn_dim)
         self.shared = FeedForward(dim, n_shared * ffn_dim) if n_shared else None

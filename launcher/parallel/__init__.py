@@ -29,7 +29,14 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
     precision come from the config; everything about the layout from `layout`)."""
     if layout.tp > 1:
         apply_tp(
-            model, d.mesh["tp"], cfg.model.family, layout.sequence_parallel, layout.loss_parallel
+            model,
+            d.mesh["tp"],
+            cfg.model.family,
+            layout.sequence_parallel,
+            layout.loss_parallel,
+            # Saved-tensor hooks cannot run inside a checkpointed block (its recompute gathers
+            # again anyway) or a compiled one (the partitioner keeps the gathered tensor).
+            keep_shards=layout.recompute in ("none", "selective") and not cfg.train.compile,
         )
     expert_mesh = None
     if cfg.model.n_routed_experts and (layout.ep > 1 or layout.tp > 1):

@@ -6,17 +6,23 @@ sequence parallelism the norms, dropout and residual stream are sharded along th
 (Shard(1)) and each all-reduce becomes a reduce-scatter + all-gather of the same volume.
 The embedding is vocab-parallel; with loss parallelism the output projection leaves the logits
 sharded over the vocabulary and the loss is computed without gathering them.
+
+Under sequence parallelism the column-parallel projections all-gather their input (a norm's
+sequence shard) in forward; autograd would then keep the gathered whole-sequence tensor for
+their weight gradients. `gather_keeping_shard` keeps the shard instead and gathers it again in
+backward (Korthikanti et al. 2022), so a block keeps what their table counts.
 """
 
 from __future__ import annotations
 
 import types
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -30,10 +36,19 @@ from models.moe import MoE
 
 
 def apply_tp(
-    model: nn.Module, mesh: DeviceMesh, family: str, sequence_parallel: bool, loss_parallel: bool
+    model: nn.Module,
+    mesh: DeviceMesh,
+    family: str,
+    sequence_parallel: bool,
+    loss_parallel: bool,
+    keep_shards: bool = True,
 ) -> None:
-    """Shard `model` in place over the 1-D tp mesh."""
+    """Shard `model` in place over the 1-D tp mesh. keep_shards: under sequence parallelism,
+    keep the sequence shard of each gathered projection input for backward, not the gathered
+    tensor (needs autograd's saved-tensor hooks: not inside a checkpointed or compiled block,
+    whose recompute or partitioner decides what is kept)."""
     sp = sequence_parallel
+    gathered_inputs = []  # (module name in a block, whether it takes a local tensor)
     residual = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
     root: dict[str, object] = {}
     if family == "gpt":
@@ -65,8 +80,6 @@ def apply_tp(
             block.attention.shared_key.register_forward_hook(
                 lambda module, args, out: _SumGradient.apply(out, group)
             )
-        # llama's attention takes (x, rope, positions); gpt's takes (x, positions).
-        extra = (None, None) if family != "gpt" else (None,)
         if sp:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
@@ -74,11 +87,7 @@ def apply_tp(
             # input as a local tensor. Its gradient is still whole: every path from it into
             # the heads passes a column-parallel layer, whose backward all-reduces, or the
             # shared key's hook above.
-            plan["attention"] = PrepareModuleInput(
-                input_layouts=(Shard(1), *extra),
-                desired_input_layouts=(Replicate(), *extra),
-                use_local_output=family == "deepseek",
-            )
+            gathered_inputs.append(("attention", family == "deepseek"))
         if isinstance(block.feed_forward, MoE):
             plan.update(moe_plan(block.feed_forward, sp, residual))
             split_routed_tokens(block.feed_forward, mesh, sp)
@@ -89,10 +98,13 @@ def apply_tp(
             if family != "gpt":
                 plan["feed_forward.w3"] = ColwiseParallel()
             if sp:
-                plan["feed_forward"] = PrepareModuleInput(
-                    input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-                )
+                gathered_inputs.append(("feed_forward", False))
         parallelize_module(block, mesh, plan)
+        if sp and isinstance(block.feed_forward, MoE) and block.feed_forward.shared is not None:
+            gathered_inputs.append(("feed_forward.shared", False))
+        for name, local in gathered_inputs:
+            gather_sequence_input(block.get_submodule(name), mesh, local, keep_shards)
+        gathered_inputs.clear()
 
 
 def attention_plan(attention: nn.Module, family: str, residual) -> dict[str, object]:
@@ -120,15 +132,108 @@ def moe_plan(moe: MoE, sp: bool, residual) -> dict[str, object]:
         plan["feed_forward"] = PrepareModuleInput(
             input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
         )
-    if moe.shared is not None:
+    if moe.shared is not None:  # under sp its input is gathered by apply_tp
         plan["feed_forward.shared.w1"] = ColwiseParallel()
         plan["feed_forward.shared.w3"] = ColwiseParallel()
         plan["feed_forward.shared.w2"] = RowwiseParallel(output_layouts=residual)
-        if sp:
-            plan["feed_forward.shared"] = PrepareModuleInput(
-                input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-            )
     return plan
+
+
+class _Regather:
+    """The sequence shard of one gathered input, gathered again in backward once for all the
+    views of it that autograd saved (q, k and v projections share one input), and released
+    after the last of them is unpacked. The shard itself is saved through the saved-tensor
+    hooks that were active around the module (`outer`: e.g. offloading, or a measurement)."""
+
+    def __init__(self, shard: torch.Tensor, group, outer):
+        self.outer, self.group = outer, group
+        self.shard = shard if outer is None else outer[0](shard)
+        self.refs, self.full = 0, None
+
+    def take(self) -> torch.Tensor:
+        if self.full is None:
+            shard = self.shard if self.outer is None else self.outer[1](self.shard)
+            self.full = _gather_sequence(shard.contiguous(), self.group)
+        full, self.refs = self.full, self.refs - 1
+        if self.refs == 0:
+            self.full = None
+        return full
+
+
+@dataclass
+class _GatheredView:
+    """What is saved in place of a view of the gathered tensor: how to cut it from a gather."""
+
+    holder: _Regather
+    size: torch.Size
+    stride: tuple[int, ...]
+    offset: int
+    spec: object  # the DTensor's spec, or None for a local tensor
+
+    def rebuild(self) -> torch.Tensor:
+        view = self.holder.take().as_strided(self.size, self.stride, self.offset)
+        if self.spec is None:
+            return view
+        s = self.spec
+        return DTensor.from_local(
+            view, s.mesh, s.placements, shape=s.shape, stride=s.tensor_meta.stride
+        )
+
+
+@dataclass
+class _Passed:
+    value: object  # what the outer pack hook made of a tensor this module saved
+
+
+def _storage(t: torch.Tensor) -> int:
+    local = t._local_tensor if isinstance(t, DTensor) else t
+    return local.untyped_storage().data_ptr()
+
+
+def gather_sequence_input(module: nn.Module, mesh: DeviceMesh, local: bool, keep: bool) -> None:
+    """Gather `module`'s first input from its sequence shard (Shard(1)) to the whole sequence
+    (Replicate; a local tensor when `local`), what PrepareModuleInput does; with `keep`, what
+    autograd saves of the gathered tensor while the module runs is the shard, gathered again
+    in backward. Every other saved tensor goes through the hooks active around the module."""
+    group = mesh.get_group()
+
+    def pre_hook(mod, args):
+        x = args[0]
+        shard = x if isinstance(x, DTensor) else DTensor.from_local(x, mesh, [Shard(1)])
+        gathered = shard.redistribute(mesh, [Replicate()])
+        if keep and torch.is_grad_enabled():
+            whole = gathered._local_tensor
+            # The saved tensors are views of `whole`, cut again from a fresh gather of the
+            # same (contiguous) layout.
+            assert whole.is_contiguous() and whole.storage_offset() == 0
+            outer = torch._C._autograd._top_saved_tensors_default_hooks(False)
+            holder = _Regather(shard.to_local().detach(), group, outer)
+            ptr = _storage(whole)
+
+            def pack(t):
+                if _storage(t) == ptr:
+                    holder.refs += 1
+                    spec = t._spec if isinstance(t, DTensor) else None
+                    v = t._local_tensor if spec is not None else t
+                    return _GatheredView(holder, v.shape, v.stride(), v.storage_offset(), spec)
+                return t if outer is None else _Passed(outer[0](t))
+
+            def unpack(p):
+                if isinstance(p, _GatheredView):
+                    return p.rebuild()
+                return outer[1](p.value) if isinstance(p, _Passed) else p
+
+            mod._saved_hooks = torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+            mod._saved_hooks.__enter__()
+        return (gathered.to_local() if local else gathered, *args[1:])
+
+    def post_hook(mod, args, out):
+        hooks = mod.__dict__.pop("_saved_hooks", None)
+        if hooks is not None:
+            hooks.__exit__(None, None, None)
+
+    module.register_forward_pre_hook(pre_hook)
+    module.register_forward_hook(post_hook)
 
 
 class _SumGradient(torch.autograd.Function):

@@ -111,11 +111,12 @@ class Context:
         routed = m.top_k * 3 * m.dim * m.moe_ffn_dim if self.moe else 0
         self.moe_layer_flops = 6 * (s.attn_params + routed + s.moe_shared_params)
         self.head_flops = 6 * m.vocab_size * m.dim
-        self.dense_mlp_saved = (2 if m.family == "gpt" else 4) * m.ffn_dim
-        self.shared_mlp_saved = 4 * m.n_shared_experts * m.moe_ffn_dim
+        self.dense_mlp_saved = (2 if m.family == "gpt" else 3) * m.ffn_dim
+        self.shared_mlp_saved = 3 * m.n_shared_experts * m.moe_ffn_dim
         self.routed_saved = (
-            m.top_k * (m.dim + 4 * m.moe_ffn_dim) + 2 * m.n_routed_experts if self.moe else 0
+            m.top_k * (m.dim + 3 * m.moe_ffn_dim) + 2 * m.n_routed_experts if self.moe else 0
         )
+        self.compiled = t.compile
 
 
 @lru_cache(maxsize=4096)
@@ -172,6 +173,7 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
         act_b=ctx.act_b,
         cp=lay.cp,
         cp_method=ctx.cp_method,
+        sp_keeps_gathered=ctx.compiled,
     )
 
 

@@ -59,7 +59,7 @@ def layer_activation_bytes(
     flash: bool,
     dropout: bool,
     act_b: int,
-    sp_keeps_gathered: bool = True,
+    sp_keeps_gathered: bool = False,
     cp: int = 1,
     cp_method: str = "allgather",
 ) -> float:
@@ -68,9 +68,10 @@ def layer_activation_bytes(
     - outside the tensor-parallel region (divided by tp only with sequence parallelism): the
       two norm inputs and outputs (4 h) and, with dropout, two 1-byte residual masks (2 h);
     - inside it (divided by tp): q, k, v after their projections, the attention output fed to
-      the output projection, and the MLP's saved tensors (`mlp` elements: 2 x ffn for GeLU,
-      4 x ffn for SwiGLU: w1 and w3 outputs, silu output, the product fed to w2);
-    - routed experts (`routed` elements: each of the top-k copies of the token, its 4 x
+      the output projection, and the MLP's saved tensors (`mlp` elements: 2 x ffn for GeLU, its
+      input and output; 3 x ffn for SwiGLU: the w1 and w3 outputs and their product fed to w2,
+      silu recomputed in backward);
+    - routed experts (`routed` elements: each of the top-k copies of the token, its 3 x
       moe_ffn SwiGLU tensors, and the router's scores), not split by tp: experts are
       sharded by ep, so only sequence parallelism divides them;
     - MLA latents (replicated over tp);
@@ -78,10 +79,11 @@ def layer_activation_bytes(
       (1 byte) and output: Korthikanti's 5 a s / h; selective recompute drops these;
     - full recompute keeps only the block input (h), plus one block recomputed at a time
       (added by the caller);
-    - with sequence parallelism, DTensor's column-parallel projections keep the all-gathered
-      (whole-sequence) norm outputs that feed attention and the MLP (2 h, not divided by tp)
-      in place of their sequence shards, where Megatron keeps the shards and gathers them
-      again in backward (sp_keeps_gathered=False).
+    - with sequence parallelism the engine, like Megatron, keeps the sequence shards of the
+      norm outputs that the column-parallel projections gather, and gathers them again in
+      backward. A compiled block keeps the gathered (whole-sequence) tensors instead
+      (sp_keeps_gathered: 2 h, not divided by tp, in place of the shards): the hooks that
+      keep the shard cannot run inside it.
     - context parallelism (cp > 1, `seq` is then this rank's S / cp) changes only what the
       attention core keeps, so only without recompute (selective recomputes the core from its
       inputs q, k, v): neither method saves a score matrix or a mask, and both save their output

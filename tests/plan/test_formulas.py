@@ -43,7 +43,6 @@ def korthikanti(t=1, sp=False, recompute="none"):
         recompute=recompute,
         flash=False,
         dropout=True,
-        sp_keeps_gathered=False,  # Megatron's SP gathers the sequence again in backward
     )
     return per_token / H
 
@@ -64,12 +63,12 @@ def test_korthikanti_activation_table(kwargs, expected):
     assert korthikanti(**kwargs) == pytest.approx(expected)
 
 
-def test_dtensor_sequence_parallel_keeps_the_gathered_inputs():
+def test_compiled_sequence_parallel_keeps_the_gathered_inputs():
     common = dict(**GPT_LAYER, tp=T, sp=True, recompute="selective", flash=True, dropout=True)
-    ours = layer_activation_bytes(**common)
-    megatron = layer_activation_bytes(**common, sp_keeps_gathered=False)
+    compiled = layer_activation_bytes(**common, sp_keeps_gathered=True)
+    eager = layer_activation_bytes(**common)
     # The two norm outputs (attention and MLP inputs) are kept whole rather than as 1/t shards.
-    assert (ours - megatron) / H == pytest.approx(2 * 2 * (1 - 1 / T))
+    assert (compiled - eager) / H == pytest.approx(2 * 2 * (1 - 1 / T))
 
 
 def test_flash_attention_and_no_dropout_drop_their_terms():
@@ -78,7 +77,7 @@ def test_flash_attention_and_no_dropout_drop_their_terms():
     assert flash == pytest.approx(32)  # 34 less the two residual dropout masks, no scores
 
 
-def test_swiglu_saves_more_than_gelu():
+def test_swiglu_saves_one_ffn_wide_tensor_more_than_gelu():
     m = compose_config(["model=llama3_8b"]).model
     common = dict(
         dim=m.dim,
@@ -97,9 +96,10 @@ def test_swiglu_saves_more_than_gelu():
         dropout=False,
         act_b=2,
     )
-    swiglu = layer_activation_bytes(**common, mlp=4 * m.ffn_dim)
+    # SwiGLU keeps w1 x, w3 x and their product (silu recomputed); GeLU its input and output.
+    swiglu = layer_activation_bytes(**common, mlp=3 * m.ffn_dim)
     gelu = layer_activation_bytes(**common, mlp=2 * m.ffn_dim)
-    assert swiglu - gelu == 2 * m.ffn_dim * 2
+    assert swiglu - gelu == m.ffn_dim * 2
 
 
 @pytest.mark.parametrize(
