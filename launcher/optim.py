@@ -1,9 +1,10 @@
-"""AdamW per model part (ZeRO-1: states sharded over dp_shard), warmup + cosine schedule,
-global-norm clipping."""
+"""AdamW per model part (ZeRO-1: states sharded over dp_shard; moments optionally in bf16 beside
+fp32 master weights), warmup + cosine schedule, global-norm clipping."""
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -16,9 +17,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor, Replicate
 
-from launcher.config import TrainConfig
+from launcher.config import PrecisionConfig, TrainConfig
 from launcher.distributed import Dist
 from launcher.layout import Layout
+from launcher.parallel.data_parallel import DTYPES
 from launcher.parallel.expert_parallel import expert_params
 
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -41,6 +43,70 @@ def param_groups(
 
 def canonical_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
+
+
+class MomentDtypeAdamW(torch.optim.AdamW):
+    """AdamW whose exp_avg and exp_avg_sq are stored in `moment_dtype` (bf16) while the
+    parameters, the master weights, keep their own dtype (fp32).
+
+    Each parameter's update runs in the parameter's dtype: its moments are upcast, updated as
+    torch's single-tensor AdamW does (same operations in the same order: with moment_dtype equal
+    to the parameters' it matches torch.optim.AdamW(foreach=False) bit for bit) and rounded back.
+    One parameter at a time, so the transient fp32 copies are one tensor's, never the model's.
+    The state keeps torch's keys and layout (a scalar fp32 `step`; DTensor moments beside DTensor
+    parameters), so the flattened and ZeRO-1 checkpoint paths and DCP resharding are unchanged.
+    """
+
+    def __init__(self, params, *, moment_dtype: torch.dtype, **kwargs):
+        super().__init__(params, **kwargs)
+        self.moment_dtype = moment_dtype
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        # torch casts every floating state to its parameter's dtype on load; store them narrow.
+        super().load_state_dict(state_dict)
+        for state in self.state.values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state:
+                    state[key] = state[key].to(self.moment_dtype)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, eps, wd = group["lr"], group["eps"], group["weight_decay"]
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    for key in ("exp_avg", "exp_avg_sq"):
+                        state[key] = torch.zeros_like(
+                            p, dtype=self.moment_dtype, memory_format=torch.preserve_format
+                        )
+                state["step"] += 1
+                step = state["step"].item()
+                exp_avg = state["exp_avg"].to(p.dtype)
+                exp_avg_sq = state["exp_avg_sq"].to(p.dtype)
+                if wd != 0:
+                    p.mul_(1 - lr * wd)
+                exp_avg.lerp_(p.grad, 1 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                step_size = lr / (1 - beta1**step)
+                denom = (exp_avg_sq.sqrt() / (1 - beta2**step) ** 0.5).add_(eps)
+                p.addcdiv_(exp_avg, denom, value=-step_size)
+                state["exp_avg"].copy_(exp_avg)
+                state["exp_avg_sq"].copy_(exp_avg_sq)
+        return loss
+
+
+def moment_dtype(opt: torch.optim.Optimizer, p: torch.Tensor) -> torch.dtype:
+    """The dtype `opt` keeps p's Adam moments in."""
+    return getattr(opt, "moment_dtype", p.dtype)
 
 
 class Optimizers:
@@ -105,8 +171,11 @@ def zero1_entries(part: nn.Module, opt: ZeroRedundancyOptimizer) -> dict:
     out: dict = {}
     for name, p, group in owned(part, opt):
         state = opt.optim.state.get(p, {})
+        dtype = moment_dtype(opt.optim, p)
         for key in ("exp_avg", "exp_avg_sq"):
-            out[f"state.{name}.{key}"] = state[key] if key in state else torch.zeros_like(p)
+            out[f"state.{name}.{key}"] = (
+                state[key] if key in state else torch.zeros_like(p, dtype=dtype)
+            )
         out[f"state.{name}.step"] = state["step"] if "step" in state else torch.zeros(())
         for key, value in group.items():
             if key != "params":
@@ -116,20 +185,29 @@ def zero1_entries(part: nn.Module, opt: ZeroRedundancyOptimizer) -> dict:
 
 def load_zero1(part: nn.Module, opt: ZeroRedundancyOptimizer, state: dict) -> None:
     for name, p, group in owned(part, opt):
+        dtype = moment_dtype(opt.optim, p)
         opt.optim.state[p] = {
             "step": state[f"state.{name}.step"].detach().clone().float(),
-            "exp_avg": state[f"state.{name}.exp_avg"].detach().clone().to(p.dtype),
-            "exp_avg_sq": state[f"state.{name}.exp_avg_sq"].detach().clone().to(p.dtype),
+            "exp_avg": state[f"state.{name}.exp_avg"].detach().clone().to(dtype),
+            "exp_avg_sq": state[f"state.{name}.exp_avg_sq"].detach().clone().to(dtype),
         }
         for key in group:
             if key != "params" and f"param_groups.{name}.{key}" in state:
                 group[key] = state[f"param_groups.{name}.{key}"]
 
 
-def build_optimizers(parts: list[nn.Module], layout: Layout, t: TrainConfig, d: Dist) -> Optimizers:
+def build_optimizers(
+    parts: list[nn.Module], layout: Layout, t: TrainConfig, d: Dist, prec: PrecisionConfig
+) -> Optimizers:
     """AdamW per part; with ZeRO-1 its states sharded over dp_shard x cp (ranks that hold the
-    same parameters)."""
+    same parameters). Moments in precision.optimizer_dtype: torch's own AdamW when that is the
+    master weights' dtype (the parity tests compare it bit for bit), MomentDtypeAdamW otherwise."""
     kwargs = {"lr": t.lr, "betas": (t.beta1, t.beta2), "eps": 1e-8}
+    adamw = torch.optim.AdamW
+    if prec.optimizer_dtype != prec.master_dtype:
+        # A partial, not a constructor keyword: ZeRO-1 would copy such a keyword into every
+        # param group, and param groups are saved in checkpoints.
+        adamw = partial(MomentDtypeAdamW, moment_dtype=DTYPES[prec.optimizer_dtype.value])
     pairs: list[tuple[nn.Module, torch.optim.Optimizer]] = []
     for part in parts:
         if layout.zero1_enabled:
@@ -139,7 +217,7 @@ def build_optimizers(parts: list[nn.Module], layout: Layout, t: TrainConfig, d: 
             experts = frozenset(expert_params(part))
             zero = ZeroRedundancyOptimizer(
                 param_groups(part, t.weight_decay, skip=experts),
-                optimizer_class=torch.optim.AdamW,
+                optimizer_class=adamw,
                 process_group=d.shard_mesh.get_group(),
                 **kwargs,
             )
@@ -149,13 +227,11 @@ def build_optimizers(parts: list[nn.Module], layout: Layout, t: TrainConfig, d: 
                 pairs.append(
                     (
                         part,
-                        torch.optim.AdamW(
-                            [{"params": own, "weight_decay": t.weight_decay}], **kwargs
-                        ),
+                        adamw([{"params": own, "weight_decay": t.weight_decay}], **kwargs),
                     )
                 )
         else:
-            pairs.append((part, torch.optim.AdamW(param_groups(part, t.weight_decay), **kwargs)))
+            pairs.append((part, adamw(param_groups(part, t.weight_decay), **kwargs)))
     return Optimizers(pairs)
 
 

@@ -99,7 +99,7 @@ class Trainer:
         for part in self.parts:
             for _, moe in moe_layers(part):
                 moe.aux_grad_scale = 1.0 / (micro * self.layout.tp)
-        self.optimizers = build_optimizers(self.parts, self.layout, t, d)
+        self.optimizers = build_optimizers(self.parts, self.layout, t, d, cfg.precision)
         self.params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
         # FSDP casts to param_dtype itself; replicated models compute under autocast instead.
         self.autocast = cfg.precision.compute_dtype != cfg.precision.master_dtype and not (
