@@ -32,6 +32,7 @@ class Recompute(str, Enum):
     none = "none"
     selective = "selective"  # recompute attention core and element-wise ops, keep matmul inputs
     full = "full"  # keep only each block's input, recompute the block in backward
+    op = "op"  # keep block inputs, matmul, attention and reduction outputs; recompute the rest
 
 
 class Resume(str, Enum):
@@ -128,10 +129,14 @@ class HardwareConfig:
     intra_node_gbps: float = 100.0  # GB/s per device inside a node
     inter_node_gbps: float = 10.0  # GB/s per device across nodes
     storage_gbps: float = 2.0  # GB/s per node written to the checkpoint storage
-    # Fraction of peak_tflops the engine's compute achieves. 0: the fit to the Megatron-LM
-    # table, 0.586 x dim / (dim + 440); a measured value comes from
-    # `python -m launcher.plan.calibrate --from SWEEP_DIR`.
+    # Fraction of peak_tflops the engine's compute achieves, as measured for the run as
+    # configured (compile included), from `python -m launcher.plan.calibrate --from SWEEP_DIR`.
+    # 0: the fit to the Megatron-LM A100 table, 0.586 x dim / (dim + 440), times
+    # efficiency_scale, times 1.16 under train.compile (README "Calibration").
     efficiency: float = 0.0
+    # What this hardware generation reaches of the A100 fit, relative to its own peak: 1 for
+    # A100; Hopper and Blackwell run the same kernels at a smaller share of their higher peak.
+    efficiency_scale: float = 1.0
 
 
 @dataclass
@@ -192,6 +197,7 @@ class ContextConfig:
 @dataclass
 class RecomputeConfig:
     mode: Recompute = Recompute.none
+    every: int = 1  # recompute blocks 0, k, 2k, ... only (the others keep everything)
 
 
 @dataclass

@@ -17,6 +17,7 @@ from launcher.plan.rules import (
     config_problems,
     engine_problems,
     layout_problems,
+    reads_any,
     resolve_degrees,
 )
 
@@ -68,10 +69,14 @@ class Plan:
         """What the engine builds for the data-parallel axis, in words."""
         stage = self.cfg.data_parallel.zero_stage
         shard, rep = self.degrees["dp_shard"], self.degrees["dp_replicate"]
+        if shard < 1 or rep < 1:
+            return f"unresolved (dp_replicate={rep}, dp_shard={shard})"
         if self.dp == 1:
             return "none (one data-parallel rank)"
         if shard == 1 or stage == 0:
             return "DDP"
+        if stage not in (1, 2, 3):
+            return f"unknown (data_parallel.zero_stage={stage})"
         name = {1: "ZeRO-1", 2: "ZeRO-2", 3: "FSDP"}[stage]
         if stage == 1:
             return f"{name} (DDP + optimizer sharded over {shard})"
@@ -90,6 +95,7 @@ def layout_of(cfg: Config, degrees: dict[str, int]) -> Layout:
         microbatches=cfg.pipeline.microbatches
         or max(1, cfg.train.global_batch_size // max(1, b * dp)),
         recompute=cfg.recompute.mode.value,
+        recompute_every=cfg.recompute.every,
         sequence_parallel=cfg.tensor.sequence_parallel,
         stage_layers=configured_split(cfg, degrees["pp"]),
         reshard_each_microbatch=cfg.pipeline.reshard_each_microbatch,
@@ -114,25 +120,45 @@ def configured_split(cfg: Config, pp: int) -> tuple[int, ...]:
     )
 
 
+# Errors after which the estimate would crash or mean nothing: it reads the model, the batch
+# and sequence sizes, the hardware's speeds and sizes, the schedule, the ZeRO stage and a stage
+# split that gives every stage its layers.
+UNESTIMABLE = frozenset(
+    {"model", "train", "hardware", "schedule", "zero_stage", "pp_stages", "pp_split", "pp_layers"}
+)
+
+
 def make_plan(cfg: Config) -> Plan:
-    """Check the config and estimate memory and time; never touches torch.distributed."""
+    """Check the config and estimate memory and time; never touches torch.distributed.
+
+    Every problem that can be determined is reported: with a degree unresolved, the layout
+    rules that do not read it; with the degrees resolved, every layout rule, and the memory and
+    time of the layout as configured even when it breaks one (the memory verdict is an error
+    only for a valid layout)."""
     hw = cfg.hardware
     world = hw.nodes * hw.devices_per_node
     degrees, problems = resolve_degrees(cfg.parallel, world)
     plan = Plan(cfg=cfg, world_size=world, degrees=degrees)
     plan.errors.extend(problems)
     plan.errors.extend(config_problems(cfg))
-    if any(v < 1 for v in degrees.values()) or any(p.rule == "model" for p in plan.errors):
-        return plan  # unresolved degrees or a broken model: the rules below would be noise
+    if any(p.rule == "model" for p in plan.errors):
+        return plan  # a broken model: every rule below reads it
+    unresolved = [a for a, v in degrees.items() if v < 1]
+    if unresolved:
+        stand_in = layout_of(cfg, {a: 1 if a in unresolved else v for a, v in degrees.items()})
+        errors, warnings = layout_problems(cfg, stand_in)
+        plan.errors.extend(p for p in errors if not reads_any(p, unresolved))
+        plan.warnings.extend(p for p in warnings if not reads_any(p, unresolved))
+        return plan
     plan.layout = layout_of(cfg, degrees)
     errors, warnings = layout_problems(cfg, plan.layout)
     plan.errors.extend(errors)
     plan.warnings.extend(warnings)
-    if plan.errors:
+    if plan.layout.microbatches < 1 or any(p.rule in UNESTIMABLE for p in plan.errors):
         return plan
     plan.context = Context(cfg)
     plan.estimate = evaluate(plan.context, plan.layout)
-    if not plan.fits:
+    if plan.valid and not plan.fits:
         plan.errors.append(Problem("memory", memory_message(plan)))
     return plan
 

@@ -6,7 +6,7 @@ from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
-from launcher.layout import AXES, MESH_DIMS
+from launcher.layout import AXES, MESH_DIMS, SCHEDULES
 from launcher.plan import Plan
 from launcher.plan import pipeline as pl
 from launcher.plan.checkpoint_size import CheckpointSize, checkpoint_size
@@ -33,8 +33,12 @@ def mesh_rows(plan: Plan) -> list[tuple[str, str]]:
     """For each mesh dimension: its size, and whether its groups stay inside a node."""
     per_node = plan.cfg.hardware.devices_per_node
     rows, stride = [], 1
+    if per_node < 1:
+        return rows  # no node to place them in: the hardware rule names it
     for dim in reversed(MESH_DIMS):  # innermost (tp) first: consecutive ranks
         size = plan.degrees[dim]
+        if size < 1:
+            break  # unresolved: the dimensions outside it have unknown strides
         if size > 1:
             span = (size - 1) * stride + 1
             if span <= per_node and per_node % (size * stride) == 0:
@@ -90,7 +94,11 @@ def plan_table(plan: Plan) -> Group:
             f"x accumulation {lay.microbatches} x dp {lay.dp}; seq_len {t.seq_len}; "
             f"{t.global_batch_size * t.seq_len:,} tokens/step",
         )
-        if lay.pp > 1:
+        if (
+            lay.pp > 1
+            and lay.schedule in SCHEDULES
+            and min(lay.stages_per_rank, lay.microbatches) >= 1
+        ):
             shape = (lay.schedule, lay.pp, lay.stages_per_rank, lay.microbatches)
             main.add_row(
                 "  pipeline",
@@ -107,6 +115,12 @@ def plan_table(plan: Plan) -> Group:
         )
         main.add_row("FLOPs/token", f"{ctx.model_flops_per_token:.4g} (6N + causal attention)")
     m = plan.memory
+    if plan.estimate is not None and not plan.valid:
+        main.add_row(
+            "estimate",
+            "of the layout as configured, which breaks the rules below: indicative only",
+            style="yellow",
+        )
     if m is not None:
         main.add_row(
             f"memory (pp rank {m.rank})",
@@ -115,6 +129,7 @@ def plan_table(plan: Plan) -> Group:
             f"other {_gib(m.other)}",
         )
         verdict = "fits" if plan.fits else "DOES NOT FIT"
+        verdict += "" if plan.valid else " (invalid layout)"
         main.add_row("  total", f"{_gib(m.total)} of {hw.memory_gib:g} GiB: {verdict}")
     est = plan.estimate
     if est is not None and est.time is not None:
@@ -209,6 +224,8 @@ def plan_json(plan: Plan) -> dict:
             "active": round(ctx.active_params),
             "per_device": round(m.params / ctx.param_b) if m else None,
         }
+    # Figures of a layout that breaks a rule are still given, marked: the layout as configured.
+    invalid = {"from_invalid_layout": not plan.valid}
     return {
         "valid": plan.valid,
         "fits": plan.fits,
@@ -218,8 +235,8 @@ def plan_json(plan: Plan) -> dict:
         "degrees": {a: plan.degrees[a] for a in AXES},
         "layout": layout_json(plan.layout) if plan.layout else None,
         "params": params,
-        "memory_gib": memory_json(m, plan.cfg.hardware.memory_gib) if m else None,
-        "predicted": predicted_json(est) if est is not None and est.time else None,
+        "memory_gib": {**memory_json(m, plan.cfg.hardware.memory_gib), **invalid} if m else None,
+        "predicted": {**predicted_json(est), **invalid} if est is not None and est.time else None,
         "checkpoint": checkpoint_json(ck) if ck is not None else None,
     }
 

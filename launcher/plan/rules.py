@@ -172,11 +172,13 @@ def config_problems(cfg: Config) -> list[Problem]:
             "precision",
             f"{', '.join(fp16)}=fp16 needs loss scaling, which is not available; use bf16",
         )
-    if prec.optimizer_dtype != prec.master_dtype:
+    # bf16 moments beside fp32 master weights are upcast for each update (optim.py); the reverse
+    # would keep fp32 moments for an update rounded to bf16 weights, and is not implemented.
+    if (prec.master_dtype, prec.optimizer_dtype) == (DType.bf16, DType.fp32):
         err(
             "precision",
-            f"precision.optimizer_dtype={prec.optimizer_dtype.value} must equal "
-            f"master_dtype={prec.master_dtype.value}: Adam moments live beside the master weights",
+            "precision.optimizer_dtype=fp32 needs master_dtype=fp32 (got bf16): Adam moments "
+            "may be narrower than the master weights, not wider; set one of them to match",
         )
     if prec.compute_dtype != prec.param_dtype:
         err(
@@ -190,6 +192,21 @@ def config_problems(cfg: Config) -> list[Problem]:
     for key in ("memory_gib", "peak_tflops", "intra_node_gbps", "inter_node_gbps", "storage_gbps"):
         if getattr(hw, key) <= 0:
             err("hardware", f"hardware.{key}={getattr(hw, key)} must be > 0")
+    if hw.efficiency_scale <= 0:
+        err(
+            "hardware",
+            f"hardware.efficiency_scale={hw.efficiency_scale} must be > 0 (this generation's "
+            "compute efficiency relative to the A100 fit)",
+        )
+    rc = cfg.recompute
+    if rc.every < 1:
+        err("recompute", f"recompute.every={rc.every} must be >= 1 (1: every block)")
+    elif rc.every > 1 and rc.mode.value == "none":
+        err(
+            "recompute",
+            f"recompute.every={rc.every} needs a recompute mode to apply every {rc.every} "
+            "blocks: recompute=full, op or selective",
+        )
     if not 0 <= hw.efficiency <= 1:
         err(
             "hardware",
@@ -383,13 +400,16 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
             "batch",
             f"train.global_batch_size={t.global_batch_size} must be divisible by "
             f"train.micro_batch_size={b} x data-parallel size {dp} (dp_replicate="
-            f"{lay.dp_replicate} x dp_shard={lay.dp_shard}) = {b * dp}",
+            f"{lay.dp_replicate} x dp_shard={lay.dp_shard}) = {b * dp}: "
+            + batch_fix(t.global_batch_size, b, dp, cfg.pipeline.microbatches),
         )
     elif cfg.pipeline.microbatches and cfg.pipeline.microbatches * b * dp != t.global_batch_size:
+        fix = t.global_batch_size // (b * dp) if b >= 1 else 0
         err(
             "batch",
             f"pipeline.microbatches={cfg.pipeline.microbatches} x micro_batch_size={b} "
-            f"x data-parallel size {dp} must equal global_batch_size={t.global_batch_size}",
+            f"x data-parallel size {dp} must equal global_batch_size={t.global_batch_size}"
+            + (f": set pipeline.microbatches={fix} (or 0 to derive it)" if fix else ""),
         )
 
     # Warnings: placement and efficiency.
@@ -409,7 +429,7 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
                 f"{hw.devices_per_node} devices: all-to-alls cross the network",
             )
         )
-    if pp > 1 and not errors:
+    if pp > 1 and not errors and sched in SCHEDULES:  # an unknown one is a config error
         bubble = pl.bubble_fraction(sched, pp, v, lay.microbatches)
         if bubble > 0.2:
             warnings.append(
@@ -429,6 +449,55 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
             )
         )
     return errors, warnings
+
+
+def batch_fix(global_batch: int, micro: int, dp: int, microbatches: int = 0) -> str:
+    """What to set so that global = micro x accumulation x dp, in words: the nearest larger
+    global batch that works, or the largest smaller micro-batch that divides it."""
+    step = micro * dp
+    target = microbatches * step if microbatches > 0 else -(-global_batch // step) * step
+    fix = f"set train.global_batch_size={target}"
+    if microbatches <= 0:
+        fix += f" (or another multiple of {step})"
+    smaller = [
+        m
+        for m in range(micro - 1, 0, -1)
+        if global_batch % (m * dp) == 0 and microbatches in (0, global_batch // (m * dp))
+    ]
+    return fix + (f" or train.micro_batch_size={smaller[0]}" if smaller else "")
+
+
+# The degrees each layout rule (and warning) reads. While a degree is unresolved
+# (parallel.dp_shard=-1 that does not divide the world, or a degree below 1) make_plan still
+# checks, with 1 in its place, the rules that read none of the unresolved ones. A rule missing
+# here counts as reading every degree.
+DP = ("dp_replicate", "dp_shard")
+DEGREES_READ: dict[str, tuple[str, ...]] = {
+    "tp_heads": ("tp",),
+    "tp_kv_heads": ("tp",),
+    "tp_ffn": ("tp",),
+    "tp_vocab": ("tp",),
+    "sp_seq": ("tp", "cp"),
+    "cp_seq": ("cp",),
+    "ep_dense": ("ep",),
+    "ep_experts": ("ep",),
+    "ep_degree": ("ep", "dp_shard", "cp", "tp"),
+    "pp_stages": ("pp",),
+    "pp_split": ("pp",),
+    "pp_layers": ("pp",),
+    "pp_microbatches": ("pp", *DP),  # micro-batches per step: global / (micro x dp)
+    "pp_reshard": ("pp", "dp_shard", "cp"),
+    "batch": DP,
+    "tp_node": ("tp",),
+    "ep_node": ("ep",),
+    "bubble": ("pp", *DP),
+    "micro_batch": ("cp",),
+}
+
+
+def reads_any(problem: Problem, degrees) -> bool:
+    """Whether the rule behind `problem` reads any of `degrees` (see DEGREES_READ)."""
+    return bool(set(DEGREES_READ.get(problem.rule, AXES)) & set(degrees))
 
 
 def engine_problems(cfg: Config, lay) -> list[Problem]:
@@ -494,13 +563,14 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
     if (
         lay.pp > 1
         and lay.schedule in SPLIT_BACKWARD
-        and lay.recompute == "full"
+        and lay.recompute in ("full", "op")
         and routed_elsewhere
     ):
         errors.append(
             Problem(
                 "not_available",
-                f"pipeline.schedule={lay.schedule} with recompute=full and routed experts "
+                f"pipeline.schedule={lay.schedule} with recompute={lay.recompute} (which reruns "
+                f"the dispatch) and routed experts "
                 f"across ranks (ep={lay.ep}, tp={lay.tp}): the recomputed blocks' all-to-alls "
                 "fell out of step between ranks in torch 2.13's separate weight-gradient pass "
                 "(recipe=deepseek_v3_debug at step 10: the checkpoint found other token counts "

@@ -23,7 +23,7 @@ from launcher.plan.memory import GIB
 from launcher.plan.report import estimate_json
 from launcher.plan.rules import config_problems, engine_problems, layout_problems
 
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "op", "full")
 
 
 def divisors(n: int) -> list[int]:
@@ -146,6 +146,13 @@ def with_overrides(base: list[str], extra: list[str]) -> list[str]:
     return [o for o in base if o.split("=", 1)[0] not in keys] + extra
 
 
+def verdicts(cfg: Config, est: Estimate) -> dict[str, bool]:
+    """A searched layout's `valid` and `fits`, as a plan of it has them (the search keeps only
+    layouts with both, so they say so rather than assume it)."""
+    errors, _ = layout_problems(cfg, est.layout)
+    return {"valid": not errors, "fits": est.memory.total <= cfg.hardware.memory_gib * GIB}
+
+
 def run_search(cfg: Config, as_json: bool) -> int:
     """Print the top plan.top_k layouts; exit status 0 when at least one fits."""
     console = Console(stderr=as_json, width=None if Console().is_terminal else 150)
@@ -165,6 +172,7 @@ def run_search(cfg: Config, as_json: bool) -> int:
                     "fitting": len(fitting),
                     "top": [
                         {
+                            **verdicts(cfg, e),
                             **estimate_json(e, cfg.hardware.memory_gib),
                             "overrides": e.layout.overrides(),
                             "engine_problems": why,

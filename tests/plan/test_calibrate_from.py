@@ -21,12 +21,19 @@ def fake_sweep(root, efficiency: float, noise=(1.0, 1.0, 1.0)) -> None:
     """Completed jobs whose measured speed is what the planner predicts at `efficiency`
     (times `noise`), as launcher.train would leave them."""
     for n, (overrides, factor) in enumerate(zip(POINTS, noise, strict=True)):
-        speed = calibrate.predicted_speed(compose(overrides), efficiency) * factor
-        d = root / str(n)
-        sweep.write_json(d / sweep.OVERRIDES, overrides)
-        sweep.write_json(d / sweep.PLAN, {"train_steps": 3})
-        rows = [{"step": s, "loss": 1.0, "tokens_per_s": speed} for s in (1, 2, 3)]
-        (d / sweep.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        write_job(
+            root / str(n),
+            overrides,
+            calibrate.predicted_speed(compose(overrides), efficiency) * factor,
+        )
+
+
+def write_job(d, overrides: list[str], speed: float) -> None:
+    """One completed job of 3 steps at `speed` tokens/s per device."""
+    sweep.write_json(d / sweep.OVERRIDES, overrides)
+    sweep.write_json(d / sweep.PLAN, {"train_steps": 3})
+    rows = [{"step": s, "loss": 1.0, "tokens_per_s": speed} for s in (1, 2, 3)]
+    (d / sweep.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def residuals(out: str) -> tuple[float, float]:
@@ -72,3 +79,18 @@ def test_nothing_measured_exits_2(tmp_path, capsys):
         calibrate.main(["--from", str(tmp_path)])
     assert e.value.code == 2
     assert "no completed job" in capsys.readouterr().err
+
+
+def test_compiled_and_eager_runs_get_one_efficiency_each(tmp_path, capsys):
+    """A refitted hardware.efficiency is the measured one of runs as configured, so a sweep
+    over train.compile refits each setting apart."""
+    point = ["hardware.devices_per_node=2"]
+    for n, (extra, efficiency) in enumerate([([], 0.03), (["train.compile=true"], 0.05)]):
+        overrides = point + extra
+        write_job(
+            tmp_path / str(n), overrides, calibrate.predicted_speed(compose(overrides), efficiency)
+        )
+    calibrate.main(["--from", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "use it with hardware=cpu hardware.efficiency=0.030" in out
+    assert "use it with hardware=cpu train.compile=true hardware.efficiency=0.050" in out
