@@ -102,6 +102,7 @@ class Layout:
     stage_layers: tuple[int, ...] = ()  # layers per stage; () = the even default split
     reshard_each_microbatch: bool = False  # FSDP under pp: reshard after every backward
     loss_parallel: bool = False  # vocab-sharded logits and loss (tp > 1)
+    recompute_every: int = 1  # recompute blocks 0, k, 2k, ... only
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -163,6 +164,8 @@ class Layout:
         out.append(f"data_parallel.zero_stage={self.zero_stage}")
         out.append(f"train.micro_batch_size={self.micro_batch_size}")
         out.append(f"recompute={self.recompute}")
+        if self.recompute_every > 1:
+            out.append(f"recompute.every={self.recompute_every}")
         out.append(f"tensor.sequence_parallel={str(self.sequence_parallel).lower()}")
         out.append(f"tensor.loss_parallel={str(self.loss_parallel).lower()}")
         if self.pp > 1:

@@ -142,6 +142,9 @@ class MLAttention(nn.Module):
         k_rope = self.shared_key(k_rope)
         kv = self.wkv_b(self.kv_norm(latent)).view(b, s, -1, n + self.v_dim)  # (B, S, H, N + V)
         k_nope, v = kv.split([n, self.v_dim], dim=-1)
+        # A copy of its own: backward then keeps H x V values per token for v, not the whole
+        # (N + V)-wide up-projection it is a view of (k_nope is copied by the cat below).
+        v = v.contiguous()
         angles = rope[:s] if positions is None else rope
         q_rope = apply_rope(q_rope, angles)
         k_rope = apply_rope(k_rope.unsqueeze(2), angles)  # (B, S, 1, R): one for every head

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.llama import AttentionCore
+from models.llama import AttentionCore, dropout
 
 
 @dataclass
@@ -45,7 +45,7 @@ class Embedding(nn.Module):
         if positions is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device)
         h = self.tok(tokens) + self.pos(positions)
-        return F.dropout(h, self.dropout if self.training else 0.0)
+        return dropout(h, self.dropout if self.training else 0.0)
 
 
 class Attention(nn.Module):
@@ -89,8 +89,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         drop = self.dropout if self.training else 0.0
-        x = x + F.dropout(self.attention(self.attention_norm(x), positions), drop)
-        return x + F.dropout(self.feed_forward(self.ffn_norm(x)), drop)
+        x = x + dropout(self.attention(self.attention_norm(x), positions), drop)
+        return x + dropout(self.feed_forward(self.ffn_norm(x)), drop)
 
 
 class GPT(nn.Module):

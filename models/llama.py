@@ -94,6 +94,12 @@ def causal_mask(positions: torch.Tensor) -> torch.Tensor:
     return mask if positions.dim() == 1 else mask[:, None]
 
 
+def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
+    """Training dropout keeping a 1-byte mask for backward on every device (F.dropout keeps a
+    mask in x's dtype on CPU: 4 bytes per element in fp32, as much as the activation)."""
+    return torch.native_dropout(x, p, True)[0] if p > 0 else x
+
+
 def _at_least_fp32(x: torch.Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
@@ -180,11 +186,11 @@ class AttentionCore(nn.Module):
         v: torch.Tensor,
         positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        dropout = self.dropout if self.training else 0.0
+        p = self.dropout if self.training else 0.0
         mask = None if positions is None else causal_mask(positions)
         if self.fused:
             return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, enable_gqa=True
+                q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None, enable_gqa=True
             )
         repeat = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
@@ -193,7 +199,7 @@ class AttentionCore(nn.Module):
         if mask is None:
             mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
         probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-        return F.dropout(probs, dropout, training=dropout > 0) @ v
+        return dropout(probs, p) @ v
 
 
 class Attention(nn.Module):
@@ -255,8 +261,8 @@ class TransformerBlock(nn.Module):
         self, x: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor | None = None
     ) -> torch.Tensor:
         drop = self.dropout if self.training else 0.0
-        x = x + F.dropout(self.attention(self.attention_norm(x), rope, positions), drop)
-        return x + F.dropout(self.feed_forward(self.ffn_norm(x)), drop)
+        x = x + dropout(self.attention(self.attention_norm(x), rope, positions), drop)
+        return x + dropout(self.feed_forward(self.ffn_norm(x)), drop)
 
 
 class Transformer(nn.Module):

@@ -236,10 +236,11 @@ class MoE(nn.Module):
         counting = self.training and self.count_steps and torch._C._current_graph_task_id() == -1
         if counting:
             self.router.load += counts.detach().to(self.router.load.dtype)
-        y = self.experts(flat[token], counts)  # (N, D)
-        # Combine: each token's copies weighted and summed back into place.
-        y = y * weights.flatten()[order, None]
-        out = torch.zeros_like(flat).index_add(0, token, y.type_as(flat))
+        y = self.experts(flat[token], counts)  # (N, D) sorted by expert
+        # Combine: the copies back in token order (index_select keeps only the index for
+        # backward; index_add would keep its whole source), weighted and summed per token.
+        y = y.index_select(0, order.argsort()).view(*chosen.shape, -1)  # (T, k, D)
+        out = (y * weights[..., None]).sum(1).type_as(flat)
         if self.training and (self.aux_loss_coef or self.seq_aux_loss_coef):
             out = self._attach_balance_loss(out, chosen, probs, shape, counting)
         return out.view(shape)

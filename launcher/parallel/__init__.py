@@ -12,16 +12,26 @@ different tokens, so FSDP shards over dp_shard x cp and DDP averages over dp x c
 
 from __future__ import annotations
 
+from functools import partial
+
 from torch import nn
 
 from launcher.config import Config
 from launcher.distributed import Dist
 from launcher.layout import Layout
-from launcher.parallel.checkpointing import apply_ac, apply_compile
+from launcher.parallel.checkpointing import apply_ac, apply_compile, recomputed
 from launcher.parallel.context_parallel import apply_cp
 from launcher.parallel.data_parallel import apply_ddp, apply_fsdp
 from launcher.parallel.expert_parallel import apply_ep, apply_moe_hooks, expert_parameter_names
 from launcher.parallel.tensor_parallel import apply_tp
+
+
+def keeps_shards(layout: Layout, compiled: bool, index: int) -> bool:
+    """Whether block `index` keeps its gathered inputs' sequence shards (tensor_parallel.py):
+    the saved-tensor hooks cannot run inside a checkpointed block (its recompute gathers again
+    anyway) or a compiled one (the partitioner keeps the gathered tensor)."""
+    checkpointed = layout.recompute in ("full", "op") and recomputed(index, layout.recompute_every)
+    return not compiled and not checkpointed
 
 
 def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Module:
@@ -34,9 +44,7 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
             cfg.model.family,
             layout.sequence_parallel,
             layout.loss_parallel,
-            # Saved-tensor hooks cannot run inside a checkpointed block (its recompute gathers
-            # again anyway) or a compiled one (the partitioner keeps the gathered tensor).
-            keep_shards=layout.recompute in ("none", "selective") and not cfg.train.compile,
+            keep_shards=partial(keeps_shards, layout, cfg.train.compile),
         )
     expert_mesh = None
     if cfg.model.n_routed_experts and (layout.ep > 1 or layout.tp > 1):
@@ -54,7 +62,7 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
     if layout.cp > 1:
         apply_cp(model, d.mesh["cp"].get_group(), cfg.context.method.value)
     if layout.recompute != "none":
-        apply_ac(model, layout.recompute)
+        apply_ac(model, layout.recompute, layout.recompute_every)
     if cfg.train.compile:
         apply_compile(model)
     if d.mesh is None or layout.dp_cp == 1:

@@ -16,6 +16,7 @@ backward (Korthikanti et al. 2022), so a block keeps what their table counts.
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -41,12 +42,12 @@ def apply_tp(
     family: str,
     sequence_parallel: bool,
     loss_parallel: bool,
-    keep_shards: bool = True,
+    keep_shards: Callable[[int], bool] = lambda index: True,
 ) -> None:
-    """Shard `model` in place over the 1-D tp mesh. keep_shards: under sequence parallelism,
-    keep the sequence shard of each gathered projection input for backward, not the gathered
-    tensor (needs autograd's saved-tensor hooks: not inside a checkpointed or compiled block,
-    whose recompute or partitioner decides what is kept)."""
+    """Shard `model` in place over the 1-D tp mesh. keep_shards(block index): under sequence
+    parallelism, whether that block keeps the sequence shard of each gathered projection input
+    for backward rather than the gathered tensor (autograd's saved-tensor hooks: not inside a
+    checkpointed or compiled block, whose recompute or partitioner decides what is kept)."""
     sp = sequence_parallel
     gathered_inputs = []  # (module name in a block, whether it takes a local tensor)
     residual = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
@@ -72,7 +73,7 @@ def apply_tp(
     model.tie_weights()  # tied halves are now the same vocab-sharded DTensor
 
     group = mesh.get_group()
-    for block in model.layers.values():
+    for index, block in model.layers.items():
         plan = attention_plan(block.attention, family, residual)
         if family == "deepseek":
             # MLA's rotated key is shared by all heads: each rank's backward adds only its own
@@ -103,7 +104,8 @@ def apply_tp(
         if sp and isinstance(block.feed_forward, MoE) and block.feed_forward.shared is not None:
             gathered_inputs.append(("feed_forward.shared", False))
         for name, local in gathered_inputs:
-            gather_sequence_input(block.get_submodule(name), mesh, local, keep_shards)
+            module = block.get_submodule(name)
+            gather_sequence_input(module, mesh, local, keep_shards(int(index)))
         gathered_inputs.clear()
 
 

@@ -18,20 +18,29 @@ from launcher.plan.memory import (
     GIB,
     cp_transient_bytes,
     layer_activation_bytes,
+    op_layer_activation_bytes,
     reserve_gib,
     state_bytes,
 )
 from launcher.plan.model_size import Shape, active_matmul_params_per_token, flops_per_token, shape
 
-# Fraction of peak a transformer's matmuls sustain: EFFICIENCY_MAX x dim / (dim + EFFICIENCY_DIM),
-# wider layers running closer to the peak. Both fitted to the Megatron-LM table in REFERENCE.md
-# by `python -m launcher.plan.calibrate` (residuals in the README).
+# Fraction of peak a transformer's matmuls sustain on A100: EFFICIENCY_MAX x dim / (dim +
+# EFFICIENCY_DIM), wider layers running closer to the peak. Both fitted to the Megatron-LM table
+# in REFERENCE.md by `python -m launcher.plan.calibrate` (residuals in the README).
 EFFICIENCY_MAX = 0.586
 EFFICIENCY_DIM = 440.0
+# Compiled blocks (train.compile: torch.compile per block, inductor) run this much faster than
+# eager ones: torchtitan's Llama 3.1 8B on H100, FSDP, bf16, 6,667 / 5,762 tokens/s on 8 GPUs
+# and 6,514 / 5,605 on 128 (benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3). An
+# assumption for other models and hardware, to refit with `calibrate --from`.
+EFFICIENCY_COMPILED = 1.16
 
 
-def compute_efficiency(dim: int) -> float:
-    return EFFICIENCY_MAX * dim / (dim + EFFICIENCY_DIM)
+def compute_efficiency(dim: int, scale: float = 1.0, compiled: bool = False) -> float:
+    """Fraction of peak the compute sustains: the A100 fit at this width, times the hardware
+    generation's `scale` (hardware.efficiency_scale), times the compile speed-up."""
+    fit = EFFICIENCY_MAX * dim / (dim + EFFICIENCY_DIM)
+    return fit * scale * (EFFICIENCY_COMPILED if compiled else 1.0)
 
 
 @dataclass
@@ -90,19 +99,25 @@ class Context:
         self.capacity = hw.memory_gib * GIB
         self.reserve = reserve_gib(hw.device_type.value, hw.memory_gib) * GIB
         self.peak = hw.peak_tflops * 1e12
-        self.efficiency = hw.efficiency or compute_efficiency(m.dim)
+        # An explicit hardware.efficiency is what a run measured as configured: compile and the
+        # generation's scale are already in it.
+        self.efficiency = hw.efficiency or compute_efficiency(m.dim, hw.efficiency_scale, t.compile)
         self.sustained = self.efficiency * self.peak
         self.intra, self.inter = hw.intra_node_gbps * 1e9, hw.inter_node_gbps * 1e9
         self.param_b, self.grad_b = BYTES[p.param_dtype], BYTES[p.grad_dtype]
         self.master_b = BYTES[p.master_dtype] if p.master_dtype != p.param_dtype else 0
         self.optim_b = 2 * BYTES[p.optimizer_dtype]
         self.act_b = BYTES[p.compute_dtype]
-        self.flash, self.dropout = m.flash_attention, m.dropout > 0
+        self.dropout = m.dropout > 0
+        # Fused attention as the device runs it: torch's CPU kernel needs equal q/k and v head
+        # widths and no dropout, and falls back to the unfused math (MLA, GPT's dropout).
+        s = self.shape
+        cpu_fuses = s.d_qk == s.d_v and not self.dropout
+        self.flash = m.flash_attention and (hw.device_type.value == "cuda" or cpu_fuses)
         self.cp_method = cfg.context.method.value
         self.moe = m.n_routed_experts > 0
         self.model_flops_per_token = flops_per_token(m, self.seq)  # MFU's numerator
         self.active_params = active_matmul_params_per_token(self.shape, m)
-        s = self.shape
         # Hardware FLOPs per token of one layer, split so recompute can scale the parts.
         self.attn_core_flops = (
             3 * self.seq * s.n_heads * (s.d_qk + s.d_v) * (1 if self.flash else 2)
@@ -113,8 +128,17 @@ class Context:
         self.head_flops = 6 * m.vocab_size * m.dim
         self.dense_mlp_saved = (2 if m.family == "gpt" else 3) * m.ffn_dim
         self.shared_mlp_saved = 3 * m.n_shared_experts * m.moe_ffn_dim
-        self.routed_saved = (
-            m.top_k * (m.dim + 3 * m.moe_ffn_dim) + 2 * m.n_routed_experts if self.moe else 0
+        # Each routed copy: its input row, its expert's 3 SwiGLU tensors and output row (kept for
+        # the routing weight's gradient). Per token, in bytes: the router's fp32 scores, top-k
+        # weights (twice) and sums, the int64 expert ids, sort order and token of each copy,
+        # and with expert groups the groups' int64 top-2 ids and mask.
+        self.routed_saved = m.top_k * (2 * m.dim + 3 * m.moe_ffn_dim) if self.moe else 0
+        groups = 17 * m.n_group if m.n_group > 1 else 0
+        self.routed_bytes = (
+            4 * (m.n_routed_experts + 2 * m.top_k + 2) + 24 * m.top_k + groups if self.moe else 0
+        )
+        self.routed_out = (
+            m.top_k * (2 * m.moe_ffn_dim + m.dim) + m.n_routed_experts if self.moe else 0
         )
         self.compiled = t.compile
 
@@ -135,16 +159,51 @@ def rank_layers(
     return tuple(out)
 
 
+@lru_cache(maxsize=4096)
+def recomputed_layers(
+    n_layers: int,
+    n_dense: int,
+    pp: int,
+    v: int,
+    schedule: str,
+    split: tuple[int, ...],
+    every: int,
+):
+    """Per pipeline rank: (recomputed dense layers, recomputed MoE layers): the layers whose
+    index in the model is a multiple of `every` (launcher.parallel.checkpointing.recomputed)."""
+    counts = list(split) or split_layers(n_layers, pp * v)
+    starts = stage_starts(counts)
+    out = []
+    for r in range(pp):
+        indices = [
+            i
+            for stage in rank_stages(r, pp, v, schedule)
+            for i in range(starts[stage], starts[stage] + counts[stage])
+            if i % every == 0
+        ]
+        dense = sum(1 for i in indices if i < n_dense)
+        out.append((dense, len(indices) - dense))
+    return tuple(out)
+
+
+def layout_recomputed(ctx: Context, lay: Layout):
+    """Per pipeline rank of this layout: (recomputed dense layers, recomputed MoE layers);
+    none without recompute."""
+    if lay.recompute == "none":
+        return ((0, 0),) * lay.pp
+    return recomputed_layers(*_stage_shape(ctx, lay), lay.recompute_every)
+
+
 def layout_ranks(ctx: Context, lay: Layout):
     """Per pipeline rank of this layout: (layers, dense layers among them)."""
-    return rank_layers(
-        ctx.shape.n_layers,
-        ctx.shape.n_dense_layers,
-        lay.pp,
-        lay.stages_per_rank,
-        lay.schedule,
-        lay.stage_layers,
-    )
+    return rank_layers(*_stage_shape(ctx, lay))
+
+
+def _stage_shape(ctx: Context, lay: Layout) -> tuple:
+    """What places layers on pipeline ranks: layers, dense layers, pp, stages per rank,
+    schedule, layers per stage."""
+    s = ctx.shape
+    return s.n_layers, s.n_dense_layers, lay.pp, lay.stages_per_rank, lay.schedule, lay.stage_layers
 
 
 def group_bandwidth(ctx: Context, size: int, inner: int) -> float:
@@ -154,6 +213,21 @@ def group_bandwidth(ctx: Context, size: int, inner: int) -> float:
 
 def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> float:
     s, m = ctx.shape, ctx.model
+    if recompute == "op":
+        shared = m.n_shared_experts * m.moe_ffn_dim
+        return op_layer_activation_bytes(
+            dim=m.dim,
+            heads_out=s.heads_out_width,
+            o=s.o_width,
+            latent_out=s.latent_out_width,
+            mlp_out=(m.ffn_dim if m.family == "gpt" else 2 * m.ffn_dim) if dense else 2 * shared,
+            row_parallel=2 if dense or shared else 1,
+            routed_out=0 if dense else ctx.routed_out,
+            tp=lay.tp,
+            sp=lay.sequence_parallel,
+            flash=ctx.flash,
+            act_b=ctx.act_b,
+        )
     return layer_activation_bytes(
         dim=m.dim,
         q=s.q_width,
@@ -163,6 +237,7 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
         latent=s.latent_width,
         mlp=ctx.dense_mlp_saved if dense else ctx.shared_mlp_saved,
         routed=0 if dense else ctx.routed_saved,
+        routed_bytes=0 if dense else ctx.routed_bytes,
         n_heads=s.n_heads,
         seq=ctx.seq // lay.cp,
         tp=lay.tp,
@@ -174,6 +249,7 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
         cp=lay.cp,
         cp_method=ctx.cp_method,
         sp_keeps_gathered=ctx.compiled,
+        whole_mlp=dense or m.n_shared_experts > 0,
     )
 
 
@@ -208,11 +284,18 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     inflight = pl.inflight_microbatches(
         lay.schedule, lay.pp, lay.stages_per_rank, lay.microbatches, rank
     )
-    per_mb = dense * layer_activation(ctx, lay, True, lay.recompute)
-    per_mb += moe_layers * layer_activation(ctx, lay, False, lay.recompute)
+    # Recomputed layers keep what their mode keeps; under recompute.every > 1 the others keep
+    # everything.
+    rc_dense, rc_moe = layout_recomputed(ctx, lay)[rank]
+    mode = lay.recompute
+    per_mb = rc_dense * layer_activation(ctx, lay, True, mode)
+    per_mb += rc_moe * layer_activation(ctx, lay, False, mode)
+    per_mb += (dense - rc_dense) * layer_activation(ctx, lay, True, "none")
+    per_mb += (moe_layers - rc_moe) * layer_activation(ctx, lay, False, "none")
     activations = inflight * tokens * per_mb
-    if lay.recompute == "full":  # the block being recomputed holds its full activations
-        activations += tokens * layer_activation(ctx, lay, dense == layers, "none")
+    if mode in ("full", "op") and rc_dense + rc_moe:
+        # The block being recomputed holds its full activations meanwhile.
+        activations += tokens * layer_activation(ctx, lay, rc_dense > 0, "none")
     other = ctx.reserve
     if lay.cp > 1:  # one layer at a time holds them
         other += tokens * cp_transient_bytes(
@@ -241,42 +324,65 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
     """Predicted seconds per step on the bottleneck pipeline rank, split by cause."""
     m = ctx.model
     recompute = lay.recompute
-    full = 4 / 3 if recompute == "full" else 1.0
-    attn_extra = ctx.attn_core_flops / 3 if recompute == "selective" else 0.0
+    # Recompute reruns, in backward, a third of the recomputed layers' FLOPs (full), or their
+    # attention core (selective; op when the core is unfused: op keeps fused attention's output).
+    core_rerun = recompute == "selective" or (recompute == "op" and not ctx.flash)
+    recomputed = layout_recomputed(ctx, lay)
     head_rank = last_stage_rank(lay.pp, lay.schedule)
-    worst, worst_layers, worst_moe = 0.0, 0, 0
+    worst, worst_rank = 0.0, 0
     for r, (layers, dense) in enumerate(ranks):
         moe = layers - dense
-        flops = (
-            full
-            * (
-                dense * ctx.dense_layer_flops
-                + moe * ctx.moe_layer_flops
-                + layers * ctx.attn_core_flops
-            )
-            + layers * attn_extra
-        )
+        rc_dense, rc_moe = recomputed[r]
+        flops = dense * ctx.dense_layer_flops + moe * ctx.moe_layer_flops
+        flops += layers * ctx.attn_core_flops
+        if recompute == "full":
+            rerun = rc_dense * ctx.dense_layer_flops + rc_moe * ctx.moe_layer_flops
+            flops += (rerun + (rc_dense + rc_moe) * ctx.attn_core_flops) / 3
+        elif core_rerun:
+            flops += (rc_dense + rc_moe) * ctx.attn_core_flops / 3
         flops += ctx.head_flops if r == head_rank else 0
         if flops > worst:
-            worst, worst_layers, worst_moe = flops, layers, moe
+            worst, worst_rank = flops, r
+    worst_layers, worst_dense = ranks[worst_rank]
+    worst_moe = worst_layers - worst_dense
+    worst_rc = sum(recomputed[worst_rank])
     tokens = ctx.global_batch * ctx.seq / lay.dp  # per pipeline replica and step
     compute = worst * tokens / (lay.tp * lay.cp) / ctx.sustained
     mbs = lay.microbatches
     mb_tokens = lay.micro_batch_size * ctx.seq / lay.cp
 
-    # Tensor parallelism: 4 all-reduces of (b, s, h) per layer (6 with full recompute); with
-    # sequence parallelism each is a reduce-scatter + all-gather of the same volume.
+    # Tensor parallelism: 4 all-reduces of (b, s, h) per layer; with sequence parallelism each
+    # is a reduce-scatter + all-gather of the same volume, and backward gathers the two saved
+    # norm-output shards again (one all-reduce's worth) where the hooks keep shards (eager
+    # blocks not checkpointed) or per-op recompute reruns the gathers; full recompute reruns
+    # the forward's 2. All of it is exposed: the engine's DTensor TP
+    # (launcher/parallel/tensor_parallel.py) runs each collective between the matmuls that
+    # need it, with no async TP to overlap them.
     t_tp = 0.0
     if lay.tp > 1:
         volume = 2 * mb_tokens * m.dim * ctx.act_b * (lay.tp - 1) / lay.tp
-        n = 6 if recompute == "full" else 4
-        t_tp = worst_layers * mbs * n * volume / group_bandwidth(ctx, lay.tp, 1)
+        units = 4 * worst_layers
+        if recompute == "full":
+            units += 2 * worst_rc
+        sp = lay.sequence_parallel
+        if sp and recompute == "op":
+            units += worst_rc
+        if sp and not ctx.compiled:
+            units += worst_layers - (worst_rc if recompute in ("full", "op") else 0)
+        t_tp = mbs * units * volume / group_bandwidth(ctx, lay.tp, 1)
     # Context parallelism: the K/V exchanges of each layer's attention (`cp_layer_time`).
-    t_cp = worst_layers * mbs * cp_layer_time(ctx, lay) if lay.cp > 1 else 0.0
+    t_cp = 0.0
+    if lay.cp > 1:
+        plain = worst_layers - worst_rc
+        t_cp = mbs * (worst_rc * cp_layer_time(ctx, lay) + plain * cp_layer_time(ctx, lay, False))
     # Expert parallelism: dispatch and combine all-to-alls forward and backward.
     t_ep = 0.0
     if lay.ep > 1 and worst_moe:
-        t_ep = worst_moe * ep_layer_bytes(ctx, lay) / group_bandwidth(ctx, lay.ep, 1)
+        rc_moe = recomputed[worst_rank][1]
+        sent = rc_moe * ep_layer_bytes(ctx, lay) + (worst_moe - rc_moe) * ep_layer_bytes(
+            ctx, lay, False
+        )
+        t_ep = sent / group_bandwidth(ctx, lay.ep, 1)
         # DualPipe hides these all-to-alls behind the other chunk's compute; torch 2.13's
         # DualPipeV runs its overlapped forward and backward one after the other unless a
         # custom function is registered for them, and this engine registers none.
@@ -286,19 +392,22 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
     return Time(compute, t_tp, t_cp, t_ep, bubble, t_dp, bubble_fraction)
 
 
-def ep_layer_bytes(ctx: Context, lay: Layout) -> float:
+def ep_layer_bytes(ctx: Context, lay: Layout, recomputed: bool | None = None) -> float:
     """Bytes one rank sends to other ranks per MoE layer and step in the expert-parallel
     all-to-alls, with balanced routing: each micro-batch's routed copies (its tokens split
     over cp and tp, top_k copies of dim values each) go out in the dispatch and come back in
-    the combine, forward and backward (and once more forward under full recompute); with E / ep
-    experts per rank, (ep - 1) / ep of them leave the rank."""
+    the combine, forward and backward (and once more forward when the layer is recomputed,
+    full or op: `recomputed`, by default whether the layout recomputes); with E / ep experts per
+    rank, (ep - 1) / ep of them leave the rank."""
     m = ctx.model
+    if recomputed is None:
+        recomputed = lay.recompute in ("full", "op")
     routed = lay.micro_batch_size * ctx.seq / (lay.cp * lay.tp) * m.top_k * m.dim
-    passes = 6 if lay.recompute == "full" else 4
+    passes = 6 if recomputed else 4
     return lay.microbatches * passes * routed * ctx.act_b * (lay.ep - 1) / lay.ep
 
 
-def cp_bytes_sent(ctx: Context, lay: Layout) -> tuple[float, float]:
+def cp_bytes_sent(ctx: Context, lay: Layout, recomputed: bool | None = None) -> tuple[float, float]:
     """(forward, backward) bytes one rank sends for context parallelism, per layer and
     micro-batch; backward includes the forward's rerun under recompute (selective recomputes
     the attention core, full the block, both the core's communication). What a rank holds of
@@ -311,12 +420,12 @@ def cp_bytes_sent(ctx: Context, lay: Layout) -> tuple[float, float]:
     kv = lay.micro_batch_size * ctx.seq / cp * (s.k_width + s.v_width) / lay.tp  # elements
     forward = (cp - 1) * kv * ctx.act_b
     backward = forward + (cp * kv * 4 if ctx.cp_method == "ring" else 0.0)
-    if lay.recompute != "none":
+    if lay.recompute != "none" if recomputed is None else recomputed:
         backward += forward
     return forward, backward
 
 
-def cp_layer_time(ctx: Context, lay: Layout) -> float:
+def cp_layer_time(ctx: Context, lay: Layout, recomputed: bool | None = None) -> float:
     """Exposed context-parallel communication, seconds per layer and micro-batch.
 
     allgather: all of it: attention needs the gathered K/V before it starts, and dK/dV only
@@ -328,7 +437,7 @@ def cp_layer_time(ctx: Context, lay: Layout) -> float:
     and the accumulator's last hop home has nothing left to hide behind.
     """
     bandwidth = group_bandwidth(ctx, lay.cp, lay.tp)
-    forward, backward = cp_bytes_sent(ctx, lay)
+    forward, backward = cp_bytes_sent(ctx, lay, recomputed)
     if ctx.cp_method != "ring":
         return (forward + backward) / bandwidth
     cp = lay.cp
@@ -343,7 +452,8 @@ def cp_layer_time(ctx: Context, lay: Layout) -> float:
         + max(0.0, acc - 2 * block)
         + acc
     )
-    return t_forward * (1 if lay.recompute == "none" else 2) + t_backward
+    rerun = lay.recompute != "none" if recomputed is None else recomputed
+    return t_forward * (2 if rerun else 1) + t_backward
 
 
 def data_parallel_time(ctx: Context, lay: Layout, ranks, compute: float) -> float:

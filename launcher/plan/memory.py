@@ -62,6 +62,8 @@ def layer_activation_bytes(
     sp_keeps_gathered: bool = False,
     cp: int = 1,
     cp_method: str = "allgather",
+    whole_mlp: bool = True,
+    routed_bytes: float = 0,
 ) -> float:
     """Bytes one block saves for backward, per token of one micro-batch on one rank.
 
@@ -72,9 +74,12 @@ def layer_activation_bytes(
       input and output; 3 x ffn for SwiGLU: the w1 and w3 outputs and their product fed to w2,
       silu recomputed in backward);
     - routed experts (`routed` elements: each of the top-k copies of the token, its 3 x
-      moe_ffn SwiGLU tensors, and the router's scores), not split by tp: experts are
-      sharded by ep, so only sequence parallelism divides them;
+      moe_ffn SwiGLU tensors and output row; `routed_bytes`: the router's fp32 scores and
+      int64 indices), divided by tp: each tp rank routes a tp-th of the tokens (its sequence
+      shard, or a slice of the whole);
     - MLA latents (replicated over tp);
+    - an MoE layer under tp without sequence parallelism routes a copied tp-th slice of the
+      norm output; the whole one is kept only when shared experts take it (whole_mlp);
     - without fused attention, the softmax output (H s per token) and with dropout its mask
       (1 byte) and output: Korthikanti's 5 a s / h; selective recompute drops these;
     - full recompute keeps only the block input (h), plus one block recomputed at a time
@@ -95,7 +100,7 @@ def layer_activation_bytes(
     """
     if recompute == "full":
         return dim * act_b / (tp if sp else 1)
-    outside = 4 * dim * act_b + (2 * dim if dropout else 0) + routed * act_b
+    outside = 4 * dim * act_b + (2 * dim if dropout else 0)
     inside = (q + k + v + o + mlp) * act_b
     if cp > 1 and recompute == "none":
         if cp_method == "allgather":
@@ -105,7 +110,44 @@ def layer_activation_bytes(
     if sp and tp > 1 and sp_keeps_gathered:  # norm outputs kept whole, not as shards
         outside -= 2 * dim * act_b
         inside += 2 * dim * act_b * tp
-    return outside / (tp if sp else 1) + inside / tp + latent * act_b
+    if routed and tp > 1 and not sp:
+        # Each tp rank routes a slice of the whole norm output (a copy); the whole one is kept
+        # only if an MLP takes it (shared experts: whole_mlp).
+        outside += dim * act_b / tp - (0 if whole_mlp else dim * act_b)
+    routed_total = routed * act_b + routed_bytes
+    return outside / (tp if sp else 1) + (inside + routed_total) / tp + latent * act_b
+
+
+def op_layer_activation_bytes(
+    *,
+    dim: int,
+    heads_out: int,
+    o: int,
+    latent_out: int,
+    mlp_out: int,
+    row_parallel: int,
+    routed_out: int,
+    tp: int,
+    sp: bool,
+    flash: bool,
+    act_b: int,
+) -> float:
+    """Bytes one block keeps for backward under per-op selective recompute (recompute=op), per
+    token of one micro-batch on one rank: what the checkpoint's policy saves, nothing else.
+
+    - the block input (the checkpoint's), a sequence shard under sequence parallelism;
+    - the outputs of the matmuls: the projections into heads and the MLP's up projections
+      (`heads_out`, `mlp_out`, sharded by tp), MLA's latent projections (replicated), and the
+      `row_parallel` output projections (wo, w2: dim each, whole under tp: partial sums);
+    - fused attention's output (o, sharded by tp); unfused, the core is recomputed;
+    - under tp the reductions of those partial sums (all-reduce, or reduce-scatter: a shard);
+    - routed experts (`routed_out` per token: each copy's up projections and output row, and
+      the router's scores), their tokens split over tp.
+    """
+    block_input = dim / (tp if sp else 1)
+    inside = (heads_out + mlp_out + (o if flash else 0)) / tp
+    outputs = row_parallel * dim + (row_parallel * dim / (tp if sp else 1) if tp > 1 else 0)
+    return (block_input + inside + latent_out + outputs + routed_out / tp) * act_b
 
 
 def cp_transient_bytes(

@@ -40,6 +40,10 @@ class Shape:
     v_width: int  # kv heads x d_v
     o_width: int  # H x d_v: attention output, input to the output projection
     latent_width: int  # MLA latents saved for backward (q and kv compressions), else 0
+    # Matmul outputs per token (what per-op recompute keeps): the projections into heads
+    # (sharded by tp) and MLA's latent projections (replicated).
+    heads_out_width: int
+    latent_out_width: int
     n_heads: int
     d_qk: int
     d_v: int
@@ -87,7 +91,11 @@ def attention_shape(m: ModelConfig) -> dict:
             k_width=h * d_qk,
             v_width=h * d_v,
             o_width=h * d_v,
-            latent_width=2 * (m.kv_lora_rank + m.qk_rope_head_dim) + 2 * m.q_lora_rank,
+            heads_out_width=h * d_qk + h * (m.qk_nope_head_dim + d_v),
+            latent_out_width=m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim,
+            # Saved: the q latent and its norm, the kv latent with the shared rotated key (one
+            # projection) and the kv latent's norm.
+            latent_width=2 * m.q_lora_rank + 2 * m.kv_lora_rank + m.qk_rope_head_dim,
             n_heads=h,
             d_qk=d_qk,
             d_v=d_v,
@@ -103,6 +111,8 @@ def attention_shape(m: ModelConfig) -> dict:
         v_width=kv,
         o_width=q,
         latent_width=0,
+        heads_out_width=q + 2 * kv,
+        latent_out_width=0,
         n_heads=m.n_heads,
         d_qk=e,
         d_v=e,

@@ -1,10 +1,12 @@
-"""Measure the bytes one Llama block keeps for backward, per token, under the engine's own
-tensor parallelism and recompute. Run directly (tp=1) or under torchrun (tp = world size);
-prints one JSON line per setting on rank 0.
+"""Measure the bytes each block keeps for backward, per token, on the engine's own
+`parallelize` (tensor and sequence parallelism, experts split over tp, recompute) for every
+family. Run directly (tp=1) or under torchrun (tp = world size): `saved_bytes.py CASE...`
+prints one JSON line per case and block on rank 0; a case is `family,recompute,sp,precision`.
 
-Counted: every tensor autograd saves during the block's forward (saved-tensor hooks), plus the
-inputs a checkpoint keeps to recompute from (they are held by the checkpoint, not by autograd),
-each storage once, parameters and buffers excluded. DTensors count their local shard.
+Counted: every tensor autograd saves during the block's forward (saved-tensor hooks), the
+inputs a checkpoint keeps to recompute from (held by the checkpoint, not by autograd), and
+what a selective checkpoint caches (the outputs its policy saves), each storage once,
+parameters and buffers excluded. DTensors count their local shard.
 """
 
 from __future__ import annotations
@@ -15,17 +17,66 @@ import sys
 
 import torch
 import torch.distributed as dist
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.utils._pytree import tree_map
+from torch.utils.checkpoint import CheckpointPolicy
 
 import models
-from launcher.parallel.checkpointing import apply_ac
-from launcher.parallel.tensor_parallel import apply_tp
+from launcher import distributed
+from launcher.cli import CONF_DIR, hydra_app
+from launcher.parallel import checkpointing, parallelize
+from launcher.plan import make_plan
+from launcher.plan.estimate import layer_activation
 
-DIM, LAYERS, HEADS, KV, FFN, VOCAB = 128, 1, 8, 4, 384, 320
+PRESETS = {"llama": "llama3_debug", "gpt": "gpt_debug", "mixtral": "mixtral_debug"}
+PRESETS["deepseek"] = "deepseek_debug"
 BATCH, SEQ = 2, 64
-SETTINGS = [("none", True), ("selective", False), ("full", True)]  # (recompute, fused attention)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def overrides(family: str, recompute: str, tp: int, sp: bool, precision: str = "fp32"):
+    """The config measured: one block of the family's debug preset (deepseek: a dense one and
+    an MoE one). fp32: fused attention except under selective (which only differs without
+    it); bf16: Korthikanti et al.'s setting, 16-bit activations, attention unfused, dropout."""
+    fused = recompute != "selective" and precision == "fp32"
+    out = [
+        f"model={PRESETS[family]}",
+        f"model.n_layers={2 if family == 'deepseek' else 1}",
+        f"model.flash_attention={str(fused).lower()}",
+        f"train.seq_len={SEQ}",
+        f"recompute={recompute}",
+        f"parallel.tp={tp}",
+        "parallel.dp_shard=1",
+        f"tensor.sequence_parallel={str(sp).lower()}",
+        f"train.micro_batch_size={BATCH}",
+        f"train.global_batch_size={BATCH}",
+        f"hardware.devices_per_node={tp}",
+    ]
+    if family == "gpt" and fused:  # torch's CPU kernel fuses attention without dropout only
+        out.append("model.dropout=0")
+    if precision == "bf16":
+        out.append("precision=bf16_mixed")
+    return out
+
+
+def config(args: list[str]):
+    hydra_app(lambda cfg: None)  # registers the schema
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        return OmegaConf.to_object(compose("config", overrides=args))
+
+
+def planned(cfg) -> dict[str, float]:
+    """The planner's bytes per token for each block of `cfg`'s model."""
+    plan = make_plan(cfg)
+    assert plan.valid, plan.errors
+    dense = plan.context.shape.n_dense_layers
+    return {
+        str(i): layer_activation(plan.context, plan.layout, i < dense, plan.layout.recompute)
+        for i in range(cfg.model.n_layers)
+    }
 
 
 def storage(t: torch.Tensor):
@@ -34,110 +85,103 @@ def storage(t: torch.Tensor):
     return st.data_ptr(), st.nbytes()
 
 
-def block_overrides(tp: int, sp: bool, recompute: str) -> list[str]:
-    """The config of the block measured here (one llama3_debug layer, fp32), for the planner."""
-    return [
-        "model=llama3_debug",
-        "model.n_layers=1",
-        f"model.max_seq_len={SEQ}",
-        f"train.seq_len={SEQ}",
-        "precision=fp32",
-        f"recompute={recompute}",
-        f"parallel.tp={tp}",
-        "parallel.dp_shard=1",
-        f"tensor.sequence_parallel={str(sp).lower()}",
-        f"train.micro_batch_size={BATCH}",
-        f"train.global_batch_size={BATCH}",
-    ]
+class Recorder:
+    """{storage: bytes} of what a block keeps for backward (see the module docstring)."""
 
+    def __init__(self, shared: list[torch.Tensor]):
+        self.constant = {storage(t)[0] for t in shared}
+        self.kept: dict[int, int] = {}
 
-def recorder(block: torch.nn.Module, shared: list[torch.Tensor]):
-    """(pack hook, {storage: bytes}) counting what `block` keeps for backward: what autograd
-    saves, plus the inputs a checkpoint keeps to recompute from; tensors sharing a storage
-    with `shared` (parameters, buffers) left out."""
-    constant = {storage(t)[0] for t in shared}
-    kept: dict[int, int] = {}
-
-    def keep(t):
+    def keep(self, t) -> None:
         if isinstance(t, torch.Tensor):
             ptr, nbytes = storage(t)
-            if ptr not in constant:
-                kept[ptr] = nbytes
+            if ptr not in self.constant:
+                self.kept[ptr] = nbytes
 
-    def pack(t):
-        keep(t)
+    def pack(self, t):
+        self.keep(t)
         return t
 
-    for module in block.modules():
-        if isinstance(module, CheckpointWrapper):
-            module.register_forward_pre_hook(lambda _m, args: [keep(a) for a in args] and None)
-    return pack, kept
+    def watch_checkpoints(self, block: torch.nn.Module) -> None:
+        for module in block.modules():
+            if isinstance(module, CheckpointWrapper):
+                module.register_forward_pre_hook(lambda _m, a: [self.keep(x) for x in a] and None)
 
 
-def measure(recompute: str, fused: bool, tp: int, sp: bool, mesh) -> float:
+RECORDING: list[Recorder] = []  # the recorder of the block running forward, if any
+
+
+def _recording_policy(policy):
+    """The engine's per-op policy, also counting what it saves: the outputs of those ops are
+    kept by the checkpoint's caching mode, out of autograd's sight."""
+
+    def recording(ctx, func, *args, **kwargs):
+        decision = policy(ctx, func, *args, **kwargs)
+        if RECORDING and decision == CheckpointPolicy.MUST_SAVE and not ctx.is_recompute:
+            tree_map(RECORDING[-1].keep, ctx.op_output)
+        return decision
+
+    return recording
+
+
+checkpointing._op_policy = _recording_policy(checkpointing._op_policy)
+
+
+def measure(cfg, d) -> dict[str, float]:
+    """Bytes per token each block keeps for backward, on this rank."""
+    plan = make_plan(cfg)
     torch.manual_seed(0)
-    model = models.build(
-        "llama",
-        dict(
-            dim=DIM,
-            n_layers=LAYERS,
-            n_heads=HEADS,
-            n_kv_heads=KV,
-            ffn_dim=FFN,
-            vocab_size=VOCAB,
-            max_seq_len=SEQ,
-            flash_attention=fused,
-        ),
-    )
+    model = models.build(cfg.model.family, vars(cfg.model))
     model.init_weights(0)
-    if tp > 1:
-        apply_tp(model, mesh, "llama", sequence_parallel=sp, loss_parallel=False)
-    if recompute != "none":
-        apply_ac(model, recompute)
-    block = model.layers["0"]
-    pack, kept = recorder(block, [*model.parameters(), *model.buffers()])
+    dtype = DTYPES[cfg.precision.compute_dtype.value]
+    model = parallelize(model.to(dtype), plan.layout, cfg, d)
+    tp = plan.layout.tp
+    extra = (None,) if cfg.model.family == "gpt" else (model.rope, None)
+    out = {}
+    for name, block in model.layers.items():
+        recorder = Recorder([*model.parameters(), *model.buffers()])
+        recorder.watch_checkpoints(block)
+        x = torch.randn(BATCH, SEQ, cfg.model.dim, dtype=dtype)
+        if tp > 1:
+            # What the vocab-parallel embedding hands a block: the sequence shard under SP.
+            mesh = d.mesh["tp"]
+            placement = Shard(1) if plan.layout.sequence_parallel else Replicate()
+            x = DTensor.from_local(x, mesh, [Replicate()]).redistribute(mesh, [placement])
+            x = x.to_local()
+        x.requires_grad_(True)
+        RECORDING.append(recorder)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
+                y = block(x, *extra)
+        finally:
+            RECORDING.pop()
+        y = y.to_local() if isinstance(y, DTensor) else y
+        y.float().sum().backward()  # the graph is sound (and checkpoints really recompute)
+        out[name] = sum(recorder.kept.values()) / (BATCH * SEQ)
+    return out
 
-    x = torch.randn(BATCH, SEQ, DIM)
-    if tp > 1:
-        # What the vocab-parallel embedding hands the first block: the local sequence shard.
-        x = (
-            DTensor.from_local(x, mesh, [Replicate()])
-            .redistribute(mesh, [Shard(1) if sp else Replicate()])
-            .to_local()
-        )
-    x.requires_grad_(True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = block(x, model.rope)
-    out = out.to_local() if isinstance(out, DTensor) else out
-    out.sum().backward()  # the graph is sound (and the checkpoint really recomputes)
-    return sum(kept.values()) / (BATCH * SEQ)
+
+def cases(argv: list[str]):
+    for case in argv:
+        family, recompute, sp, precision = case.split(",")
+        yield family, recompute, sp == "sp", precision
 
 
 def main() -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     tp = int(os.environ.get("WORLD_SIZE", "1"))
-    mesh = None
-    if tp > 1:
-        dist.init_process_group("gloo")
-        mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
-    for recompute, fused in SETTINGS:
-        for sp in [False, True] if tp > 1 else [False]:
-            per_token = measure(recompute, fused, tp, sp, mesh)
-            if int(os.environ.get("RANK", "0")) == 0:
-                print(
-                    json.dumps(
-                        {
-                            "recompute": recompute,
-                            "fused": fused,
-                            "tp": tp,
-                            "sp": sp,
-                            "bytes_per_token": per_token,
-                        }
-                    ),
-                    flush=True,
-                )
-    if tp > 1:
-        dist.barrier()  # gloo aborts if a peer tears down while another still talks
-        dist.destroy_process_group()
+    d = None
+    for family, recompute, sp, precision in cases(sys.argv[1:]):
+        cfg = config(overrides(family, recompute, tp, sp, precision))
+        if d is None:
+            d = distributed.init("cpu", make_plan(cfg).layout)
+        got = measure(cfg, d)
+        if d.rank == 0:
+            for block, per_token in got.items():
+                row = dict(family=family, recompute=recompute, tp=tp, sp=sp, precision=precision)
+                print(json.dumps({**row, "block": block, "bytes_per_token": per_token}), flush=True)
+    if tp > 1 and dist.is_initialized():
+        distributed.shutdown()
 
 
 if __name__ == "__main__":

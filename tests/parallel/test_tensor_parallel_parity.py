@@ -41,6 +41,14 @@ LAYOUTS = {
         "parallel.dp_shard=2",
         "tensor=sequence_parallel",
     ],
+    # Per-op recompute on blocks 0 and 2; blocks 1 and 3 keep their gathered inputs' shards.
+    "dp_shard=2 x tp=2 sp recompute=op every=2": [
+        "hardware.devices_per_node=4",
+        "parallel.tp=2",
+        "tensor=sequence_parallel",
+        "recompute=op",
+        "recompute.every=2",
+    ],
     "tp=2 recompute=full": ["hardware.devices_per_node=2", "parallel.tp=2", *TP1, "recompute=full"],
     # Unfused attention, so that the recomputed core really holds score matrices.
     "tp=2 recompute=selective": [
@@ -61,6 +69,7 @@ SLOW = {
     ("gpt_debug", "tp=2 recompute=selective"),
     ("gpt_debug", "tp=2 recompute=full"),
     ("gpt_debug", "tp=2 sp+loss parallel"),
+    ("gpt_debug", "dp_shard=2 x tp=2 sp recompute=op every=2"),
 }
 ROWS = [
     pytest.param(m, lay, id=f"{m} {lay}", marks=[pytest.mark.slow] if (m, lay) in SLOW else [])

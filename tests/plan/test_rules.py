@@ -453,11 +453,12 @@ def test_cli_refuses_an_ep_that_does_not_divide_the_experts():
     assert "ep=3 must divide n_routed_experts=4 (model=mixtral_debug)" in result.stderr
 
 
-def test_split_backward_with_full_recompute_and_expert_dispatch_is_refused():
+@pytest.mark.parametrize("mode", ["full", "op"])
+def test_split_backward_with_full_recompute_and_expert_dispatch_is_refused(mode):
     base = ["recipe=deepseek_v3_debug"]
-    cfg = compose_config([*base, "recompute=full"])
+    cfg = compose_config([*base, f"recompute={mode}"])
     refused = " ".join(str(p) for p in engine_problems(cfg, make_plan(cfg).layout))
-    assert "pipeline.schedule=dualpipev with recompute=full and routed experts" in refused
+    assert f"pipeline.schedule=dualpipev with recompute={mode} (which reruns" in refused
     for ok in (["recompute=none"], ["recompute=full", "pipeline=1f1b"]):
         cfg = compose_config([*base, *ok])
         assert engine_problems(cfg, make_plan(cfg).layout) == [], ok
