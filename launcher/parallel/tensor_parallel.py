@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
@@ -71,6 +72,11 @@ def apply_tp(
     )
     parallelize_module(model, mesh, root)
     model.tie_weights()  # tied halves are now the same vocab-sharded DTensor
+    # torch 2.13's embedding backward hands the vocab-sharded table a replicated (whole)
+    # gradient; each rank keeps its own rows, as the table itself (the memory ledger found
+    # it: vocab x dim more per rank until the optimizer step).
+    table = model.embed.tok.weight if family == "gpt" else model.tok_embeddings.weight
+    table.register_hook(lambda g: g.redistribute(table.device_mesh, table.placements))
 
     group = mesh.get_group()
     for index, block in model.layers.items():
@@ -188,7 +194,11 @@ class _Passed:
 
 
 def _storage(t: torch.Tensor) -> int:
+    """The data pointer of t's storage (a DTensor's local one; a collective's output that
+    nothing has waited for yet is a wrapper of the tensor it fills)."""
     local = t._local_tensor if isinstance(t, DTensor) else t
+    if isinstance(local, AsyncCollectiveTensor):
+        local = local.elem
     return local.untyped_storage().data_ptr()
 
 

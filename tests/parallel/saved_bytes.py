@@ -3,9 +3,9 @@
 family. Run directly (tp=1) or under torchrun (tp = world size): `saved_bytes.py CASE...`
 prints one JSON line per case and block on rank 0; a case is `family,recompute,sp,precision`.
 
-Counted: every tensor autograd saves during the block's forward (saved-tensor hooks), the
-inputs a checkpoint keeps to recompute from (held by the checkpoint, not by autograd), and
-what a selective checkpoint caches (the outputs its policy saves), each storage once,
+Counted: every tensor autograd saves during the block's forward (saved-tensor hooks; torch
+2.13's checkpoint packs the inputs it keeps to recompute from through them too), and what a
+per-op selective checkpoint caches (the outputs its policy saves), each storage once,
 parameters and buffers excluded. DTensors count their local shard.
 """
 
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import CheckpointPolicy
@@ -81,6 +81,8 @@ def planned(cfg) -> dict[str, float]:
 
 def storage(t: torch.Tensor):
     local = t._local_tensor if isinstance(t, DTensor) else t
+    if isinstance(local, AsyncCollectiveTensor):  # a collective's output not waited for yet
+        local = local.elem
     st = local.untyped_storage()
     return st.data_ptr(), st.nbytes()
 
@@ -91,9 +93,10 @@ class Recorder:
     def __init__(self, shared: list[torch.Tensor]):
         self.constant = {storage(t)[0] for t in shared}
         self.kept: dict[int, int] = {}
+        self.active = True  # off: forwards that are not the one measured
 
     def keep(self, t) -> None:
-        if isinstance(t, torch.Tensor):
+        if self.active and isinstance(t, torch.Tensor):
             ptr, nbytes = storage(t)
             if ptr not in self.constant:
                 self.kept[ptr] = nbytes
@@ -101,11 +104,6 @@ class Recorder:
     def pack(self, t):
         self.keep(t)
         return t
-
-    def watch_checkpoints(self, block: torch.nn.Module) -> None:
-        for module in block.modules():
-            if isinstance(module, CheckpointWrapper):
-                module.register_forward_pre_hook(lambda _m, a: [self.keep(x) for x in a] and None)
 
 
 RECORDING: list[Recorder] = []  # the recorder of the block running forward, if any
@@ -140,7 +138,6 @@ def measure(cfg, d) -> dict[str, float]:
     out = {}
     for name, block in model.layers.items():
         recorder = Recorder([*model.parameters(), *model.buffers()])
-        recorder.watch_checkpoints(block)
         x = torch.randn(BATCH, SEQ, cfg.model.dim, dtype=dtype)
         if tp > 1:
             # What the vocab-parallel embedding hands a block: the sequence shard under SP.
