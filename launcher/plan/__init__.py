@@ -180,7 +180,8 @@ def memory_message(plan: Plan) -> str:
         f"{m.optimizer / GIB:,.1f}, activations {m.activations / GIB:,.1f}, other "
         f"{m.other / GIB:,.1f}) but hardware={cfg.hardware.name} has memory_gib="
         f"{cfg.hardware.memory_gib:g} per device; shard more (dp_shard, tp, pp), use "
-        "recompute=selective or full, shrink train.micro_batch_size, or use more devices"
+        "recompute=op or full (recompute.every=k: on every k-th block), shrink "
+        "train.micro_batch_size, or use more devices"
     )
 
 

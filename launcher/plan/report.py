@@ -77,10 +77,10 @@ def plan_table(plan: Plan) -> Group:
     if plan.degrees["pp"] > 1:
         p = cfg.pipeline
         main.add_row("pipeline", f"{p.schedule}, {p.stages_per_rank} stage(s) per rank")
-    main.add_row(
-        "recompute",
-        cfg.recompute.mode.value + (", sequence parallel" if cfg.tensor.sequence_parallel else ""),
-    )
+    rc = cfg.recompute
+    every = f" on blocks 0, {rc.every}, {2 * rc.every}, ..." if rc.every > 1 else ""
+    sp = ", sequence parallel" if cfg.tensor.sequence_parallel else ""
+    main.add_row("recompute", rc.mode.value + every + sp)
     main.add_row(
         "precision",
         f"{cfg.precision.name} (compute {cfg.precision.compute_dtype.value},"
@@ -249,5 +249,6 @@ def layout_json(lay) -> dict:
         "micro_batch_size": lay.micro_batch_size,
         "microbatches": lay.microbatches,
         "recompute": lay.recompute,
+        "recompute_every": lay.recompute_every,
         "sequence_parallel": lay.sequence_parallel,
     }
