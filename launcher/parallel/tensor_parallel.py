@@ -75,8 +75,13 @@ def apply_tp(
     # torch 2.13's embedding backward hands the vocab-sharded table a replicated (whole)
     # gradient; each rank keeps its own rows, as the table itself (the memory ledger found
     # it: vocab x dim more per rank until the optimizer step).
-    table = model.embed.tok.weight if family == "gpt" else model.tok_embeddings.weight
-    table.register_hook(lambda g: g.redistribute(table.device_mesh, table.placements))
+    if family == "gpt":
+        embedding = model.embed.tok if model.embed is not None else None
+    else:
+        embedding = model.tok_embeddings
+    if embedding is not None:  # a pipeline stage after the first has none
+        table = embedding.weight
+        table.register_hook(lambda g: g.redistribute(table.device_mesh, table.placements))
 
     group = mesh.get_group()
     for index, block in model.layers.items():
