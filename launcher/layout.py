@@ -81,6 +81,12 @@ def last_stage_rank(pp: int, schedule: str) -> int:
     return 0 if schedule in V_SCHEDULES else pp - 1
 
 
+def recomputed(index: int, every: int) -> bool:
+    """Whether block `index` (its index in the whole model) recomputes under recompute.every:
+    blocks 0, every, 2 x every, ..."""
+    return index % every == 0
+
+
 @dataclass(frozen=True)
 class Layout:
     """One way to lay a run out on its ranks: degrees, data-parallel sharding, pipeline shape,

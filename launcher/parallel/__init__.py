@@ -18,8 +18,8 @@ from torch import nn
 
 from launcher.config import Config
 from launcher.distributed import Dist
-from launcher.layout import Layout
-from launcher.parallel.checkpointing import apply_ac, apply_compile, recomputed
+from launcher.layout import Layout, recomputed
+from launcher.parallel.checkpointing import apply_ac, apply_compile
 from launcher.parallel.context_parallel import apply_cp
 from launcher.parallel.data_parallel import apply_ddp, apply_fsdp
 from launcher.parallel.expert_parallel import apply_ep, apply_moe_hooks, expert_parameter_names

@@ -25,6 +25,8 @@ from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
+from launcher.layout import recomputed
+
 aten, funcol = torch.ops.aten, torch.ops._c10d_functional
 OP_SAVED = {
     aten.mm.default,
@@ -41,11 +43,6 @@ OP_SAVED = {
 
 def _op_policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if func in OP_SAVED else CheckpointPolicy.PREFER_RECOMPUTE
-
-
-def recomputed(index: int, every: int) -> bool:
-    """Whether block `index` (its index in the whole model) recomputes under `every`."""
-    return index % every == 0
 
 
 def apply_ac(model: nn.Module, mode: str, every: int = 1) -> None:

@@ -11,7 +11,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from launcher.config import Config
-from launcher.layout import Layout, last_stage_rank, rank_stages, split_layers, stage_starts
+from launcher.layout import (
+    Layout,
+    last_stage_rank,
+    rank_stages,
+    recomputed,
+    split_layers,
+    stage_starts,
+)
 from launcher.plan import pipeline as pl
 from launcher.plan.memory import (
     BYTES,
@@ -170,7 +177,7 @@ def recomputed_layers(
     every: int,
 ):
     """Per pipeline rank: (recomputed dense layers, recomputed MoE layers): the layers whose
-    index in the model is a multiple of `every` (launcher.parallel.checkpointing.recomputed)."""
+    index in the model is a multiple of `every` (launcher.layout.recomputed)."""
     counts = list(split) or split_layers(n_layers, pp * v)
     starts = stage_starts(counts)
     out = []
@@ -179,7 +186,7 @@ def recomputed_layers(
             i
             for stage in rank_stages(r, pp, v, schedule)
             for i in range(starts[stage], starts[stage] + counts[stage])
-            if i % every == 0
+            if recomputed(i, every)
         ]
         dense = sum(1 for i in indices if i < n_dense)
         out.append((dense, len(indices) - dense))
