@@ -29,7 +29,7 @@ import sys
 
 import torch
 import torch.distributed as dist
-from saved_bytes import BATCH, DIM, FFN, HEADS, KV, SEQ, VOCAB, recorder
+from saved_bytes import BATCH, SEQ, Recorder
 from schedule_order import write_per_rank
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
@@ -40,6 +40,7 @@ from launcher.parallel.checkpointing import apply_ac
 from launcher.parallel.tensor_parallel import apply_tp
 
 RECOMPUTE = ("none", "selective", "full")
+DIM, HEADS, KV, FFN, VOCAB = 128, 8, 4, 384, 320  # one llama3_debug block
 
 
 class CountingDist:
@@ -103,7 +104,7 @@ def measure(mesh, tp: int, sp: bool, method: str, recompute: str) -> dict:
     block = model.layers["0"]
     pos = cpa.chunk_positions(SEQ, cp, rank, load_balance=True)
     rope = model.rope[pos]  # (S / cp, 2, E), as Transformer.forward looks it up
-    pack, kept = recorder(block, [*model.parameters(), *model.buffers(), pos, rope])
+    recorder = Recorder([*model.parameters(), *model.buffers(), pos, rope])
 
     # This cp rank's tokens (the same on every tp rank); under sequence parallelism the block
     # takes this tp rank's slice of them.
@@ -116,7 +117,7 @@ def measure(mesh, tp: int, sp: bool, method: str, recompute: str) -> dict:
         )
     x.requires_grad_(True)
     COUNTER.reset()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.autograd.graph.saved_tensors_hooks(recorder.pack, lambda t: t):
         out = block(x, rope, pos)
     out = out.to_local() if isinstance(out, DTensor) else out
     COUNTER.phase = "backward"
@@ -127,7 +128,7 @@ def measure(mesh, tp: int, sp: bool, method: str, recompute: str) -> dict:
         "sp": sp,
         "method": method,
         "recompute": recompute,
-        "bytes_per_token": sum(kept.values()) / (BATCH * SEQ / cp),
+        "bytes_per_token": sum(recorder.kept.values()) / (BATCH * SEQ / cp),
         "sent": COUNTER.sent,
     }
 

@@ -35,7 +35,18 @@ RECOMPUTE = ("none", "selective", "full")  # cp_bytes.RECOMPUTE
 def planned(cp: int, tp: int, sp: bool, method: str, recompute: str):
     cfg = compose_config(
         [
-            *saved_bytes.block_overrides(tp, sp, recompute),
+            # The block cp_bytes.py measures: one llama3_debug layer, fp32, fused attention.
+            "model=llama3_debug",
+            "model.n_layers=1",
+            f"model.max_seq_len={saved_bytes.SEQ}",
+            f"train.seq_len={saved_bytes.SEQ}",
+            "precision=fp32",
+            f"recompute={recompute}",
+            f"parallel.tp={tp}",
+            "parallel.dp_shard=1",
+            f"tensor.sequence_parallel={str(sp).lower()}",
+            f"train.micro_batch_size={saved_bytes.BATCH}",
+            f"train.global_batch_size={saved_bytes.BATCH}",
             f"hardware.devices_per_node={cp * tp}",
             f"parallel.cp={cp}",
             f"context={method}",
