@@ -1,8 +1,8 @@
 """The memory ledger of the real engine, per rank, beside the planner's categories.
 
-Run under torchrun: `ledger.py OUT_DIR LAYOUT_OVERRIDES... -- RECOMPUTE...` builds the engine's
-Trainer for the layout under each recompute option (one process group), runs one training
-step and writes OUT_DIR/RANK.json: {recompute: {category: [measured, planned] bytes}}.
+Run under torchrun: `ledger.py OUT_DIR "LAYOUT;RECOMPUTE"...` builds the engine's Trainer for
+each case (space-separated overrides on both sides of the `;`; one process group), runs one
+training step and writes OUT_DIR/RANK.json: {case: {category: [measured, planned] bytes}}.
 
 - params: the parameters this rank holds (FSDP and TP shards as local tensors);
 - grads: their gradients after the step's backward, before the optimizer step;
@@ -111,23 +111,24 @@ def ledger(trainer: Trainer) -> dict[str, list[float]]:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
-    split = sys.argv.index("--")
-    layout, modes = sys.argv[2:split], sys.argv[split + 1 :]
+    out, cases = Path(sys.argv[1]), sys.argv[2:]
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     hydra_app(lambda cfg: None)  # registers the schema
     d, result = None, {}
-    for mode in modes:
+    for case in cases:
+        layout, mode = case.split(";")
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-            args = [*BATCH, "model=llama3_debug", *layout, *mode.split()]
+            args = [*BATCH, "model=llama3_debug", *layout.split(), *mode.split()]
             dcfg = compose("config", overrides=args)
         cfg = OmegaConf.to_object(dcfg)
         plan = engine_plan(cfg)
         assert plan.ok, plan.errors
         if d is None:
             d = distributed.init("cpu", plan.layout)
-        trainer = Trainer(cfg, plan, str(out / f"run{d.rank}_{len(result)}"), dcfg, d)
-        result[mode] = ledger(trainer)
+        # Each layout's meshes over the one process group.
+        here = distributed.mesh_dist(plan.layout, "cpu", d.device, d.rank)
+        trainer = Trainer(cfg, plan, str(out / f"run{d.rank}_{len(result)}"), dcfg, here)
+        result[case] = ledger(trainer)
     (out / f"{d.rank}.json").write_text(json.dumps(result))
     distributed.shutdown()
 

@@ -72,6 +72,7 @@ SLOW = {
     "deepseek tp=2 x ep=2",
     "deepseek tp=2 sp",  # mixtral's SP row and deepseek tp=2 cover its two halves
     "mixtral hsdp 2x2 x ep=2",
+    "mixtral ep=4",  # one expert per rank: dp_shard=4 x ep=2 runs the same 4-rank dispatch
     "mixtral pp=2 x ep=2 gpipe",
     "mixtral pp=2 x ep=2 interleaved_1f1b",
     "mixtral pp=2 x ep=2 interleaved_zb",

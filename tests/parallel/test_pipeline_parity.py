@@ -82,8 +82,14 @@ def references(tmp_path_factory):
     return get
 
 
-# The interleaved row reshards every micro-batch too (the `slow` tier: make test-all).
-SLOW = ("pp=2 x dp_shard=2 resharding every micro-batch",)
+# The interleaved row reshards every micro-batch too, and pp=2 x dp_shard=2 keeps FSDP's
+# parameters gathered as the interleaved row without resharding does; the explicit first-stage
+# split builds stages as pp=4's uneven default split does (the `slow` tier: make test-all).
+SLOW = (
+    "pp=2 x dp_shard=2 resharding every micro-batch",
+    "interleaved_1f1b pp=2 v=2 x dp_shard=2",
+    "pp=2 1f1b first_stage_layers=3 (3, 1)",  # pp=4's uneven split runs the same stage code
+)
 
 
 @pytest.mark.parametrize(

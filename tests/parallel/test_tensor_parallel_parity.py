@@ -63,6 +63,10 @@ LAYOUTS = {
 # test` leaves them out to stay under 30 minutes on 2 cores; `make test-all` runs them.
 SLOW = {
     ("llama3_debug", "dp_replicate=2 x dp_shard=2 x tp=2"),  # 8 processes
+    # The recompute=op row runs the same 4-process FSDP x TP x SP mesh.
+    ("llama3_debug", "dp_shard=2 x tp=2"),
+    # Full recompute's parity: test_context_parallel_parity's cp=2 recompute=full row.
+    ("llama3_debug", "tp=2 recompute=full"),
     ("gpt_debug", "dp_replicate=2 x dp_shard=2 x tp=2"),
     ("gpt_debug", "tp=4"),
     ("gpt_debug", "dp_shard=2 x tp=2"),
