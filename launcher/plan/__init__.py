@@ -121,10 +121,20 @@ def configured_split(cfg: Config, pp: int) -> tuple[int, ...]:
 
 
 # Errors after which the estimate would crash or mean nothing: it reads the model, the batch
-# and sequence sizes, the hardware's speeds and sizes, the schedule, the ZeRO stage and a stage
-# split that gives every stage its layers.
+# and sequence sizes, the hardware's speeds and sizes, the schedule, the ZeRO stage, a stage
+# split that gives every stage its layers, and which blocks recompute.
 UNESTIMABLE = frozenset(
-    {"model", "train", "hardware", "schedule", "zero_stage", "pp_stages", "pp_split", "pp_layers"}
+    {
+        "model",
+        "train",
+        "hardware",
+        "schedule",
+        "zero_stage",
+        "pp_stages",
+        "pp_split",
+        "pp_layers",
+        "recompute",
+    }
 )
 
 

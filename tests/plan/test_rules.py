@@ -462,3 +462,17 @@ def test_split_backward_with_full_recompute_and_expert_dispatch_is_refused(mode)
     for ok in (["recompute=none"], ["recompute=full", "pipeline=1f1b"]):
         cfg = compose_config([*base, *ok])
         assert engine_problems(cfg, make_plan(cfg).layout) == [], ok
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["recompute=full", "recompute.every=0"], "recompute.every=0 must be >= 1"),
+        (["recompute.every=2"], "recompute.every=2 needs a recompute mode"),
+        (["hardware.efficiency_scale=0"], "hardware.efficiency_scale=0.0 must be > 0"),
+    ],
+)
+def test_recompute_every_and_efficiency_scale_are_checked(overrides, message):
+    plan = make_plan(compose_config(overrides))
+    assert message in " ".join(str(p) for p in plan.errors)
+    assert not plan.valid  # and no estimate was attempted on it (every=0 would divide by 0)
