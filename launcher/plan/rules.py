@@ -201,12 +201,6 @@ def config_problems(cfg: Config) -> list[Problem]:
     rc = cfg.recompute
     if rc.every < 1:
         err("recompute", f"recompute.every={rc.every} must be >= 1 (1: every block)")
-    elif rc.every > 1 and rc.mode.value == "none":
-        err(
-            "recompute",
-            f"recompute.every={rc.every} needs a recompute mode to apply every {rc.every} "
-            "blocks: recompute=full, op or selective",
-        )
     if not 0 <= hw.efficiency <= 1:
         err(
             "hardware",
@@ -440,6 +434,18 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
                     f"{lay.microbatches}): add micro-batches or stages_per_rank",
                 )
             )
+    # A recipe's recompute.every stays when recompute=none is chosen to compare against it:
+    # not an error, but recompute.every alone recomputes nothing, which a user should hear.
+    if lay.recompute == "none" and lay.recompute_every > 1:
+        k = lay.recompute_every
+        warnings.append(
+            Problem(
+                "recompute_every",
+                f"recompute.every={k} has no effect with recompute=none "
+                f"(nothing recomputes): set recompute=full, op or selective to recompute blocks "
+                f"0, {k}, {2 * k}, ..., or recompute.every=1",
+            )
+        )
     if hw.device_type.value == "cuda" and b * t.seq_len // max(1, cp) < 1024:
         warnings.append(
             Problem(
@@ -492,6 +498,7 @@ DEGREES_READ: dict[str, tuple[str, ...]] = {
     "ep_node": ("ep",),
     "bubble": ("pp", *DP),
     "micro_batch": ("cp",),
+    "recompute_every": (),
 }
 
 

@@ -468,7 +468,6 @@ def test_split_backward_with_full_recompute_and_expert_dispatch_is_refused(mode)
     ("overrides", "message"),
     [
         (["recompute=full", "recompute.every=0"], "recompute.every=0 must be >= 1"),
-        (["recompute.every=2"], "recompute.every=2 needs a recompute mode"),
         (["hardware.efficiency_scale=0"], "hardware.efficiency_scale=0.0 must be > 0"),
     ],
 )
@@ -476,3 +475,16 @@ def test_recompute_every_and_efficiency_scale_are_checked(overrides, message):
     plan = make_plan(compose_config(overrides))
     assert message in " ".join(str(p) for p in plan.errors)
     assert not plan.valid  # and no estimate was attempted on it (every=0 would divide by 0)
+
+
+def test_a_recipes_recompute_every_under_recompute_none_is_a_warning():
+    # `recipe=llama3_405b_8k recompute=none` (the README's comparison) keeps the recipe's every=3.
+    plan = make_plan(compose_config(["recipe=llama3_405b_8k", "recompute=none"]))
+    assert plan.valid and plan.estimate is not None
+    assert "recompute.every=3 has no effect with recompute=none" in " ".join(
+        str(p) for p in plan.warnings
+    )
+    full = make_plan(
+        compose_config(["recipe=llama3_405b_8k", "recompute=full", "recompute.every=1"])
+    )
+    assert plan.estimate.memory.total > full.estimate.memory.total
