@@ -11,7 +11,9 @@
   its input, the outputs of its matmuls (projections, the grouped experts' matmuls), of fused
   attention, and of the collectives that reduce (all-reduce, reduce-scatter), and recomputes
   the rest in backward: norms, rotations, activations, the non-fused attention core, and the
-  sequence-parallel all-gathers (gathered again, as Korthikanti et al. do).
+  sequence-parallel all-gathers (gathered again, as Korthikanti et al. do). Under tp a
+  row-parallel matmul's output is a partial sum that only its reduction reads: the block keeps
+  the reduction and recomputes the matmul (_PartialSum).
 `every` = k applies the mode to blocks 0, k, 2k, ... only (torchtitan's frequency); the others
 keep everything.
 """
@@ -23,6 +25,7 @@ from functools import partial
 import torch
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from launcher.layout import recomputed
@@ -41,18 +44,62 @@ OP_SAVED = {
 }
 
 
+MATMULS = {aten.mm.default, aten.addmm.default}
+
+
+class _PartialSum:
+    """Under tp, a row-parallel Linear's matmul (wo, w2: weight sharded along its input) gives a
+    partial sum, dim wide per token, that only its reduction reads; the reduction is saved (a
+    shard of it under sequence parallelism), so keeping the partial sum too would keep the
+    block's widest tensors twice. A forward pre-hook on such a Linear marks the next matmul the
+    policy sees as recomputed instead. Backward's recompute replays the forward's decisions
+    without asking the policy, so the mark its hooks set is left over: the block's own pre-hook
+    clears it before each forward."""
+
+    next_is_partial = False
+
+    @classmethod
+    def mark(cls, module, args) -> None:
+        cls.next_is_partial = True
+
+    @classmethod
+    def clear(cls, module, args) -> None:
+        cls.next_is_partial = False
+
+
 def _op_policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
+    if func in MATMULS and _PartialSum.next_is_partial:
+        _PartialSum.next_is_partial = False
+        return CheckpointPolicy.PREFER_RECOMPUTE
     return CheckpointPolicy.MUST_SAVE if func in OP_SAVED else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def apply_ac(model: nn.Module, mode: str, every: int = 1) -> None:
-    """Wrap blocks (full, op) or their attention cores (selective) in place; every k-th."""
+def row_parallel(module: nn.Module) -> bool:
+    """A Linear whose weight is a DTensor sharded along its input dimension (Shard(1))."""
+    weight = getattr(module, "weight", None)
+    return (
+        isinstance(module, nn.Linear)
+        and isinstance(weight, DTensor)
+        and any(p.is_shard(1) for p in weight.placements)
+    )
+
+
+def apply_ac(model: nn.Module, mode: str, every: int = 1, compiled: bool = False) -> None:
+    """Wrap blocks (full, op) or their attention cores (selective) in place; every k-th.
+    Under op, eager blocks recompute their row-parallel partial sums (_PartialSum); compiled
+    ones keep them: the policy then runs while the graph is traced, not in step with Python
+    hooks (and compile with tp is refused on CPU, so that could not be tested here)."""
     for name, block in model.layers.named_children():
         if not recomputed(int(name), every):
             continue
         if mode == "full":
             model.layers[name] = checkpoint_wrapper(block)
         elif mode == "op":
+            if not compiled:
+                block.register_forward_pre_hook(_PartialSum.clear)
+                for sub in block.modules():
+                    if row_parallel(sub):
+                        sub.register_forward_pre_hook(_PartialSum.mark)
             context = partial(create_selective_checkpoint_contexts, _op_policy)
             model.layers[name] = checkpoint_wrapper(block, context_fn=context)
         elif mode == "selective":

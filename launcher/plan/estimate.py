@@ -234,6 +234,7 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
             sp=lay.sequence_parallel,
             flash=ctx.flash,
             act_b=ctx.act_b,
+            compiled=ctx.compiled,
         )
     return layer_activation_bytes(
         dim=m.dim,
@@ -333,7 +334,12 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
     recompute = lay.recompute
     # Recompute reruns, in backward, a third of the recomputed layers' FLOPs (full), or their
     # attention core (selective; op when the core is unfused: op keeps fused attention's output).
+    # op under tp also reruns the attention output projection, whose partial sum it does not
+    # keep (checkpointing.py; the MLP's, last in the block, the recompute stops before).
     core_rerun = recompute == "selective" or (recompute == "op" and not ctx.flash)
+    partial_rerun = 0
+    if recompute == "op" and lay.tp > 1 and not ctx.compiled:
+        partial_rerun = 2 * ctx.shape.o_width * m.dim
     recomputed = layout_recomputed(ctx, lay)
     head_rank = last_stage_rank(lay.pp, lay.schedule)
     worst, worst_rank = 0.0, 0
@@ -347,6 +353,7 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
             flops += (rerun + (rc_dense + rc_moe) * ctx.attn_core_flops) / 3
         elif core_rerun:
             flops += (rc_dense + rc_moe) * ctx.attn_core_flops / 3
+        flops += (rc_dense + rc_moe) * partial_rerun
         flops += ctx.head_flops if r == head_rank else 0
         if flops > worst:
             worst, worst_rank = flops, r

@@ -131,22 +131,28 @@ def op_layer_activation_bytes(
     sp: bool,
     flash: bool,
     act_b: int,
+    compiled: bool = False,
 ) -> float:
     """Bytes one block keeps for backward under per-op selective recompute (recompute=op), per
     token of one micro-batch on one rank: what the checkpoint's policy saves, nothing else.
 
     - the block input (the checkpoint's), a sequence shard under sequence parallelism;
     - the outputs of the matmuls: the projections into heads and the MLP's up projections
-      (`heads_out`, `mlp_out`, sharded by tp), MLA's latent projections (replicated), and the
-      `row_parallel` output projections (wo, w2: dim each, whole under tp: partial sums);
+      (`heads_out`, `mlp_out`, sharded by tp), MLA's latent projections (replicated);
+    - the `row_parallel` output projections (wo, w2: dim each): their outputs without tp; under
+      tp the reductions of their partial sums (all-reduce, or reduce-scatter: a shard), the
+      partial sums themselves recomputed, except in `compiled` blocks, which keep them too
+      (launcher/parallel/checkpointing.py);
     - fused attention's output (o, sharded by tp); unfused, the core is recomputed;
-    - under tp the reductions of those partial sums (all-reduce, or reduce-scatter: a shard);
     - routed experts (`routed_out` per token: each copy's up projections and output row, and
       the router's scores), their tokens split over tp.
     """
     block_input = dim / (tp if sp else 1)
     inside = (heads_out + mlp_out + (o if flash else 0)) / tp
-    outputs = row_parallel * dim + (row_parallel * dim / (tp if sp else 1) if tp > 1 else 0)
+    if tp == 1:
+        outputs = row_parallel * dim
+    else:
+        outputs = row_parallel * dim * (1 / (tp if sp else 1) + (1 if compiled else 0))
     return (block_input + inside + latent_out + outputs + routed_out / tp) * act_b
 
 

@@ -113,3 +113,14 @@ def test_recompute_really_saves():
     full, _ = measure_here("llama", "full")
     assert full["0"] < op["0"] < none["0"]
     assert full["0"] < none["0"] / 10
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp=2", "tp=2 sp"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_op_under_tp_keeps_less_than_none(family, sp, measured_tp2):
+    """Under tp, op keeps the reductions of the row-parallel partial sums and recomputes the
+    partial sums (checkpointing._PartialSum): kept too, they made op keep as much as none."""
+    for block in ("0", "1") if family == "deepseek" else ("0",):
+        op = measured_tp2[(family, "op", sp, "fp32", block)]
+        none = measured_tp2[(family, "none", sp, "fp32", block)]
+        assert op < 0.85 * none, block

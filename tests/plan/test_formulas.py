@@ -7,7 +7,7 @@ from conftest import compose_config
 
 from launcher.layout import split_layers, stage_split
 from launcher.plan import pipeline as pl
-from launcher.plan.memory import layer_activation_bytes, state_bytes
+from launcher.plan.memory import layer_activation_bytes, op_layer_activation_bytes, state_bytes
 from launcher.plan.model_size import active_matmul_params_per_token, flops_per_token, shape
 
 
@@ -69,6 +69,19 @@ def test_compiled_sequence_parallel_keeps_the_gathered_inputs():
     eager = layer_activation_bytes(**common)
     # The two norm outputs (attention and MLP inputs) are kept whole rather than as 1/t shards.
     assert (compiled - eager) / H == pytest.approx(2 * 2 * (1 - 1 / T))
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_op_keeps_reductions_not_partial_sums_unless_compiled(sp):
+    # Two row-parallel projections (wo, w2), bf16, at t = 8: eager blocks keep the reduction of
+    # each (a 1/t shard under SP), compiled ones the whole partial sum besides.
+    common = dict(dim=H, heads_out=0, o=0, latent_out=0, mlp_out=0, row_parallel=2)
+    common.update(routed_out=0, tp=8, sp=sp, flash=True, act_b=2)
+    eager = op_layer_activation_bytes(**common) / H
+    compiled = op_layer_activation_bytes(**common, compiled=True) / H
+    block_input = 2 / (8 if sp else 1)
+    assert eager - block_input == pytest.approx(2 * 2 / (8 if sp else 1))
+    assert compiled - eager == pytest.approx(2 * 2)
 
 
 def test_flash_attention_and_no_dropout_drop_their_terms():
