@@ -37,7 +37,8 @@ ROWS = {
         "llama3_debug",
         ["hardware.devices_per_node=4", "parallel.cp=2", "parallel.dp_shard=2", "context=ring"],
     ),
-    "llama3_debug cp=2 x tp=2 sp": (
+    # The 128K Llama 3 recipe's combination: blocks 0 and 2 per-op recompute, 1 and 3 none.
+    "llama3_debug cp=2 x tp=2 sp recompute=op every=2": (
         "llama3_debug",
         [
             "hardware.devices_per_node=4",
@@ -46,6 +47,8 @@ ROWS = {
             "parallel.dp_shard=1",
             "tensor=sequence_parallel",
             "context=allgather",
+            "recompute=op",
+            "recompute.every=2",
         ],
     ),
     "llama3_debug cp=2 x pp=2 1f1b": (
@@ -79,7 +82,8 @@ ROWS = {
          "parallel.cp=2", "data_parallel=ddp"],
     ),
 }  # fmt: skip
-# cp=2 allgather: the cp=2 x tp=2 sp row runs the same method.
+# cp=2 allgather: the cp=2 x tp=2 sp row runs the same method (on blocks 1 and 3 without
+# recompute).
 SLOW = ("dp_replicate=2 x cp=2", "zero1 dp_shard=2 x cp=2", "ddp 2 x cp=2", "cp=2 allgather")
 
 
