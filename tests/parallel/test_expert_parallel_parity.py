@@ -28,6 +28,8 @@ LAYOUTS = {
         "parallel.ep=2",
         "tensor.sequence_parallel=true",
     ],
+    # Per-op recompute reruns the dispatch and combine all-to-alls in backward.
+    "ep=2 recompute=op": ["hardware.devices_per_node=2", "parallel.ep=2", "recompute=op"],
     # Experts replicated over the tp ranks, no FSDP: their gradients are reduced by hand.
     "tp=2 alone": ["hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],
     "zero1 x ep=2": ["hardware.devices_per_node=2", "parallel.ep=2", "data_parallel=zero1"],
@@ -63,7 +65,8 @@ LAYOUTS = {
         }.items()
     },
 }
-# Rows another row covers (make test-all, the `slow` tier), each saying which.
+# The `slow` tier (make test-all): rows another row covers (each saying which), and
+# combinations run there only.
 SLOW = {
     "mixtral tp=2 sp x ep=2",
     "mixtral tp=2 alone",  # deepseek tp=2 below reduces replicated experts by hand too
@@ -73,6 +76,9 @@ SLOW = {
     "deepseek tp=2 sp",  # mixtral's SP row and deepseek tp=2 cover its two halves
     "mixtral hsdp 2x2 x ep=2",
     "mixtral ep=4",  # one expert per rank: dp_shard=4 x ep=2 runs the same 4-rank dispatch
+    # op rerunning the dispatch: make test-all only (op's fast rows: TP, CP, the memory ledger)
+    "mixtral ep=2 recompute=op",
+    "deepseek tp=2 sp x ep=2 recompute=op",
     "mixtral pp=2 x ep=2 gpipe",
     "mixtral pp=2 x ep=2 interleaved_1f1b",
     "mixtral pp=2 x ep=2 interleaved_zb",
@@ -89,6 +95,14 @@ DEEPSEEK_LAYOUTS = {
     # both hold (their gradients averaged by hand: no FSDP without dp).
     "tp=2": ["hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],
     "tp=2 x ep=2": ["hardware.devices_per_node=4", "parallel.tp=2", "parallel.ep=2"],
+    # Per-op recompute under tp (partial sums recomputed) rerunning the expert dispatch.
+    "tp=2 sp x ep=2 recompute=op": [
+        "hardware.devices_per_node=4",
+        "parallel.tp=2",
+        "parallel.ep=2",
+        "tensor.sequence_parallel=true",
+        "recompute=op",
+    ],
     "tp=2 sp": [
         "hardware.devices_per_node=2",
         "parallel.tp=2",
