@@ -46,6 +46,16 @@ OP_SAVED = {
 
 MATMULS = {aten.mm.default, aten.addmm.default}
 
+# Profiler annotations are no computation, and FSDP's hooks on a unit inside a checkpointed
+# block (the experts, on their own mesh) open a different number of them in forward and in the
+# recompute, which breaks SAC's per-op replay (torchtitan#3427; pytorch#196862 ignores them).
+torch.utils.checkpoint.SAC_IGNORED_OPS.update(
+    {
+        torch.ops.profiler._record_function_enter_new.default,
+        torch.ops.profiler._record_function_exit._RecordFunction,
+    }
+)
+
 
 class _PartialSum:
     """Under tp, a row-parallel Linear's matmul (wo, w2: weight sharded along its input) gives a

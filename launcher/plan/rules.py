@@ -585,6 +585,18 @@ def engine_problems(cfg: Config, lay) -> list[Problem]:
                 "interleaved_1f1b",
             )
         )
+    if lay.pp > 1 and lay.recompute == "op" and routed_elsewhere and lay.fsdp_enabled:
+        errors.append(
+            Problem(
+                "not_available",
+                f"recompute=op with parallel.pp={lay.pp}, FSDP and routed experts on their own "
+                f"FSDP mesh (ep={lay.ep}, tp={lay.tp}): FSDP gathers the experts again inside "
+                "the recompute, which torch 2.13's selective checkpoint cannot replay "
+                "(mixtral_debug pp=2 x ep=2, 1f1b: aten.copy_ 'encountered during backward but "
+                "not found in storage'; torchtitan#3427); use recompute=full, "
+                "data_parallel=ddp or zero1, or pp=1",
+            )
+        )
     if lay.pp > 1 and cfg.model.tie_embeddings:
         errors.append(
             Problem(

@@ -464,6 +464,18 @@ def test_split_backward_with_full_recompute_and_expert_dispatch_is_refused(mode)
         assert engine_problems(cfg, make_plan(cfg).layout) == [], ok
 
 
+def test_op_with_pipeline_and_fsdp_sharded_experts_is_refused():
+    base = ["model=mixtral_debug", "hardware.devices_per_node=4", "parallel.pp=2"]
+    base += ["parallel.ep=2", "pipeline=interleaved_1f1b", "pipeline.stages_per_rank=2"]
+    cfg = compose_config([*base, "recompute=op"])
+    refused = " ".join(str(p) for p in engine_problems(cfg, make_plan(cfg).layout))
+    assert "recompute=op with parallel.pp=2, FSDP and routed experts" in refused
+    # What the message offers instead (the DDP one: the EP parity row `pp=2 x ep=2 ddp op`).
+    for ok in (["recompute=full"], ["recompute=op", "data_parallel=ddp"]):
+        cfg = compose_config([*base, *ok])
+        assert engine_problems(cfg, make_plan(cfg).layout) == [], ok
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
