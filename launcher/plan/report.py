@@ -78,7 +78,9 @@ def plan_table(plan: Plan) -> Group:
         p = cfg.pipeline
         main.add_row("pipeline", f"{p.schedule}, {p.stages_per_rank} stage(s) per rank")
     rc = cfg.recompute
-    every = f" on blocks 0, {rc.every}, {2 * rc.every}, ..." if rc.every > 1 else ""
+    every = ""
+    if rc.every > 1 and rc.mode.value != "none":  # none recomputes no block (a warning says so)
+        every = f" on blocks 0, {rc.every}, {2 * rc.every}, ..."
     sp = ", sequence parallel" if cfg.tensor.sequence_parallel else ""
     main.add_row("recompute", rc.mode.value + every + sp)
     main.add_row(

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 from conftest import compose_config, run_cli
+from rich.console import Console
 
 from launcher.plan import make_plan
+from launcher.plan.report import print_plan
 from launcher.plan.rules import engine_problems
 
 H100 = ["hardware=h100_80g"]
@@ -500,3 +504,8 @@ def test_a_recipes_recompute_every_under_recompute_none_is_a_warning():
         compose_config(["recipe=llama3_405b_8k", "recompute=full", "recompute.every=1"])
     )
     assert plan.estimate.memory.total > full.estimate.memory.total
+    # The report does not claim that none applies on blocks 0, 3, 6, ...
+    console = Console(file=io.StringIO(), width=200)
+    print_plan(plan, console)
+    row = next(line for line in console.file.getvalue().splitlines() if "│ recompute " in line)
+    assert "blocks" not in row and "none" in row
