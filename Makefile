@@ -4,41 +4,50 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
+TRITON  := triton==3.9.0
+TITAN_WHEELS := torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring-parser==0.18.0
 
 .PHONY: setup train test test-all test-slow test-fast test-dist lint bench bench-gpu gpu-wheels clean
 
 setup: $(STAMP)
 
 # torch goes in first, pinned, so that nothing later pulls the CUDA wheels from the registry.
-$(STAMP): pyproject.toml
+# torchtitan (the peer the benchmark tests compare against) without its dependencies: its
+# Llama model needs only these (triton is imported, never run, on CPU); its own requirements
+# (datasets, torchdata, ...) serve its trainer, which the tests do not use.
+$(STAMP): pyproject.toml Makefile
 	test -d $(VENV) || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps $(TITAN_WHEELS) $(TRITON)
 	touch $(STAMP)
 
 train: setup
 	$(BIN)/python -m launcher.train $(ARGS)
 
-# Everything but the `slow` tier (rows another row already covers, compile): under 30 minutes
-# on 2 cores. test-all adds it.
+# Everything but the `slow` tier (the few comparisons that need minutes: README "Tests"), with
+# the 25 slowest tests and the process groups' times at the end. test-all adds the slow tier
+# and ten times the property-test examples.
+PYTEST := $(BIN)/python -m pytest -q --durations=25
+
 test: setup
 	-bash tests/slurm/install.sh
-	$(BIN)/python -m pytest -q -m "not slow" $(ARGS)
+	$(PYTEST) -m "not slow" $(ARGS)
 
 test-all: setup
 	-bash tests/slurm/install.sh
-	$(BIN)/python -m pytest -q $(ARGS)
+	HYPOTHESIS_PROFILE=thorough $(PYTEST) $(ARGS)
 
 test-slow: setup
 	-bash tests/slurm/install.sh
-	$(BIN)/python -m pytest -q -m slow $(ARGS)
+	$(PYTEST) -m slow $(ARGS)
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not dist and not e2e" $(ARGS)
+	$(PYTEST) -m "not dist and not e2e" $(ARGS)
 
 test-dist: setup
-	$(BIN)/python -m pytest -q -m "dist or e2e" $(ARGS)
+	$(PYTEST) -m "dist or e2e" $(ARGS)
 
 bench: setup
 	$(BIN)/python -m launcher.bench
@@ -49,7 +58,6 @@ bench-gpu: setup
 
 # What the GPU machine's image lacks, as wheels for its Python 3.12 (README, "Speed"):
 # pure-Python distributions, installed there with pip --no-deps --target.
-TITAN_WHEELS := torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring-parser==0.18.0
 GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 $(TITAN_WHEELS)
 gpu-wheels: setup
 	mkdir -p .whl

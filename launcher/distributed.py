@@ -79,9 +79,15 @@ class Dist:
 
 def init(device_type: str, layout: Layout, timeout_s: float = 600) -> Dist:
     """Join the env:// process group (torchrun, SLURM) and build the mesh; or stay single.
+    In a process that already belongs to a group (the tests' long-lived groups, which train one
+    layout after another), build the mesh over that group.
 
     Every collective, the first rendezvous included, gives up after `timeout_s` seconds.
     """
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if dist.is_initialized():
+        device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
+        return mesh_dist(layout, device_type, device, dist.get_rank(), local_rank)
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
         device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
         if device_type == "cuda":
@@ -93,7 +99,6 @@ def init(device_type: str, layout: Layout, timeout_s: float = 600) -> Dist:
     # gloo addresses (the new group then connects to dead peers); a key prefix per attempt
     # gives every attempt a clean namespace. See ../shared/MACHINE.md, torchrun restarts.
     store = dist.PrefixStore(f"attempt_{restart_attempt()}", store)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)

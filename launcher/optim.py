@@ -1,20 +1,20 @@
 """AdamW per model part (ZeRO-1: states sharded over dp_shard; moments optionally in bf16 beside
-fp32 master weights), warmup + cosine schedule, global-norm clipping."""
+fp32 master weights), warmup + cosine schedule, global-norm clipping.
+
+torch.distributed.optim (ZeRO-1) and torch.distributed.checkpoint (state dicts) are imported
+where they are used: a run reaches its first step without them unless it runs ZeRO-1.
+"""
 
 from __future__ import annotations
 
 import math
+import sys
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor, Replicate
 
 from launcher.config import PrecisionConfig, TrainConfig
@@ -23,7 +23,9 @@ from launcher.layout import Layout
 from launcher.parallel.data_parallel import DTYPES
 from launcher.parallel.expert_parallel import expert_params
 
-FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
 # Segments wrappers add to parameter names (DDP, activation checkpointing, compile); a
 # checkpoint names parameters without them, as the plain model does.
 WRAPPER_SEGMENTS = ("module", "_checkpoint_wrapped_module", "_orig_mod")
@@ -139,21 +141,41 @@ class Optimizers:
                 group["lr"] = lr
 
     def state_dict(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
         out: dict = {}
         for part, opt in self.pairs:
-            if isinstance(opt, ZeroRedundancyOptimizer):
+            if is_zero1(opt):
                 out.update(zero1_entries(part, opt))
             else:
-                out.update(get_optimizer_state_dict(part, opt, options=FLAT))
+                out.update(get_optimizer_state_dict(part, opt, options=flat()))
         return out
 
     def load_state_dict(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            get_optimizer_state_dict,
+            set_optimizer_state_dict,
+        )
+
         for part, opt in self.pairs:
-            if isinstance(opt, ZeroRedundancyOptimizer):
+            if is_zero1(opt):
                 load_zero1(part, opt, state)
             else:
-                mine = get_optimizer_state_dict(part, opt, options=FLAT)
-                set_optimizer_state_dict(part, opt, {k: state[k] for k in mine}, options=FLAT)
+                mine = get_optimizer_state_dict(part, opt, options=flat())
+                set_optimizer_state_dict(part, opt, {k: state[k] for k in mine}, options=flat())
+
+
+def flat():
+    """State-dict options: one flat dict keyed by parameter name."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def is_zero1(opt: torch.optim.Optimizer) -> bool:
+    # build_optimizers imports torch.distributed.optim for ZeRO-1; without it, none is ZeRO-1.
+    module = sys.modules.get("torch.distributed.optim")
+    return module is not None and isinstance(opt, module.ZeroRedundancyOptimizer)
 
 
 def owned(part: nn.Module, opt: ZeroRedundancyOptimizer):
@@ -214,6 +236,8 @@ def build_optimizers(
             # Each dp_shard x cp rank keeps the Adam states of its share of the parameters, steps
             # them and broadcasts the result; gradients arrive whole from DDP's all-reduce.
             # Expert-parallel experts differ between ranks: never broadcast, their own AdamW.
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
             experts = frozenset(expert_params(part))
             zero = ZeroRedundancyOptimizer(
                 param_groups(part, t.weight_decay, skip=experts),

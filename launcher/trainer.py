@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
@@ -39,10 +38,9 @@ from launcher.failures import (
     resume_mode,
     timed,
 )
-from launcher.hf import weights as hf_weights
 from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
-from launcher.parallel import parallelize, pipeline
+from launcher.parallel import parallelize
 from launcher.parallel.context_parallel import chunk_positions
 from launcher.parallel.data_parallel import DTYPES, average_grads, grad_sync
 from launcher.parallel.expert_parallel import (
@@ -134,6 +132,8 @@ class Trainer:
         cfg, lay, d = self.cfg, self.layout, self.d
         base = build_model(cfg, cfg.train.seed).to(d.device)
         if lay.pp > 1:
+            from launcher.parallel import pipeline  # torch.distributed.pipelining: pp > 1 only
+
             # Each pipeline rank keeps its stages of the identically seeded whole model.
             stages = pipeline.split(
                 base,
@@ -249,6 +249,8 @@ class Trainer:
         with self.train_context():
             if self.schedule is None:
                 return torch.stack([local(self.forward_loss(x, y)) for x, y in micro]).mean()
+            from launcher.parallel import pipeline
+
             out = [
                 pipeline.forward_only(
                     dict(self.stages),
@@ -369,6 +371,8 @@ class Trainer:
     def load_hf(self, path: str) -> int:
         """The model's weights from a Hugging Face directory; each rank reads its shards.
         Returns the number of values this rank read."""
+        from launcher.hf import weights as hf_weights
+
         with timed(f"loading {path}", self.d.rank, self.cfg.train.timeout_s):
             read = hf_weights.load_into(self.parts, path, vars(self.cfg.model))
         total = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.params)
@@ -460,6 +464,8 @@ def peak_memory_gib(device: torch.device) -> float:
 def save_full_state_dict(parts: list[torch.nn.Module], d: distributed.Dist, path: Path) -> None:
     """Gather every shard (FSDP, TP) and every pipeline stage into one full state dict;
     rank 0 writes it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     # Not cpu_offload: that hands the full tensors to global rank 0 only, and every pipeline
     # stage's first rank needs its own to pass on.
     options = StateDictOptions(full_state_dict=True)

@@ -8,10 +8,58 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+from group import Group, Job
+from hypothesis import settings
+
 from launcher.cli import compose
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
+# Property tests: a few dozen random examples in every run, many more in `make test-all`
+# (HYPOTHESIS_PROFILE=thorough).
+settings.register_profile("default", max_examples=40)
+settings.register_profile("thorough", max_examples=400)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+# The session's multi-process jobs (tests/group.py): declared at collection, run by world size.
+GROUP = Group()
+
+
+def declared_jobs(item) -> list[Job]:
+    """The jobs a test reads: its parameters' (a Job, or a value with a `jobs` attribute) and
+    its `jobs` markers'."""
+    found = []
+    params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+    for value in params:
+        if isinstance(value, Job):
+            found.append(value)
+        found += getattr(value, "jobs", ())
+    for marker in item.iter_markers("jobs"):
+        found += marker.args
+    return found
+
+
+@pytest.hookimpl(trylast=True)  # after -m and -k have deselected what does not run
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for job in declared_jobs(item):
+            GROUP.declare(job)
+
+
+@pytest.fixture(scope="session")
+def group(tmp_path_factory) -> Group:
+    """The jobs' groups: `group.result(job)` is the job's output directory."""
+    if GROUP.root is None:
+        GROUP.root = tmp_path_factory.mktemp("group")
+    return GROUP
+
+
+def pytest_terminal_summary(terminalreporter):
+    lines = GROUP.summary()
+    if lines:
+        terminalreporter.section("process groups (tests/group.py)")
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def compose_config(overrides: list[str] | None = None):

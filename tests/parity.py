@@ -1,18 +1,26 @@
-"""Parity harness: run a layout on N local processes and compare it with one process.
+"""Parity harness: a layout on N processes against one process.
 
 Per-step losses and gradient norms, and the final parameters (gathered from every shard), are
 compared against the single-process run of the same seed, data and global batch. Add a row by
-naming its overrides; a failing row says which step (or which parameter) and how far off.
+naming its overrides (`Row`); a failing row says which step (or which parameter) and how far off.
+
+Both runs are jobs of tests/group.py: every row of one world size trains in one long-lived
+process group, with the engine's own Trainer (tests/jobs.py), and each single-process reference
+is trained once per session for every file that names the same model overrides.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import read_metrics, run_cli
+import pytest
+from conftest import read_metrics
+from group import Group, Job
+from jobs import train_job
 
 # Same seed, data and global batch for every layout; fp32 so that only summation order differs.
-BASE = [
+BASE = (
     "train.steps=6",
     "train.warmup_steps=2",
     "train.eval_interval=0",
@@ -21,21 +29,69 @@ BASE = [
     "precision=fp32",
     "logging.wandb.mode=disabled",
     "train.save_final=true",
-]
+)
+ONE = "hardware.devices_per_node=1"
 
 
-def run_layout(run_dir: Path, overrides: list[str], key: str = "loss") -> list[float]:
-    """Per-step `key` of one training run of the layout (the CLI, exactly as a user runs it)."""
-    result = run_cli("launcher.train", *BASE, *overrides, f"hydra.run.dir={run_dir}")
-    assert result.returncode == 0, (
-        f"layout {overrides} failed (exit {result.returncode}):\n{result.stderr[-4000:]}"
-    )
-    return [row[key] for row in read_metrics(run_dir)]
+def run_job(overrides, label: str = "") -> Job:
+    """The training job of these overrides on top of the parity batch."""
+    return train_job([*BASE, *overrides], label)
+
+
+def reference_job(model) -> Job:
+    """The single-process run of a model's overrides (shared by every row naming them)."""
+    return run_job([*model, ONE], f"reference {' '.join(model)}")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One parity row: `model` overrides (the reference runs them on one process) and the
+    `layout` overrides that distribute them."""
+
+    label: str
+    model: tuple[str, ...]
+    layout: tuple[str, ...]
+    param_atol: float = 1e-4
+    grad_rtol: float = 5e-4
+    params: bool = True  # compare the final parameters too
+
+    @property
+    def reference(self) -> Job:
+        return reference_job(self.model)
+
+    @property
+    def job(self) -> Job:
+        return run_job([*self.model, *self.layout], self.label)
+
+    @property
+    def jobs(self) -> tuple[Job, Job]:
+        return (self.reference, self.job)
+
+
+def rows(table: dict, slow=(), **kw) -> list:
+    """pytest params of {label: (model overrides, layout overrides)}, ids the labels; labels in
+    `slow` get the slow marker."""
+    return [
+        pytest.param(
+            Row(label, tuple(model), tuple(layout), **kw),
+            id=label,
+            marks=[pytest.mark.slow] if label in slow else [],
+        )
+        for label, (model, layout) in table.items()
+    ]
 
 
 def read_layout(run_dir: Path, key: str) -> list[float]:
-    """Another metric of a run already made by run_layout."""
+    """One metric of a run, per step."""
     return [row[key] for row in read_metrics(run_dir)]
+
+
+def reference(group: Group, job: Job) -> tuple[Path, list[float]]:
+    """A reference run's directory and losses; it must learn, or parity proves little."""
+    ref_dir = group.result(job)
+    losses = read_layout(ref_dir, "loss")
+    assert losses[-1] < losses[0], f"{job.label} does not learn: parity proves little"
+    return ref_dir, losses
 
 
 def assert_parity(reference: list[float], got: list[float], rtol: float, label: str) -> None:
@@ -65,24 +121,20 @@ def assert_params_match(ref_dir: Path, run_dir: Path, rtol: float, atol: float, 
     assert not bad, f"{label}: final parameters differ (max abs diff, name): {bad[:5]}"
 
 
-def assert_layout_matches(
-    ref_dir: Path,
-    ref_losses: list[float],
-    run_dir: Path,
-    overrides: list[str],
-    label: str,
-    param_atol: float = 1e-4,
-) -> None:
-    """Run a layout and hold it to the reference: losses within 1e-5 relative, gradient norms
-    within 5e-4 (a vocab-parallel loss sums its softmax in another order, and the norm squares
-    and adds every gradient), final parameters within 1e-4 relative + `param_atol` (Adam divides
-    by each gradient's running RMS, so near-zero gradients carry rounding into the update at the
-    scale of lr)."""
-    assert_parity(ref_losses, run_layout(run_dir, overrides), rtol=1e-5, label=label)
+def assert_row(group: Group, row: Row) -> None:
+    """Hold a row's run to its reference: losses within 1e-5 relative, gradient norms within
+    `grad_rtol` (5e-4: a vocab-parallel loss sums its softmax in another order, and the norm
+    squares and adds every gradient), final parameters within 1e-4 relative + `param_atol`
+    (Adam divides by each gradient's running RMS, so near-zero gradients carry rounding into
+    the update at the scale of lr)."""
+    ref_dir, ref_losses = reference(group, row.reference)
+    run_dir = group.result(row.job)
+    assert_parity(ref_losses, read_layout(run_dir, "loss"), rtol=1e-5, label=row.label)
     assert_parity(
         read_layout(ref_dir, "grad_norm"),
         read_layout(run_dir, "grad_norm"),
-        rtol=5e-4,
-        label=f"{label} grad_norm",
+        rtol=row.grad_rtol,
+        label=f"{row.label} grad_norm",
     )
-    assert_params_match(ref_dir, run_dir, rtol=1e-4, atol=param_atol, label=label)
+    if row.params:
+        assert_params_match(ref_dir, run_dir, rtol=1e-4, atol=row.param_atol, label=row.label)

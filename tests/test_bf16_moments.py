@@ -3,12 +3,15 @@ bytes per parameter, in the optimizer's state and in the loss they train to."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_config, read_metrics, run_cli
-from parity import BASE, assert_parity, run_layout
+from conftest import compose_config, read_metrics
+from group import Job
+from jobs import train_job
+from parity import assert_parity, run_job
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 
@@ -113,20 +116,26 @@ def moment_dtypes(checkpoint: Path) -> set[torch.dtype]:
     return {v.properties.dtype for k, v in entries.items() if k.endswith(("exp_avg", "exp_avg_sq"))}
 
 
-def final_loss(run_dir: Path, steps: int, optimizer_dtype: str) -> float:
+DTYPES = ("fp32", "bf16")
+
+
+def final_loss_job(steps: int, optimizer_dtype: str) -> Job:
     """llama3_debug on one process (fp32 weights and compute) with the moments in
-    optimizer_dtype; the run's last loss. Same seed, same batches: only the moments differ."""
-    result = run_cli(
-        "launcher.train",
+    optimizer_dtype. Same seed, same batches: only the moments differ."""
+    overrides = [
         "model=llama3_debug",
         "hardware.devices_per_node=1",
         f"train.steps={steps}",
         "train.eval_interval=0",
         "logging.wandb.mode=disabled",
         f"precision.optimizer_dtype={optimizer_dtype}",
-        f"hydra.run.dir={run_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
+    ]
+    return train_job(overrides, f"{steps} steps, {optimizer_dtype} moments")
+
+
+def final_loss(group, steps: int, optimizer_dtype: str) -> float:
+    """The run's last loss; its checkpoint holds moments of that dtype."""
+    run_dir = group.result(final_loss_job(steps, optimizer_dtype))
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[optimizer_dtype]
     assert moment_dtypes(run_dir / "checkpoints" / f"step_{steps:08d}") == {dtype}
     return read_metrics(run_dir)[-1]["loss"]
@@ -134,14 +143,20 @@ def final_loss(run_dir: Path, steps: int, optimizer_dtype: str) -> float:
 
 # (steps, tolerance on the final loss): a few times the difference measured when written, on
 # this 2-core CPU: 30 steps 2.92248 (fp32) vs 2.92239 (bf16), 9.5e-5; 200 steps 1.73482 vs
-# 1.74245, 7.6e-3 (the mean of the last 10 steps differs by 8.6e-4). 200 steps take 90 s a run.
-@pytest.mark.e2e
+# 1.74245, 7.6e-3 (the mean of the last 10 steps differs by 8.6e-4). 200 steps take 90 s a run:
+# the `slow` tier (make test-all), the one comparison there that needs minutes.
+@pytest.mark.dist
 @pytest.mark.parametrize(
-    ("steps", "tolerance"), [(30, 5e-4), pytest.param(200, 0.03, marks=pytest.mark.slow)]
-)
-def test_bf16_moments_end_near_fp32_moments(steps, tolerance, tmp_path):
-    fp32 = final_loss(tmp_path / "fp32", steps, "fp32")
-    bf16 = final_loss(tmp_path / "bf16", steps, "bf16")
+    ("steps", "tolerance"),
+    [
+        pytest.param(n, tol, marks=[pytest.mark.jobs(*(final_loss_job(n, d) for d in DTYPES))]
+                     + ([pytest.mark.slow] if n == 200 else []))
+        for n, tol in ((30, 5e-4), (200, 0.03))
+    ],
+)  # fmt: skip
+def test_bf16_moments_end_near_fp32_moments(steps, tolerance, group):
+    fp32 = final_loss(group, steps, "fp32")
+    bf16 = final_loss(group, steps, "bf16")
     assert abs(bf16 - fp32) < tolerance, (fp32, bf16)
 
 
@@ -152,41 +167,41 @@ LAYOUTS = {
 BF16 = ["precision.optimizer_dtype=bf16", "checkpoint.interval=3", "checkpoint.keep=0"]
 
 
-def resume(run_dir: Path, source: Path, layout: str) -> list[dict]:
+def source(layout: str) -> Job:
+    return run_job([*LAYOUTS[layout], *BF16], f"bf16 moments {layout}")
+
+
+def resumed(source_layout: str, layout: str) -> Job:
     """Steps 4-6 of `layout` from the source's step-3 checkpoint."""
-    result = run_cli(
-        "launcher.train",
-        *BASE,
-        *LAYOUTS[layout],
-        *BF16,
-        f"checkpoint.initial_load_path={source / 'checkpoints' / 'step_00000003'}",
-        f"hydra.run.dir={run_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    return read_metrics(run_dir)
+    src = source(source_layout)
+    ckpt = src.path("checkpoints/step_00000003")
+    job = run_job([*LAYOUTS[layout], *BF16, f"checkpoint.initial_load_path={ckpt}"])
+    return replace(job, label=f"bf16 moments {source_layout} -> {layout}", needs=(src,))
 
 
 @pytest.mark.dist
 @pytest.mark.parametrize(
     "layout",
-    # ZeRO-1's row (its own state entries, and them resharded into FSDP) is in the `slow`
-    # tier: FSDP's row saves and resumes the same bf16 moments as DTensors.
-    [pytest.param(n, marks=[pytest.mark.slow] if n == "zero1" else []) for n in LAYOUTS],
+    [
+        pytest.param(n, marks=pytest.mark.jobs(source(n), resumed(n, n), resumed(n, "fsdp")))
+        for n in LAYOUTS
+    ],
 )
-def test_bf16_moments_checkpoint_and_resume_bitwise(layout, tmp_path):
+def test_bf16_moments_checkpoint_and_resume_bitwise(layout, group):
     """ZeRO-1 (ZeroRedundancyOptimizer's own entries) and FSDP (DTensor moments) save bf16
-    moments and resume from them to the same losses and parameters, bit for bit."""
-    source = tmp_path / "source"
-    run_layout(source, [*LAYOUTS[layout], *BF16])
-    assert moment_dtypes(source / "checkpoints" / "step_00000003") == {torch.bfloat16}
-    rows = resume(tmp_path / "resumed", source, layout)
-    full = read_metrics(source)
+    moments and resume from them to the same losses and parameters, bit for bit; ZeRO-1's
+    entries also reshard into FSDP's DTensors."""
+    src = group.result(source(layout))
+    assert moment_dtypes(src / "checkpoints" / "step_00000003") == {torch.bfloat16}
+    out = group.result(resumed(layout, layout))
+    rows = read_metrics(out)
+    full = read_metrics(src)
     assert [r["step"] for r in rows] == [4, 5, 6]
     for key in ("loss", "grad_norm"):
         assert [r[key] for r in rows] == [r[key] for r in full[3:]], key
-    ref = torch.load(source / "final_model.pt")
-    got = torch.load(tmp_path / "resumed" / "final_model.pt")
+    ref = torch.load(src / "final_model.pt")
+    got = torch.load(out / "final_model.pt")
     assert all(torch.equal(ref[k], got[k]) for k in ref)
-    if layout == "zero1":  # resharded: ZeRO-1's entries into FSDP's DTensors
-        rows = resume(tmp_path / "fsdp", source, "fsdp")
+    if layout == "zero1":
+        rows = read_metrics(group.result(resumed(layout, "fsdp")))
         assert_parity([r["loss"] for r in full[3:]], [r["loss"] for r in rows], 1e-5, "-> fsdp")

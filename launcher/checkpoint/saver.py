@@ -6,6 +6,9 @@ layout resumes on another. The state is a dict of Stateful objects: `model` (par
 as in the plain model), `optimizer` (launcher.optim.Optimizers, layout-free keys), `train`
 (step and samples consumed), and `rng.<rank>` (each rank's generators, restored only on the
 layout they were saved under).
+
+torch.distributed.checkpoint is imported where a state dict is taken, saved or loaded: a run
+reaches its first step without it.
 """
 
 from __future__ import annotations
@@ -23,9 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
 from launcher.checkpoint.store import PARTIAL, Entry, prune, publish, step_dir, write_meta
 from launcher.failures import fault
@@ -41,9 +42,16 @@ class ModelState:
         self.parts = parts
 
     def state_dict(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
         return {k: v for part in self.parts for k, v in get_model_state_dict(part).items()}
 
     def load_state_dict(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            get_model_state_dict,
+            set_model_state_dict,
+        )
+
         for part in self.parts:
             mine = get_model_state_dict(part)
             set_model_state_dict(part, {k: state[k] for k in mine})
@@ -105,6 +113,8 @@ class Checkpointer:
 
     def save(self, step: int, state: dict, wait: bool = False) -> None:
         """Save `state` as step `step`; with wait=True return only once it is complete."""
+        import torch.distributed.checkpoint as dcp
+
         self.wait()  # one save in flight at a time
         final = step_dir(self.directory, step)
         partial = final.with_name(final.name + PARTIAL)
@@ -160,4 +170,6 @@ class Checkpointer:
 
     def load(self, entry: Entry, state: dict) -> None:
         """Fill `state` (a subset of what was saved is fine) from a complete checkpoint."""
+        import torch.distributed.checkpoint as dcp
+
         dcp.load(state, checkpoint_id=str(entry.path), no_dist=not dist.is_initialized())

@@ -9,10 +9,13 @@ must agree within 1e-5 relative (another summation order).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import read_metrics, run_cli
-from parity import BASE, assert_parity, run_layout
+from group import Job
+from parity import BASE, ONE, assert_parity, run_job
 
 pytestmark = pytest.mark.dist
 
@@ -74,79 +77,69 @@ RESHARD = [
 ]
 
 
-@pytest.fixture(scope="module")
-def sources(tmp_path_factory):
-    """Uninterrupted 6-step runs of each source layout, checkpointing at steps 3 and 6."""
-    cache = {}
-
-    def get(name: str):
-        if name not in cache:
-            run_dir = tmp_path_factory.mktemp(name.replace(" ", "_").replace("=", ""))
-            losses = run_layout(run_dir, [*LAYOUTS[name], *SAVE])
-            assert losses[-1] < losses[0]
-            cache[name] = run_dir
-        return cache[name]
-
-    return get
+def source(name: str) -> Job:
+    """An uninterrupted 6-step run of a source layout, checkpointing at steps 3 and 6."""
+    return run_job([*LAYOUTS[name], *SAVE], f"source {name}")
 
 
-def resume(run_dir, source_dir, layout: str) -> list[dict]:
+def resumed(source_name: str, layout: str) -> Job:
     """Steps 4-6 of `layout`, started from the source's step-3 checkpoint."""
-    ckpt = source_dir / "checkpoints" / "step_00000003"
-    result = run_cli(
-        "launcher.train",
-        *BASE,
-        *LAYOUTS[layout],
-        f"checkpoint.initial_load_path={ckpt}",
-        f"hydra.run.dir={run_dir}",
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    assert f"starting from step 3 of {ckpt}" in result.stdout
-    return read_metrics(run_dir)
+    src = source(source_name)
+    ckpt = f"checkpoint.initial_load_path={src.path(STEP_3)}"
+    job = run_job([*LAYOUTS[layout], ckpt], f"{source_name} -> {layout}")
+    return replace(job, needs=(src,))
 
 
-# HSDP's resume rows (its source run, bitwise, and into DDP) are in the `slow` tier: FSDP and
-# ZeRO-1 cover its state, and the parity rows its mesh (make test-all runs them).
-SLOW = "hsdp 2x2"
+STEP_3 = "checkpoints/step_00000003"
 
 
-def tier(*names: str) -> list:
-    return [pytest.mark.slow] if SLOW in names else []
+def resume_rows(group, source_name: str, layout: str) -> list[dict]:
+    """The resumed run's metrics; it said where it started."""
+    src, out = group.result(source(source_name)), group.result(resumed(source_name, layout))
+    assert f"starting from step 3 of {src / STEP_3}" in (out / "log.0.txt").read_text()
+    return read_metrics(out)
 
 
-# mixtral ep=2's bitwise resume is `slow` too: its resharding rows load the same checkpoint.
-@pytest.mark.parametrize(
-    "name",
-    [pytest.param(n, marks=tier(n) or ([pytest.mark.slow] if n == "mixtral ep=2" else []))
-     for n in BITWISE],
-)  # fmt: skip
-def test_resume_is_bitwise(name, sources, tmp_path):
-    source = sources(name)
-    rows = resume(tmp_path, source, name)
-    full = read_metrics(source)
+def pairs(names: list[tuple[str, str]], bitwise: bool = False) -> list:
+    """pytest params of (source, target) layouts, each declaring its two jobs."""
+    return [
+        pytest.param(
+            *((s,) if bitwise else (s, t)),
+            id=s if bitwise else f"{s} -> {t}",
+            marks=pytest.mark.jobs(source(s), resumed(s, t)),
+        )
+        for s, t in names
+    ]
+
+
+@pytest.mark.parametrize("name", pairs([(n, n) for n in BITWISE], bitwise=True))
+def test_resume_is_bitwise(name, group):
+    rows = resume_rows(group, name, name)
+    src, out = group.result(source(name)), group.result(resumed(name, name))
+    full = read_metrics(src)
     assert [r["step"] for r in rows] == [4, 5, 6]
     for key in ("loss", "grad_norm", "lr"):
         assert [r[key] for r in rows] == [r[key] for r in full[3:]], key
-    ref, got = torch.load(source / "final_model.pt"), torch.load(tmp_path / "final_model.pt")
+    ref, got = torch.load(src / "final_model.pt"), torch.load(out / "final_model.pt")
     assert ref.keys() == got.keys()
     unequal = [k for k in ref if not torch.equal(ref[k], got[k])]
     assert not unequal, f"{name}: final parameters not bitwise equal: {unequal[:5]}"
 
 
-@pytest.mark.parametrize(
-    ("source", "target"),
-    [pytest.param(s, t, marks=tier(s, t), id=f"{s} -> {t}") for s, t in RESHARD],
-)
-def test_resume_on_another_layout(source, target, sources, tmp_path):
-    src = sources(source)
-    rows = resume(tmp_path, src, target)
+@pytest.mark.parametrize(("source_name", "target"), pairs(RESHARD))
+def test_resume_on_another_layout(source_name, target, group):
+    rows = resume_rows(group, source_name, target)
     assert [r["step"] for r in rows] == [4, 5, 6]
-    expected = [r["loss"] for r in read_metrics(src)[3:]]
-    assert_parity(expected, [r["loss"] for r in rows], 1e-5, f"{source} -> {target}")
+    expected = [r["loss"] for r in read_metrics(group.result(source(source_name)))[3:]]
+    assert_parity(expected, [r["loss"] for r in rows], 1e-5, f"{source_name} -> {target}")
 
 
-def test_another_model_shape_is_refused_by_name(sources, tmp_path):
-    ckpt = sources("fsdp dp_shard=2") / "checkpoints" / "step_00000003"
+FSDP2 = source("fsdp dp_shard=2")
+
+
+@pytest.mark.jobs(FSDP2)
+def test_another_model_shape_is_refused_by_name(group, tmp_path):
+    ckpt = group.result(FSDP2) / STEP_3
     result = run_cli(
         "launcher.train",
         *BASE,
@@ -161,28 +154,37 @@ def test_another_model_shape_is_refused_by_name(sources, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def test_weights_only_starts_at_step_one(sources, tmp_path):
-    src = sources("fsdp dp_shard=2")
+WEIGHTS_ONLY = replace(
+    run_job(
+        [
+            ONE,
+            f"checkpoint.initial_load_path={FSDP2.path('checkpoints/step_00000006')}",
+            "checkpoint.initial_load_weights_only=true",
+        ],
+        "weights only",
+    ),
+    needs=(FSDP2,),
+)
+
+
+@pytest.mark.jobs(FSDP2, WEIGHTS_ONLY)
+def test_weights_only_starts_at_step_one(group):
+    src, out = group.result(FSDP2), group.result(WEIGHTS_ONLY)
     ckpt = src / "checkpoints" / "step_00000006"
-    result = run_cli(
-        "launcher.train",
-        *BASE,
-        "hardware.devices_per_node=1",
-        f"checkpoint.initial_load_path={ckpt}",
-        "checkpoint.initial_load_weights_only=true",
-        f"hydra.run.dir={tmp_path}",
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"starting from the weights of {ckpt}" in result.stdout
-    rows = read_metrics(tmp_path)
+    assert f"starting from the weights of {ckpt}" in (out / "log.0.txt").read_text()
+    rows = read_metrics(out)
     assert [r["step"] for r in rows] == list(range(1, 7))
     # Trained weights, fresh optimizer: the first loss is the trained model's, well below the
     # untrained first loss of the source run.
     assert rows[0]["loss"] < read_metrics(src)[0]["loss"] - 0.5
 
 
-def test_list_and_export(sources, tmp_path):
-    src = sources("pp=2 interleaved")
+INTERLEAVED = source("pp=2 interleaved")
+
+
+@pytest.mark.jobs(INTERLEAVED)
+def test_list_and_export(group, tmp_path):
+    src = group.result(INTERLEAVED)
     listed = run_cli("launcher.checkpoint", "list", str(src))
     assert listed.returncode == 0, listed.stderr
     assert "step_00000003" in listed.stdout and "step_00000006" in listed.stdout

@@ -1,6 +1,6 @@
 """Start the engine from a Hugging Face directory on a layout and record its logits.
 
-Run under torchrun: `hf_logits.py OUT_DIR OVERRIDE...` (the overrides include
+A job of tests/group.py: `job(OUT_DIR, *OVERRIDES)` (the overrides include
 checkpoint.initial_load_path=HF_DIR checkpoint.initial_load_format=hf). Builds the real
 Trainer for the planned layout, loads the weights through Trainer.resume (each rank reading its
 own shards), runs a fixed batch forward and writes OUT_DIR/logits.pt on the rank holding the
@@ -10,14 +10,13 @@ full logits, and OUT_DIR/RANK.json with the values this rank read and the values
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from torch.distributed.tensor import DTensor
 
+from hf import hf_models
 from launcher import distributed
 from launcher.cli import compose
 from launcher.parallel import pipeline
@@ -31,9 +30,8 @@ def batch(vocab: int) -> torch.Tensor:
     return torch.randint(0, vocab, BATCH, generator=torch.Generator().manual_seed(1))
 
 
-def main(out: Path, overrides: list[str]) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    cfg = compose(overrides)
+def job(out: Path, *overrides: str) -> None:
+    cfg = compose(list(overrides))
     plan = make_plan(cfg)
     assert plan.ok, plan.errors
     d = distributed.init("cpu", plan.layout, 120.0)
@@ -60,8 +58,14 @@ def main(out: Path, overrides: list[str]) -> None:
             )
     if logits and d.dp_rank == 0 and d.local_rank_of("tp") == 0:
         torch.save(logits[0], out / "logits.pt")
-    distributed.shutdown()
 
 
-if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2:])
+def save_job(out: Path, family: str) -> None:
+    """transformers' model of a family, saved with save_pretrained into OUT, its logits on the
+    fixed batch (OUT/reference.pt) and its count of values (parameters and persistent buffers,
+    such as DeepSeek-V3's expert biases, which are read like weights: OUT/total.json)."""
+    model = hf_models.build(family)
+    hf_models.save(model, out)
+    torch.save(hf_models.logits(model, batch(320)), out / "reference.pt")
+    total = sum(t.numel() for t in model.state_dict().values())
+    (out / "total.json").write_text(json.dumps(total))

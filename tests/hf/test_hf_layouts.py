@@ -1,19 +1,21 @@
 """A run started from a Hugging Face directory (checkpoint.initial_load_format=hf) on each
 layout computes transformers' logits, and each rank reads only the slices it holds.
 
-The engine's own Trainer loads the weights (tests/hf/hf_logits.py under torchrun); the
+The engine's own Trainer loads the weights (tests/hf/hf_logits.py, a job of tests/group.py); the
 reference is transformers' LlamaForCausalLM / MixtralForCausalLM / DeepseekV3ForCausalLM /
 DeepseekV2ForCausalLM on the same batch.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-from conftest import ROOT, torchrun
+from group import Job, per_rank
+from jobs import devices
 
 from hf import hf_models
-from hf.hf_logits import batch
 
 pytestmark = pytest.mark.dist
 
@@ -38,41 +40,35 @@ CASES = [("llama", name) for name in LAYOUTS] + [
 ]
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-    cache = {}
-
-    def get(family: str):
-        if family not in cache:
-            model = hf_models.build(family)
-            path = hf_models.save(model, tmp_path_factory.mktemp(f"hf_{family}"))
-            cache[family] = (path, hf_models.logits(model, batch(320)))
-        return cache[family]
-
-    return get
+def saved(family: str) -> Job:
+    return Job("hf.hf_logits:save_job", 1, (family,), f"save {family}")
 
 
-def run(tmp_path, family: str, hf_dir, layout: list[str]) -> dict[int, dict]:
-    n = int(next(o for o in layout if o.startswith("hardware.devices_per_node")).split("=")[1])
+def logits_job(family: str, layout: str) -> Job:
+    hf = saved(family)
     overrides = [
         *hf_models.RUN[family],
-        *layout,
-        f"checkpoint.initial_load_path={hf_dir}",
+        *LAYOUTS[layout],
+        f"checkpoint.initial_load_path={hf.path()}",
         "checkpoint.initial_load_format=hf",
         "logging.wandb.mode=disabled",
         "precision=fp32",
     ]
-    return torchrun(ROOT / "tests" / "hf" / "hf_logits.py", n, tmp_path, *overrides)
+    return Job(
+        "hf.hf_logits:job", devices(overrides), tuple(overrides), f"{family} {layout}", (hf,)
+    )
 
 
-@pytest.mark.parametrize(("family", "layout"), CASES, ids=[f"{f} {n}" for f, n in CASES])
-def test_start_from_hf_equals_transformers(saved, tmp_path, family, layout):
-    hf_dir, reference = saved(family)
-    ranks = run(tmp_path, family, hf_dir, LAYOUTS[layout])
-    ours = torch.load(tmp_path / "logits.pt")
-    hf_models.assert_close(ours, reference, f"{family} {layout}")
-    # Parameters and persistent buffers (DeepSeek-V3's expert biases, read like weights).
-    total = sum(t.numel() for t in hf_models.build(family).state_dict().values())
+@pytest.mark.parametrize(
+    "job", [logits_job(f, n) for f, n in CASES], ids=[f"{f} {n}" for f, n in CASES]
+)
+def test_start_from_hf_equals_transformers(group, job):
+    family = job.label.split()[0]
+    hf_dir = group.result(saved(family))
+    ranks = per_rank(group, job)
+    ours = torch.load(group.result(job) / "logits.pt")
+    hf_models.assert_close(ours, torch.load(hf_dir / "reference.pt"), job.label)
+    total = json.loads((hf_dir / "total.json").read_text())
     for rank, r in ranks.items():
         # A q/k shard that starts or ends inside a head reads that head whole: a little more
         # than it holds, never the whole model when the layout shards it.

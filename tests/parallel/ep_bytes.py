@@ -1,6 +1,6 @@
 """What expert parallelism sends in one real training step, against the planner's figure.
 
-Run under torchrun: `ep_bytes.py OUT_DIR OVERRIDE...` builds the engine's Trainer for the
+A job of tests/group.py: `job(OUT_DIR, *OVERRIDES)` builds the engine's Trainer for the
 composed config (expert_bias.build_trainer: fp32, the parity batch), forces balanced routing
 (token t's j-th copy goes to expert (t k + j) mod E, so every expert gets the same number of
 copies from every rank: the planner's assumption), runs one step and writes OUT_DIR/RANK.json:
@@ -15,17 +15,15 @@ exchange, integers, is counted apart and left out).
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from expert_bias import build_trainer
 
-from launcher import distributed
 from launcher.parallel import expert_parallel
 from launcher.plan.estimate import ep_layer_bytes
 from models import moe
+from parallel.expert_bias import build_trainer
 
 
 class CountingDist:
@@ -56,21 +54,17 @@ def balanced(self, x: torch.Tensor):
     return weights + 0 * logits[:, :1].type_as(x), chosen.to(x.device), probs
 
 
-def main() -> None:
-    out, overrides = Path(sys.argv[1]), sys.argv[2:]
-    moe.Router.forward = balanced
-    counting = CountingDist()
-    expert_parallel.dist = counting
-    trainer = build_trainer(out, ["train.steps=1", *overrides])
-    plan, d = trainer.plan, trainer.d
-    trainer.train_step(1)
+def job(out: Path, *overrides: str) -> None:
+    """One step of the overrides with balanced routing; writes OUT/RANK.json."""
+    counting, forward = CountingDist(), moe.Router.forward
+    moe.Router.forward, expert_parallel.dist = balanced, counting
+    try:
+        trainer = build_trainer(out, ["train.steps=1", *overrides])
+        trainer.train_step(1)
+    finally:  # the next job in this process routes and counts as usual
+        moe.Router.forward, expert_parallel.dist = forward, dist
     layers = sum(len(expert_parallel.moe_layers(part)) for part in trainer.parts)
-    planned = layers * ep_layer_bytes(plan.context, plan.layout)
-    (out / f"{d.rank}.json").write_text(
+    planned = layers * ep_layer_bytes(trainer.plan.context, trainer.plan.layout)
+    (out / f"{trainer.d.rank}.json").write_text(
         json.dumps({"sent": counting.sent["rows"], "planned": planned})
     )
-    distributed.shutdown()
-
-
-if __name__ == "__main__":
-    main()

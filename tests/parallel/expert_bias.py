@@ -1,6 +1,6 @@
 """The engine's Trainer for a few steps, then every rank's router biases and expert loads.
 
-Run under torchrun: `expert_bias.py OUT_DIR STEPS OVERRIDE...` trains the composed config's
+A job of tests/group.py: `job(OUT_DIR, STEPS, *OVERRIDES)` trains the composed config's
 layout (the parity harness's batch) and writes OUT_DIR/RANK.json: {layer: expert_bias as a
 list} for the MoE layers this rank holds, and the metrics of the last step. DeepSeek-V3's bias
 update must leave the same bias on every rank (it is computed from loads summed over all of
@@ -10,8 +10,6 @@ them); DCP checkpoints keep one copy of a replicated buffer, so only the ranks c
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -27,9 +25,8 @@ BATCH = ["train.global_batch_size=8", "train.micro_batch_size=2", "precision=fp3
 
 
 def build_trainer(out: Path, overrides: list[str]) -> Trainer:
-    """The engine's Trainer for the composed config (the parity batch), in this torchrun
-    process; its run directory under `out`."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    """The engine's Trainer for the composed config (the parity batch), in this process of the
+    group; its run directory under `out`."""
     out.mkdir(parents=True, exist_ok=True)
     hydra_app(lambda cfg: None)  # registers the schema
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
@@ -41,12 +38,11 @@ def build_trainer(out: Path, overrides: list[str]) -> Trainer:
     return Trainer(cfg, plan, str(out / f"run{d.rank}"), dcfg, d)
 
 
-def main() -> None:
-    out, steps, overrides = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+def job(out: Path, steps: str, *overrides: str) -> None:
+    """Train `steps` steps of the overrides; write OUT/RANK.json."""
     trainer = build_trainer(out, [f"train.steps={steps}", *overrides])
-    d = trainer.d
     metrics = {}
-    for step in range(1, steps + 1):
+    for step in range(1, int(steps) + 1):
         metrics = trainer.train_step(step)
     biases = {
         i: moe.router.expert_bias.tolist()
@@ -54,9 +50,4 @@ def main() -> None:
         for i, moe in moe_layers(part)
         if moe.router.expert_bias is not None
     }
-    (out / f"{d.rank}.json").write_text(json.dumps({"bias": biases, "metrics": metrics}))
-    distributed.shutdown()
-
-
-if __name__ == "__main__":
-    main()
+    (out / f"{trainer.d.rank}.json").write_text(json.dumps({"bias": biases, "metrics": metrics}))

@@ -1,8 +1,8 @@
 """The memory ledger of the real engine, per rank, beside the planner's categories.
 
-Run under torchrun: `ledger.py OUT_DIR "LAYOUT;RECOMPUTE"...` builds the engine's Trainer for
-each case (space-separated overrides on both sides of the `;`; one process group), runs one
-training step and writes OUT_DIR/RANK.json: {case: {category: [measured, planned] bytes}}.
+A job of tests/group.py: `job(OUT_DIR, "LAYOUT;RECOMPUTE", ...)` builds the engine's Trainer
+for each case (space-separated overrides on both sides of the `;`), runs one training step and
+writes OUT_DIR/RANK.json: {case: {category: [measured, planned] bytes}}.
 
 - params: the parameters this rank holds (FSDP and TP shards as local tensors);
 - grads: their gradients after the step's backward, before the optimizer step;
@@ -15,13 +15,9 @@ training step and writes OUT_DIR/RANK.json: {case: {category: [measured, planned
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
-import saved_bytes
 import torch
-from expert_bias import BATCH
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.distributed.tensor import DTensor
@@ -32,6 +28,8 @@ from launcher.plan import engine_plan
 from launcher.plan import pipeline as pl
 from launcher.plan.estimate import layer_activation, layout_ranks, layout_recomputed, rank_memory
 from launcher.trainer import Trainer
+from parallel import saved_bytes
+from parallel.expert_bias import BATCH
 
 
 def nbytes(t: torch.Tensor) -> int:
@@ -110,11 +108,11 @@ def ledger(trainer: Trainer) -> dict[str, list[float]]:
     }
 
 
-def main() -> None:
-    out, cases = Path(sys.argv[1]), sys.argv[2:]
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def job(out: Path, *cases: str) -> None:
+    """Each case ("LAYOUT;RECOMPUTE" overrides) in turn, its meshes over this group; writes
+    OUT/RANK.json {case: ledger}."""
     hydra_app(lambda cfg: None)  # registers the schema
-    d, result = None, {}
+    result = {}
     for case in cases:
         layout, mode = case.split(";")
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
@@ -123,15 +121,7 @@ def main() -> None:
         cfg = OmegaConf.to_object(dcfg)
         plan = engine_plan(cfg)
         assert plan.ok, plan.errors
-        if d is None:
-            d = distributed.init("cpu", plan.layout)
-        # Each layout's meshes over the one process group.
-        here = distributed.mesh_dist(plan.layout, "cpu", d.device, d.rank)
-        trainer = Trainer(cfg, plan, str(out / f"run{d.rank}_{len(result)}"), dcfg, here)
+        d = distributed.init("cpu", plan.layout)
+        trainer = Trainer(cfg, plan, str(out / f"run{d.rank}_{len(result)}"), dcfg, d)
         result[case] = ledger(trainer)
     (out / f"{d.rank}.json").write_text(json.dumps(result))
-    distributed.shutdown()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

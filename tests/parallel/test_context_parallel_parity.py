@@ -17,7 +17,7 @@ first step's loss or gradient norm by far more than that.
 from __future__ import annotations
 
 import pytest
-from parity import assert_layout_matches, run_layout
+from parity import assert_row, rows
 
 pytestmark = pytest.mark.dist
 
@@ -64,8 +64,7 @@ ROWS = {
     ),
     "llama3_debug cp=2 recompute=full": ("llama3_debug", [*CP2, "recompute=full", "context=ring"]),
     "gpt_debug cp=2 ring": ("gpt_debug", [*CP2, "context=ring"]),
-    # HSDP's 2-D mesh over a flattened dp_shard x cp, ZeRO-1 over dp_shard x cp, DDP over dp x cp
-    # (the `slow` tier: make test-all).
+    # HSDP's 2-D mesh over a flattened dp_shard x cp, ZeRO-1 over dp_shard x cp, DDP over dp x cp.
     "llama3_debug dp_replicate=2 x cp=2": (
         "llama3_debug",
         ["hardware.devices_per_node=4", "parallel.dp_replicate=2", "parallel.dp_shard=1",
@@ -82,34 +81,13 @@ ROWS = {
          "parallel.cp=2", "data_parallel=ddp"],
     ),
 }  # fmt: skip
-# cp=2 allgather: the cp=2 x tp=2 sp row runs the same method (on blocks 1 and 3 without
-# recompute).
-SLOW = ("dp_replicate=2 x cp=2", "zero1 dp_shard=2 x cp=2", "ddp 2 x cp=2", "cp=2 allgather")
-
-
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """Single-process runs per model, made once."""
-    cache = {}
-
-    def get(model: str):
-        if model not in cache:
-            run_dir = tmp_path_factory.mktemp(f"ref_{model}")
-            losses = run_layout(run_dir, [*MODELS[model], "hardware.devices_per_node=1"])
-            assert losses[-1] < losses[0], "the reference does not learn: parity proves little"
-            cache[model] = (run_dir, losses)
-        return cache[model]
-
-    return get
 
 
 @pytest.mark.parametrize(
-    "label",
-    [pytest.param(r, marks=[pytest.mark.slow] if r.endswith(SLOW) else []) for r in ROWS],
+    "row",
+    rows(
+        {label: (MODELS[model], layout) for label, (model, layout) in ROWS.items()}, param_atol=2e-4
+    ),
 )
-def test_matches_single_process(label, references, tmp_path):
-    model, layout = ROWS[label]
-    ref_dir, ref_losses = references(model)
-    assert_layout_matches(
-        ref_dir, ref_losses, tmp_path, [*MODELS[model], *layout], label, param_atol=2e-4
-    )
+def test_matches_single_process(row, group):
+    assert_row(group, row)

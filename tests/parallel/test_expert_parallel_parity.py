@@ -6,11 +6,9 @@ expert's rank and back by all-to-all; the reference is one process holding every
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-from conftest import torchrun
-from parity import assert_layout_matches, run_layout
+from group import Job, per_rank
+from parity import assert_row, rows
 
 pytestmark = pytest.mark.dist
 
@@ -77,26 +75,6 @@ LAYOUTS = {
         }.items()
     },
 }
-# The `slow` tier (make test-all): rows another row covers (each saying which), and
-# combinations run there only.
-SLOW = {
-    "mixtral tp=2 sp x ep=2",
-    "mixtral tp=2 alone",  # deepseek tp=2 below reduces replicated experts by hand too
-    "mixtral zero1 x ep=2",  # deepseek's dualpipev row runs ZeRO-1 with EP
-    "mixtral cp=2 x ep=2",  # the tp rows sum the balance statistics over their split group
-    "deepseek tp=2 x ep=2",
-    "deepseek tp=2 sp",  # mixtral's SP row and deepseek tp=2 cover its two halves
-    "mixtral hsdp 2x2 x ep=2",
-    "mixtral ep=4",  # one expert per rank: dp_shard=4 x ep=2 runs the same 4-rank dispatch
-    "deepseek tp=2 sp x ep=2 recompute=op",  # mixtral ep=2 recompute=op reruns the dispatch
-    "mixtral pp=2 x ep=2 ddp op",  # the same dispatch; the pipeline rows run ep under pp
-    "mixtral pp=2 x ep=2 gpipe",
-    "mixtral pp=2 x ep=2 interleaved_1f1b",
-    "mixtral pp=2 x ep=2 interleaved_zb",
-    "mixtral pp=2 x ep=2 zbv",
-}
-
-
 # DeepSeek-V3 style (deepseek_debug): MLA, sigmoid routing over groups with the bias update and
 # the sequence-wise balance loss on, a shared expert, the first layer dense.
 DEEPSEEK = ["model=deepseek_debug"]
@@ -133,49 +111,38 @@ DEEPSEEK_LAYOUTS = {
 
 
 MODELS = {"mixtral": MIXTRAL, "deepseek": DEEPSEEK}
-ROWS = [("mixtral", n) for n in LAYOUTS] + [("deepseek", n) for n in DEEPSEEK_LAYOUTS]
+TABLE = {
+    **{f"mixtral {n}": (MIXTRAL, layout) for n, layout in LAYOUTS.items()},
+    **{f"deepseek {n}": (DEEPSEEK, layout) for n, layout in DEEPSEEK_LAYOUTS.items()},
+    # 2 experts over ep=2 leave one per rank, which FSDP then shards over 2 ranks (dp_shard=4
+    # / ep=2): along its widest dimension, not the expert one (that would leave a rank empty).
+    "mixtral 2 experts ep=2 x edp=2": (
+        [*MIXTRAL, "model.n_routed_experts=2"],
+        ["hardware.devices_per_node=4", "parallel.ep=2"],
+    ),
+}
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """The one-process run of each model (losses, final parameters), made once."""
-    cache = {}
-
-    def get(model: str):
-        if model not in cache:
-            run_dir = tmp_path_factory.mktemp(f"{model}_ref")
-            losses = run_layout(run_dir, [*MODELS[model], "hardware.devices_per_node=1"])
-            assert losses[-1] < losses[0], "the reference does not learn: parity would prove little"
-            cache[model] = run_dir, losses
-        return cache[model]
-
-    return get
+@pytest.mark.parametrize("row", rows(TABLE))
+def test_matches_single_process(row, group):
+    assert_row(group, row)
 
 
-@pytest.mark.parametrize(
-    ("model", "name"),
-    [
-        pytest.param(m, n, marks=[pytest.mark.slow] if f"{m} {n}" in SLOW else [], id=f"{m} {n}")
-        for m, n in ROWS
-    ],
+STEPS = ("4", *DEEPSEEK)
+BIAS_ONE = Job("parallel.expert_bias:job", 1, (*STEPS, "hardware.devices_per_node=1"))
+BIAS_PP_EP = Job(
+    "parallel.expert_bias:job",
+    4,
+    (*STEPS, "hardware.devices_per_node=4", "parallel.pp=2", "parallel.ep=2"),
 )
-def test_matches_single_process(model, name, references, tmp_path):
-    ref_dir, ref_losses = references(model)
-    layout = (LAYOUTS if model == "mixtral" else DEEPSEEK_LAYOUTS)[name]
-    overrides = [*MODELS[model], *layout]
-    assert_layout_matches(ref_dir, ref_losses, tmp_path, overrides, f"{model} {name}")
 
 
-BIAS = Path(__file__).with_name("expert_bias.py")
-
-
-def test_bias_update_is_the_same_on_every_rank_and_as_one_process(tmp_path):
+@pytest.mark.jobs(BIAS_ONE, BIAS_PP_EP)
+def test_bias_update_is_the_same_on_every_rank_and_as_one_process(group):
     """V3's auxiliary-loss-free balance: after 4 steps each rank holding a layer holds the same
     bias as every other and as one process, whose loads are the whole batch's."""
-    steps = ["4", *DEEPSEEK]
-    one = torchrun(BIAS, 1, tmp_path / "one", *steps, "hardware.devices_per_node=1")[0]["bias"]
-    layout = ["hardware.devices_per_node=4", "parallel.pp=2", "parallel.ep=2"]
-    ranks = torchrun(BIAS, 4, tmp_path / "pp_ep", *steps, *layout)
+    one = per_rank(group, BIAS_ONE)[0]["bias"]
+    ranks = per_rank(group, BIAS_PP_EP)
     assert one and any(any(b) for b in one.values()), "no bias moved: the test would prove little"
     held = {}
     for rank, out in ranks.items():
@@ -187,13 +154,3 @@ def test_bias_update_is_the_same_on_every_rank_and_as_one_process(tmp_path):
             assert bias == one[layer], (
                 f"layer {layer}: rank {rank} {bias} vs one process {one[layer]}"
             )
-
-
-def test_fewer_experts_per_rank_than_the_experts_mesh_has_ranks(tmp_path):
-    """2 experts over ep=2 leave one per rank, which FSDP then shards over 2 ranks (dp_shard=4
-    / ep=2): along its widest dimension, not the expert one (that would leave a rank empty)."""
-    model = [*MIXTRAL, "model.n_routed_experts=2"]
-    ref = tmp_path / "ref"
-    losses = run_layout(ref, [*model, "hardware.devices_per_node=1"])
-    layout = [*model, "hardware.devices_per_node=4", "parallel.ep=2"]
-    assert_layout_matches(ref, losses, tmp_path / "ep", layout, "mixtral 2 experts ep=2 x edp=2")

@@ -11,7 +11,7 @@ per-token statistics of norms and fused attention are left out).
 from __future__ import annotations
 
 import pytest
-from conftest import ROOT, torchrun
+from group import Job, per_rank
 
 pytestmark = pytest.mark.dist
 
@@ -26,19 +26,13 @@ MODES.append("recompute=full recompute.every=2")
 # under FSDP and the pipeline the three that differ in what a rank keeps per block.
 CASES = [f"{LAYOUTS['tp=2 sp']};{m}" for m in MODES]
 CASES += [f"{LAYOUTS[k]};{m}" for k in ("fsdp", "pp=2 1f1b") for m in MODES[::2]]
+LEDGER = Job("parallel.ledger:job", 2, tuple("hardware.devices_per_node=2 " + c for c in CASES))
 
 
-@pytest.fixture(scope="module")
-def ledgers(tmp_path_factory):
-    """{rank: {case: {category: [measured, planned]}}}, from one torchrun."""
-    out = tmp_path_factory.mktemp("ledger")
-    args = ["hardware.devices_per_node=2 " + case for case in CASES]
-    return torchrun(ROOT / "tests" / "parallel" / "ledger.py", 2, out, *args)
-
-
+@pytest.mark.jobs(LEDGER)
 @pytest.mark.parametrize("case", CASES)
-def test_every_category_equals_the_plan(case, ledgers):
-    for rank, cases in ledgers.items():
+def test_every_category_equals_the_plan(case, group):
+    for rank, cases in per_rank(group, LEDGER).items():
         categories = cases["hardware.devices_per_node=2 " + case]
         for category, (measured, planned) in categories.items():
             rel = 0.02 if category == "activations" else 1e-3

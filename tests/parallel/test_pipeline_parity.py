@@ -5,7 +5,7 @@ stages) within 5e-4, final parameters gathered from every stage within 1e-4."""
 from __future__ import annotations
 
 import pytest
-from parity import assert_layout_matches, run_layout
+from parity import assert_row, rows
 
 pytestmark = pytest.mark.dist
 
@@ -67,35 +67,8 @@ ROWS = {
 }
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    cache = {}
-
-    def get(model: str):
-        if model not in cache:
-            run_dir = tmp_path_factory.mktemp("ref")
-            losses = run_layout(run_dir, [*MODELS[model], "hardware.devices_per_node=1"])
-            assert losses[-1] < losses[0], "the reference does not learn: parity proves little"
-            cache[model] = (run_dir, losses)
-        return cache[model]
-
-    return get
-
-
-# The interleaved row reshards every micro-batch too, and pp=2 x dp_shard=2 keeps FSDP's
-# parameters gathered as the interleaved row without resharding does; the explicit first-stage
-# split builds stages as pp=4's uneven default split does (the `slow` tier: make test-all).
-SLOW = (
-    "pp=2 x dp_shard=2 resharding every micro-batch",
-    "interleaved_1f1b pp=2 v=2 x dp_shard=2",
-    "pp=2 1f1b first_stage_layers=3 (3, 1)",  # pp=4's uneven split runs the same stage code
-)
-
-
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=[pytest.mark.slow] if n in SLOW else []) for n in ROWS]
+    "row", rows({label: (MODELS[model], layout) for label, (model, layout) in ROWS.items()})
 )
-def test_matches_single_process(name, references, tmp_path):
-    model, layout = ROWS[name]
-    ref_dir, ref_losses = references(model)
-    assert_layout_matches(ref_dir, ref_losses, tmp_path, [*MODELS[model], *layout], name)
+def test_matches_single_process(row, group):
+    assert_row(group, row)

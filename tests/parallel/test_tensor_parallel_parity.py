@@ -11,7 +11,7 @@ A wrong shard or a missed reduction is off by the whole update, two orders of ma
 from __future__ import annotations
 
 import pytest
-from parity import assert_layout_matches, run_layout
+from parity import assert_row, rows
 
 pytestmark = pytest.mark.dist
 
@@ -50,68 +50,28 @@ LAYOUTS = {
         "recompute.every=2",
     ],
     "tp=2 recompute=full": ["hardware.devices_per_node=2", "parallel.tp=2", *TP1, "recompute=full"],
-    # Unfused attention, so that the recomputed core really holds score matrices.
+    # Unfused attention (in the model's overrides below, the reference's too), so that the
+    # recomputed core really holds score matrices.
     "tp=2 recompute=selective": [
         "hardware.devices_per_node=2",
         "parallel.tp=2",
         *TP1,
         "recompute=selective",
-        "model.flash_attention=false",
     ],
 }
-# Rows whose coverage another row already gives on a smaller mesh or the other model: `make
-# test` leaves them out to stay under 30 minutes on 2 cores; `make test-all` runs them.
-SLOW = {
-    ("llama3_debug", "dp_replicate=2 x dp_shard=2 x tp=2"),  # 8 processes
-    # The recompute=op row runs the same 4-process FSDP x TP x SP mesh.
-    ("llama3_debug", "dp_shard=2 x tp=2"),
-    # Full recompute's parity: test_context_parallel_parity's cp=2 recompute=full row.
-    ("llama3_debug", "tp=2 recompute=full"),
-    ("gpt_debug", "dp_replicate=2 x dp_shard=2 x tp=2"),
-    ("gpt_debug", "tp=4"),
-    ("gpt_debug", "dp_shard=2 x tp=2"),
-    ("gpt_debug", "tp=2 recompute=selective"),
-    ("gpt_debug", "tp=2 recompute=full"),
-    ("gpt_debug", "tp=2 sp+loss parallel"),
-    ("gpt_debug", "dp_shard=2 x tp=2 sp recompute=op every=2"),
-}
-ROWS = [
-    pytest.param(m, lay, id=f"{m} {lay}", marks=[pytest.mark.slow] if (m, lay) in SLOW else [])
+TABLE = {
+    f"{m} {lay}": (MODELS[m] + (["model.flash_attention=false"] if "selective" in lay else []), o)
     for m in MODELS
-    for lay in LAYOUTS
-]
+    for lay, o in LAYOUTS.items()
+}
+TABLE["llama3_debug fsdp compile"] = (
+    MODELS["llama3_debug"],
+    ["hardware.devices_per_node=2", "train.compile=true"],
+)
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory):
-    """Single-process runs per model (and attention kind), made once."""
-    cache = {}
-
-    def get(model: str, unfused: bool):
-        key = (model, unfused)
-        if key not in cache:
-            run_dir = tmp_path_factory.mktemp(f"ref_{model}_{int(unfused)}")
-            extra = ["model.flash_attention=false"] if unfused else []
-            losses = run_layout(run_dir, [*MODELS[model], *extra, "hardware.devices_per_node=1"])
-            assert losses[-1] < losses[0], "the reference does not learn: parity proves little"
-            cache[key] = (run_dir, losses)
-        return cache[key]
-
-    return get
-
-
-def check(references, tmp_path, model: str, layout: list[str], label: str):
-    ref_dir, ref_losses = references(model, "model.flash_attention=false" in layout)
-    assert_layout_matches(ref_dir, ref_losses, tmp_path, [*MODELS[model], *layout], label)
-
-
-@pytest.mark.parametrize(("model", "layout"), ROWS)
-def test_matches_single_process(model, layout, references, tmp_path):
-    check(references, tmp_path, model, LAYOUTS[layout], f"{model} {layout}")
-
-
-@pytest.mark.slow
-def test_compiled_blocks_match_single_process(references, tmp_path):
-    """Inductor-compiled blocks under FSDP (compile with tp > 1 is refused on CPU: see rules)."""
-    layout = ["hardware.devices_per_node=2", "train.compile=true"]
-    check(references, tmp_path, "llama3_debug", layout, "llama3_debug fsdp compile")
+@pytest.mark.parametrize("row", rows(TABLE))
+def test_matches_single_process(row, group):
+    """Every layout; `llama3_debug fsdp compile`: Inductor-compiled blocks under FSDP (compile
+    with tp > 1 is refused on CPU: see rules)."""
+    assert_row(group, row)

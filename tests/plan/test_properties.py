@@ -58,7 +58,8 @@ OVERRIDES = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# How many examples: conftest's hypothesis profiles (40 in `make test`, 400 in `make test-all`).
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(OVERRIDES)
 def test_random_overrides_are_accepted_or_rejected_by_name(overrides):
     # Group choices first: Hydra applies a group's preset before the field overrides.

@@ -1,0 +1,216 @@
+"""Run many multi-process test jobs in one long-lived torchrun group per world size.
+
+Starting a torchrun group costs every rank about 5 s of CPU (torch, the engine) before its first
+step, while a parity row's 6 steps take about 2 s. So the jobs of a test session that need the
+same number of processes run in one group (tests/group_worker.py), one after the other, each
+building its own meshes over that group.
+
+- A job is a function in a module under tests/ (`Job.target`, "module:function") called on every
+  rank as `function(out, *args)`; it writes what the test reads into `out`. Jobs with equal
+  target, world size and arguments are one job, made once per session (the single-process
+  references shared by every parity file).
+- Tests declare their jobs at collection (a parametrized value with a `jobs` attribute, or the
+  `jobs` marker); the first test that asks for a job's result starts the group of its world size,
+  which runs every selected job of that size.
+- A job that raises fails that job alone: the test asking for it sees each rank's traceback, and
+  the group starts again for the jobs after it. A crash (a rank killed, a segfault) is that job's
+  failure too, and so is a job that runs past `JOB_TIMEOUT_S` (the group is killed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from group_worker import DONE, FAILED
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+WORKER = TESTS / "group_worker.py"
+JOB_TIMEOUT_S = 420
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job: `target` ("module:function" under tests/) on `nproc` processes with `args`."""
+
+    target: str
+    nproc: int
+    args: tuple = ()
+    label: str = field(default="", compare=False)
+    # Jobs whose output this one reads (their directories named with `path`): they run first.
+    needs: tuple[Job, ...] = field(default=(), compare=False)
+
+    @property
+    def key(self) -> str:
+        text = json.dumps([self.target, self.nproc, list(self.args)])
+        return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+    def path(self, sub: str = "") -> str:
+        """This job's output directory (or a path inside it), for another job's arguments:
+        the group fills it in when it writes the jobs file."""
+        return f"{{job:{self.key}}}/{sub}".rstrip("/")
+
+
+class JobFailed(AssertionError):
+    pass
+
+
+class Group:
+    """The session's jobs and the groups that ran them."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = root  # set before the first job runs (conftest's `group` fixture)
+        self.pending: dict[str, Job] = {}  # declared, not run yet, in declaration order
+        self.dirs: dict[str, Path] = {}  # jobs run (or running), and where
+        self.labels: dict[str, str] = {}
+        self.launches: list[tuple[int, int, float]] = []  # (nproc, jobs, seconds)
+
+    def declare(self, job: Job) -> None:
+        for need in job.needs:
+            self.declare(need)
+        if job.key not in self.dirs and job.key not in self.pending:
+            self.pending[job.key] = job
+            self.labels[job.key] = f"{job.label or job.target} ({job.nproc} process(es))"
+
+    def result(self, job: Job) -> Path:
+        """The job's output directory, once it ran; raises JobFailed with what went wrong."""
+        self.declare(job)
+        self._ensure(job)
+        out = self.dirs[job.key]
+        if (out / FAILED).exists():
+            text = (out / FAILED).read_text()
+            raise JobFailed(f"{job.label or job.target} {list(job.args)} failed:\n{text}")
+        return out
+
+    def _ensure(self, job: Job) -> None:
+        if job.key in self.dirs:
+            return
+        for need in job.needs:
+            self._ensure(need)
+        self.run(job.nproc)
+
+    def dir(self, job: Job) -> Path:
+        return self.root / f"{job.target.replace(':', '.')}-{job.key}"
+
+    def _fill(self, arg):
+        """An argument with its `{job:KEY}` placeholders replaced by directories."""
+        if not isinstance(arg, str) or "{job:" not in arg:
+            return arg
+        return re.sub(r"\{job:(\w+)\}", lambda m: str(self.dirs[m[1]]), arg)
+
+    def run(self, nproc: int) -> None:
+        """Every pending job on nproc processes whose needs have run (or run before it in
+        this group), in one group; again after a failure, for the jobs after it."""
+        jobs = []
+        for j in list(self.pending.values()):
+            if j.nproc == nproc and all(n.key in self.dirs or n in jobs for n in j.needs):
+                jobs.append(j)
+                del self.pending[j.key]
+                self.dirs[j.key] = self.dir(j)
+        listed = [
+            {
+                "target": j.target,
+                "args": [self._fill(a) for a in j.args],
+                "out": str(self.dirs[j.key]),
+            }
+            for j in jobs
+        ]
+        jobs_file = self.root / f"jobs-{nproc}-{len(self.launches)}.json"
+        jobs_file.write_text(json.dumps(listed, indent=1))
+        start = time.perf_counter()
+        attempt = 0
+        while True:
+            left = [j for j in jobs if not self._ended(j)]
+            if not left:
+                break
+            for j in left:  # a job cut short by another's failure starts again from nothing
+                shutil.rmtree(self.dirs[j.key], ignore_errors=True)
+            log = self.root / f"launch-{nproc}-{len(self.launches)}-{attempt}.log"
+            code, hung = self._launch(nproc, jobs_file, log)
+            attempt += 1
+            left = [j for j in jobs if not self._ended(j)]
+            if not left:
+                break
+            self._blame(left, code, hung, log)
+        self.launches.append((nproc, len(jobs), time.perf_counter() - start))
+
+    def _ended(self, job: Job) -> bool:
+        out = self.dirs[job.key]
+        return (out / DONE).exists() or (out / FAILED).exists()
+
+    def _launch(self, nproc: int, jobs_file: Path, log: Path) -> tuple[int, bool]:
+        """One torchrun group over the jobs file; its exit status, and whether it was killed
+        for making no progress."""
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", str(WORKER), str(jobs_file)]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
+        env.pop("WANDB_API_KEY", None)
+        with open(log, "w") as f:
+            proc = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+            )
+            done = self._count_done(jobs_file)
+            last = time.monotonic()
+            while proc.poll() is None:
+                time.sleep(0.2)
+                now = self._count_done(jobs_file)
+                if now != done:
+                    done, last = now, time.monotonic()
+                elif time.monotonic() - last > JOB_TIMEOUT_S:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                    return proc.returncode, True
+        return proc.returncode, False
+
+    @staticmethod
+    def _count_done(jobs_file: Path) -> int:
+        listed = json.loads(jobs_file.read_text())
+        return sum((Path(j["out"]) / DONE).exists() for j in listed)
+
+    def _blame(self, left: list[Job], code: int, hung: bool, log: Path) -> None:
+        """Mark the job that ended the group as failed, with its ranks' tracebacks (or why the
+        group ended); the jobs after it run in the next launch."""
+        errors = {j: sorted(self.dirs[j.key].glob("error.*.txt")) for j in left}
+        culprit = next((j for j in left if errors[j]), left[0])
+        out = self.dirs[culprit.key]
+        out.mkdir(parents=True, exist_ok=True)
+        if errors[culprit]:
+            why = "\n".join(f"--- {p.name}\n{p.read_text()}" for p in errors[culprit])
+        elif hung:
+            why = f"no progress for {JOB_TIMEOUT_S} s: the group was killed"
+        else:
+            why = f"the group ended with exit status {code} and no Python error"
+        logs = "".join(
+            f"--- {p.name} (last lines)\n{p.read_text()[-2000:]}\n"
+            for p in sorted(out.glob("log.*.txt"))
+        )
+        tail = log.read_text()[-3000:]
+        (out / FAILED).write_text(f"{why}\n{logs}--- torchrun (last lines)\n{tail}")
+
+    def summary(self, slowest: int = 10) -> list[str]:
+        """One line per group launched (world size, jobs, seconds), then the slowest jobs."""
+        lines = [f"{n} process(es): {k} job(s) in {s:.0f} s" for n, k, s in self.launches]
+        timed = []
+        for key, out in self.dirs.items():
+            if (out / DONE).exists():
+                seconds = json.loads((out / DONE).read_text())["seconds"]
+                timed.append((seconds, self.labels.get(key, out.name)))
+        timed.sort(reverse=True)
+        lines += [f"{s:7.1f} s  {label}" for s, label in timed[:slowest]]
+        return lines
+
+
+def per_rank(group: Group, job: Job) -> dict[int, dict]:
+    """What each rank of a job wrote as OUT/RANK.json."""
+    out = group.result(job)
+    return {r: json.loads((out / f"{r}.json").read_text()) for r in range(job.nproc)}

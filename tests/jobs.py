@@ -1,0 +1,67 @@
+"""Jobs for the process groups of tests/group.py: the engine's training run inside a group.
+
+`train` is what `launcher.train` does once its process group exists: plan the composed config
+(refused layouts fail the job with the planner's message), build the layout's meshes over the
+group and train with the engine's own Trainer, which writes metrics.jsonl, checkpoints and
+final_model.pt into the job's directory exactly as a CLI run writes its run directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from group import Job
+
+
+def devices(overrides: list[str] | tuple[str, ...]) -> int:
+    """Processes a layout asks for: its last hardware.devices_per_node (cpu's default 2)."""
+    found = [o.split("=", 1)[1] for o in overrides if o.startswith("hardware.devices_per_node=")]
+    return int(found[-1]) if found else 2
+
+
+def train_job(overrides: list[str], label: str = "") -> Job:
+    """The job that trains these overrides on as many processes as they ask for."""
+    return Job("jobs:train", devices(overrides), tuple(overrides), label)
+
+
+class _NoSignals:
+    """The stop check without signal handlers: in a test group a SIGTERM comes from torchrun
+    ending the group after another rank failed, and must end this process."""
+
+    signum = 0
+
+    def agreed(self) -> int:
+        return 0
+
+
+def train(out: Path, *overrides: str) -> None:
+    import torch.distributed as dist
+    from omegaconf import OmegaConf
+
+    from launcher import distributed
+    from launcher.checkpoint.store import checkpoint_dir, start_problems
+    from launcher.cli import compose
+    from launcher.failures import resume_mode
+    from launcher.plan import engine_plan
+    from launcher.plan.report import problems_message
+    from launcher.trainer import Trainer
+
+    cfg = compose(list(overrides))
+    plan = engine_plan(cfg)
+    if not plan.ok:
+        raise ValueError(f"the plan refuses {list(overrides)}:\n{problems_message(plan)}")
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world != plan.world_size:
+        raise ValueError(f"the group has {world} processes, the plan needs {plan.world_size}")
+    ck = cfg.checkpoint
+    problems = start_problems(
+        checkpoint_dir(ck.dir, str(out)),
+        resume_mode(ck.resume.value),
+        ck.initial_load_path,
+        ck.initial_load_format.value,
+        vars(cfg.model),
+    )
+    if problems:
+        raise ValueError("; ".join(problems))
+    d = distributed.init("cpu", plan.layout)
+    Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), d).train(_NoSignals())
