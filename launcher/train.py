@@ -48,6 +48,19 @@ def reject(problems: str, hc, run_dir: Path, first: bool) -> None:
         sweep.write_json(run_dir / sweep.REJECTED, {"problems": problems})
 
 
+def checkpoint_problems(cfg, run_dir: str) -> list[str]:
+    """What keeps this run from starting with the checkpoints it has or is given (the run
+    directory's, checkpoint.initial_load_path)."""
+    ck = cfg.checkpoint
+    return start_problems(
+        checkpoint_dir(ck.dir, run_dir),
+        resume_mode(ck.resume.value),
+        ck.initial_load_path,
+        ck.initial_load_format.value,
+        vars(cfg.model),
+    )
+
+
 def task(dcfg: DictConfig) -> None:
     launch.slurm_env()  # a SLURM task learns its rank before anything asks for it
     hc = HydraConfig.get()
@@ -72,12 +85,7 @@ def task(dcfg: DictConfig) -> None:
     if first:
         sweep.write_json(run_dir / sweep.PLAN, {**plan_json(plan), "train_steps": cfg.train.steps})
     check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)
-    ck = cfg.checkpoint
-    directory = checkpoint_dir(ck.dir, str(run_dir))
-    resume = resume_mode(ck.resume.value)
-    problems = start_problems(
-        directory, resume, ck.initial_load_path, ck.initial_load_format.value, vars(cfg.model)
-    )
+    problems = checkpoint_problems(cfg, str(run_dir))
     if problems:
         fail("; ".join(problems))
     if launch.in_distributed_env() and launch.world_size() != plan.world_size:

@@ -136,7 +136,7 @@ class Group:
             for j in left:  # a job cut short by another's failure starts again from nothing
                 shutil.rmtree(self.dirs[j.key], ignore_errors=True)
             log = self.root / f"launch-{nproc}-{len(self.launches)}-{attempt}.log"
-            code, hung = self._launch(nproc, jobs_file, log)
+            code, hung = self._launch(nproc, jobs_file, [self.dirs[j.key] for j in jobs], log)
             attempt += 1
             left = [j for j in jobs if not self._ended(j)]
             if not left:
@@ -148,9 +148,9 @@ class Group:
         out = self.dirs[job.key]
         return (out / DONE).exists() or (out / FAILED).exists()
 
-    def _launch(self, nproc: int, jobs_file: Path, log: Path) -> tuple[int, bool]:
-        """One torchrun group over the jobs file; its exit status, and whether it was killed
-        for making no progress."""
+    def _launch(self, nproc: int, jobs_file: Path, outs: list[Path], log: Path) -> tuple[int, bool]:
+        """One torchrun group over the jobs file (its jobs' directories `outs`); its exit
+        status, and whether it was killed for making no progress."""
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={nproc}", str(WORKER), str(jobs_file)]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
@@ -159,11 +159,11 @@ class Group:
             proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
             )
-            done = self._count_done(jobs_file)
+            done = sum((out / DONE).exists() for out in outs)
             last = time.monotonic()
             while proc.poll() is None:
                 time.sleep(0.2)
-                now = self._count_done(jobs_file)
+                now = sum((out / DONE).exists() for out in outs)
                 if now != done:
                     done, last = now, time.monotonic()
                 elif time.monotonic() - last > JOB_TIMEOUT_S:
@@ -171,11 +171,6 @@ class Group:
                     proc.wait()
                     return proc.returncode, True
         return proc.returncode, False
-
-    @staticmethod
-    def _count_done(jobs_file: Path) -> int:
-        listed = json.loads(jobs_file.read_text())
-        return sum((Path(j["out"]) / DONE).exists() for j in listed)
 
     def _blame(self, left: list[Job], code: int, hung: bool, log: Path) -> None:
         """Mark the job that ended the group as failed, with its ranks' tracebacks (or why the

@@ -90,7 +90,7 @@ def main(jobs_file: Path) -> None:
         out = Path(job["out"])
         if (out / DONE).exists() or (out / FAILED).exists():
             continue
-        groups = set(_world.pg_map) if world > 1 else set()
+        groups = set(_world.pg_map)  # the default group (none on one process)
         try:
             seconds = run_job(job, rank)
             if world > 1:

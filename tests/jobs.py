@@ -39,11 +39,10 @@ def train(out: Path, *overrides: str) -> None:
     from omegaconf import OmegaConf
 
     from launcher import distributed
-    from launcher.checkpoint.store import checkpoint_dir, start_problems
     from launcher.cli import compose
-    from launcher.failures import resume_mode
     from launcher.plan import engine_plan
     from launcher.plan.report import problems_message
+    from launcher.train import checkpoint_problems
     from launcher.trainer import Trainer
 
     cfg = compose(list(overrides))
@@ -53,14 +52,7 @@ def train(out: Path, *overrides: str) -> None:
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world != plan.world_size:
         raise ValueError(f"the group has {world} processes, the plan needs {plan.world_size}")
-    ck = cfg.checkpoint
-    problems = start_problems(
-        checkpoint_dir(ck.dir, str(out)),
-        resume_mode(ck.resume.value),
-        ck.initial_load_path,
-        ck.initial_load_format.value,
-        vars(cfg.model),
-    )
+    problems = checkpoint_problems(cfg, str(out))
     if problems:
         raise ValueError("; ".join(problems))
     d = distributed.init("cpu", plan.layout)

@@ -53,7 +53,6 @@ class Row:
     layout: tuple[str, ...]
     param_atol: float = 1e-4
     grad_rtol: float = 5e-4
-    params: bool = True  # compare the final parameters too
 
     @property
     def reference(self) -> Job:
@@ -68,15 +67,10 @@ class Row:
         return (self.reference, self.job)
 
 
-def rows(table: dict, slow=(), **kw) -> list:
-    """pytest params of {label: (model overrides, layout overrides)}, ids the labels; labels in
-    `slow` get the slow marker."""
+def rows(table: dict, **kw) -> list:
+    """pytest params of {label: (model overrides, layout overrides)}, ids the labels."""
     return [
-        pytest.param(
-            Row(label, tuple(model), tuple(layout), **kw),
-            id=label,
-            marks=[pytest.mark.slow] if label in slow else [],
-        )
+        pytest.param(Row(label, tuple(model), tuple(layout), **kw), id=label)
         for label, (model, layout) in table.items()
     ]
 
@@ -136,5 +130,4 @@ def assert_row(group: Group, row: Row) -> None:
         rtol=row.grad_rtol,
         label=f"{row.label} grad_norm",
     )
-    if row.params:
-        assert_params_match(ref_dir, run_dir, rtol=1e-4, atol=row.param_atol, label=row.label)
+    assert_params_match(ref_dir, run_dir, rtol=1e-4, atol=row.param_atol, label=row.label)

@@ -1,0 +1,46 @@
+"""The process-group harness (tests/group.py) itself: a job that raises or kills its process
+fails alone, with what went wrong, and the jobs after it still run in a new launch."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from group import Group, Job, JobFailed
+
+pytestmark = pytest.mark.dist
+
+
+def write(out, text: str) -> None:
+    (out / "result.json").write_text(json.dumps(text))
+
+
+def boom(out, text: str) -> None:
+    raise ValueError(f"job says {text}")
+
+
+def die(out) -> None:
+    os._exit(7)  # no Python error: a crash
+
+
+def test_a_failing_job_fails_alone_and_the_rest_run(tmp_path):
+    group = Group(tmp_path)
+    jobs = [
+        Job("test_group:write", 1, ("first",)),
+        Job("test_group:boom", 1, ("no",)),
+        Job("test_group:die", 1),
+        Job("test_group:write", 1, ("last",)),
+    ]
+    for job in jobs:
+        group.declare(job)
+    first, raised, crashed, last = jobs
+    assert json.loads((group.result(first) / "result.json").read_text()) == "first"
+    assert json.loads((group.result(last) / "result.json").read_text()) == "last"
+    with pytest.raises(JobFailed, match="ValueError: job says no"):
+        group.result(raised)
+    with pytest.raises(JobFailed, match="exit status 1 and no Python error"):
+        group.result(crashed)
+    # One launch for the four jobs, and one more after each failure.
+    assert [n for n, _, _ in group.launches] == [1]
+    assert len(list(tmp_path.glob("launch-1-0-*.log"))) == 3
