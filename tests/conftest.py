@@ -81,22 +81,5 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 6
     )
 
 
-def torchrun(script: Path, nproc: int, *args, timeout: float = 300) -> dict[int, dict]:
-    """Run a test script under torchrun on nproc local processes with `args` (the first is
-    its output directory); returns each rank's OUT/RANK.json."""
-    run = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone",
-         f"--nproc-per-node={nproc}", str(script), *map(str, args)],
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )  # fmt: skip
-    assert run.returncode == 0, run.stderr[-4000:]
-    out = Path(args[0])
-    return {r: json.loads((out / f"{r}.json").read_text()) for r in range(nproc)}
-
-
 def read_metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -1,13 +1,22 @@
-"""Jobs for the process groups of tests/group.py: the engine's training run inside a group.
+"""Jobs for the process groups of tests/group.py: the engine's training run inside a group, and
+a measurement on a device mesh.
 
 `train` is what `launcher.train` does once its process group exists: plan the composed config
 (refused layouts fail the job with the planner's message), build the layout's meshes over the
 group and train with the engine's own Trainer, which writes metrics.jsonl, checkpoints and
 final_model.pt into the job's directory exactly as a CLI run writes its run directory.
+
+`on_mesh` builds a device mesh over the group and writes what a measuring function returns on
+each rank to OUT/RANK.json (`group.per_rank` reads them). A measurement that wraps engine or torch
+functions does it with `patched`, so the jobs after it in the same group see the originals.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import json
+import math
 from pathlib import Path
 
 from group import Job
@@ -57,3 +66,34 @@ def train(out: Path, *overrides: str) -> None:
         raise ValueError("; ".join(problems))
     d = distributed.init("cpu", plan.layout)
     Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), d).train(_NoSignals())
+
+
+def mesh_job(target: str, shape: tuple[int, ...], names: tuple[str, ...], *args, label="") -> Job:
+    """The job writing `target(mesh, *args)` ("module:function" under tests/) of every rank of
+    a mesh of this shape and these dimension names to OUT/RANK.json."""
+    return Job("jobs:on_mesh", math.prod(shape), (target, list(shape), list(names), *args), label)
+
+
+def on_mesh(out: Path, target: str, shape: list[int], names: list[str], *args) -> None:
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    module, name = target.split(":")
+    compute = getattr(importlib.import_module(module), name)
+    mesh = init_device_mesh("cpu", tuple(shape), mesh_dim_names=tuple(names))
+    (out / f"{dist.get_rank()}.json").write_text(json.dumps(compute(mesh, *args)))
+
+
+@contextlib.contextmanager
+def patched(owner, name: str, value):
+    """`owner.name` is `value` inside the block, what it was after it."""
+    own = name in vars(owner)
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield old
+    finally:
+        if own:
+            setattr(owner, name, old)
+        else:
+            delattr(owner, name)

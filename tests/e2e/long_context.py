@@ -1,6 +1,6 @@
 """Bytes one rank keeps for backward on the long-context recipe, measured on the real Trainer.
 
-Run under torchrun with cp processes: `long_context.py OUT_DIR OVERRIDE...` (the overrides set
+A job of tests/group.py on cp processes: `job(OUT_DIR, *OVERRIDES)` (the overrides set
 parallel.cp and hardware.devices_per_node). Builds the Trainer for recipe=llama3_debug_long,
 prepares the first micro-batch of step 1 exactly as training does (this rank's load-balanced
 chunks), runs its forward and loss under saved-tensor hooks and writes OUT_DIR/RANK.json with
@@ -11,8 +11,6 @@ rank holds and the planner's figures for the layout.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import torch
@@ -25,12 +23,11 @@ from launcher.plan import make_plan
 from launcher.trainer import Trainer
 
 
-def main(out: Path, overrides: list[str]) -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+def job(out: Path, *overrides: str) -> None:
     cfg = compose(["recipe=llama3_debug_long", *overrides])
     plan = make_plan(cfg)
     assert plan.ok, plan.errors
-    d = distributed.init("cpu", plan.layout, 300.0)
+    d = distributed.init("cpu", plan.layout)
     trainer = Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), d)
     x, y = trainer.prepare(trainer.train_batches.at(0))[0]
     # Parameters and buffers (the RoPE table) are not activations. FSDP computes with unsharded
@@ -65,8 +62,3 @@ def main(out: Path, overrides: list[str]) -> None:
         "planned_other": mem.other,
     }
     (out / f"{d.rank}.json").write_text(json.dumps(record))
-    distributed.shutdown()
-
-
-if __name__ == "__main__":
-    main(Path(sys.argv[1]), sys.argv[2:])

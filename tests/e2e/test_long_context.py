@@ -1,7 +1,7 @@
 """The long-context recipe (llama3_debug at 4,096 tokens, ring attention): the bytes a rank keeps
-for backward fall with cp as the planner says. Measured on the real Trainer (long_context.py
-under torchrun) at cp = 1, 2 and 4, each held to the planner's activations plus the logits it
-books under `other` (tokens x vocab x (4 + 4) bytes in fp32: the logits and their fp32
+for backward fall with cp as the planner says. Measured on the real Trainer (long_context.py,
+jobs of tests/group.py) at cp = 1, 2 and 4, each held to the planner's activations plus the
+logits it books under `other` (tokens x vocab x (4 + 4) bytes in fp32: the logits and their fp32
 log-softmax), within 2%. The planner leaves out per-token scalars (each RMSNorm's 1/rms, the
 attention log-sum-exp: about 0.3% here) and the (S / cp, E) RoPE angles looked up once.
 """
@@ -9,21 +9,24 @@ attention log-sum-exp: about 0.3% here) and the (S / cp, E) RoPE angles looked u
 from __future__ import annotations
 
 import pytest
-from conftest import ROOT, torchrun
+from group import Job, per_rank
 
-pytestmark = [pytest.mark.dist, pytest.mark.e2e]
-SCRIPT = ROOT / "tests" / "e2e" / "long_context.py"
 VOCAB = 320  # llama3_debug
+JOBS = {
+    cp: Job(
+        "e2e.long_context:job",
+        cp,
+        (f"parallel.cp={cp}", f"hardware.devices_per_node={cp}"),
+        f"long context cp={cp}",
+    )
+    for cp in (1, 2, 4)
+}
+pytestmark = [pytest.mark.dist, pytest.mark.e2e, pytest.mark.jobs(*JOBS.values())]
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    out = {}
-    for cp in (1, 2, 4):
-        run_dir = tmp_path_factory.mktemp(f"long_cp{cp}")
-        overrides = [f"parallel.cp={cp}", f"hardware.devices_per_node={cp}"]
-        out[cp] = torchrun(SCRIPT, cp, run_dir, *overrides, timeout=600)
-    return out
+def measured(group):
+    return {cp: per_rank(group, job) for cp, job in JOBS.items()}
 
 
 @pytest.mark.parametrize("cp", [1, 2, 4])

@@ -1,5 +1,6 @@
-"""Context-parallel attention against full attention in one process. Run under torchrun with
-cp processes: `cp_attention.py OUT_DIR` writes OUT_DIR/RANK.json holding "seq_len" and, for
+"""Context-parallel attention against full attention in one process. A job of tests/group.py on
+cp processes (`jobs.mesh_job("parallel.cp_attention:job", (cp,), ("cp",))`): each rank's
+OUT/RANK.json holds "seq_len" and, for
 each case ("method/balanced|contiguous/gqa|mha/fp32|bf16"), this rank's max errors of the
 output and of dq, dk, dv against the reference's slices ({name: [max abs error, that / max abs
 reference]}), their dtypes, and the blocks it computed ({pass: [blocks, score entries]}).
@@ -13,11 +14,11 @@ blocks in the fused CPU kernel, "ring-matmul" in the matmul form other devices u
 
 from __future__ import annotations
 
+import contextlib
 import math
-import os
 
 import torch
-from schedule_order import write_per_rank
+from jobs import patched
 
 from launcher.parallel import context_parallel as cpa
 
@@ -27,8 +28,8 @@ METHODS = (*cpa.METHODS, "ring-matmul")
 FUSED = cpa._fused
 
 
-def counted(name: str, which: str) -> None:
-    """Count each call of context_parallel.`name` and its (queries x keys) in COUNTS[which]."""
+def counted(name: str, which: str):
+    """context_parallel.`name`, counting each call and its (queries x keys) in COUNTS[which]."""
     fn = getattr(cpa, name)
 
     def wrapped(q, k, *args):
@@ -36,7 +37,7 @@ def counted(name: str, which: str) -> None:
         COUNTS[which][1] += q.shape[-2] * k.shape[-2]
         return fn(q, k, *args)
 
-    setattr(cpa, name, wrapped)
+    return patched(cpa, name, wrapped)
 
 
 def reference(q, k, v):
@@ -103,7 +104,9 @@ def run(mesh) -> dict:
     return results
 
 
-if __name__ == "__main__":
-    counted("_block_forward", "forward")
-    counted("_block_backward", "backward")
-    write_per_rank((int(os.environ["WORLD_SIZE"]),), ("cp",), run)
+def job(mesh) -> dict:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(counted("_block_forward", "forward"))
+        stack.enter_context(counted("_block_backward", "backward"))
+        stack.enter_context(patched(cpa, "_fused", FUSED))  # case() swaps the kernel choice
+        return run(mesh)

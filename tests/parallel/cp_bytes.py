@@ -1,9 +1,10 @@
 """Measure what context parallelism costs one Llama block on one rank, under the engine's own CP
 (and TP, and recompute): the bytes it keeps for backward per local token, and the bytes it sends
-per layer, forward and backward. Run under torchrun: `cp_bytes.py OUT_DIR` writes
-OUT_DIR/RANK.json, a list of rows {cp, tp, sp, method, recompute, bytes_per_token, sent}, one per
-setting this world size allows (2 processes: cp=2; 4 processes: cp=4, and cp=2 x tp=2 with and
-without sequence parallelism).
+per layer, forward and backward. A job of tests/group.py on 2 or 4 processes
+(`jobs.mesh_job("parallel.cp_bytes:job", (world,), ("cp",))`): each rank's OUT/RANK.json is a list
+of rows {cp, tp, sp, method, recompute, bytes_per_token, sent}, one per setting this world size
+allows (2 processes: cp=2; 4 processes: cp=4, and cp=2 x tp=2 with and without sequence
+parallelism).
 
 Saved bytes are counted as saved_bytes.py counts them (saved-tensor hooks, checkpoint inputs,
 each storage once, parameters and buffers excluded), per token of the (B, S / cp) micro-batch
@@ -24,13 +25,9 @@ kind ("kv": floating-point tensors, K/V and their gradients; "positions": intege
 
 from __future__ import annotations
 
-import os
-import sys
-
 import torch
 import torch.distributed as dist
-from saved_bytes import BATCH, SEQ, Recorder
-from schedule_order import write_per_rank
+from jobs import patched
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
@@ -38,6 +35,7 @@ import models
 from launcher.parallel import context_parallel as cpa
 from launcher.parallel.checkpointing import apply_ac
 from launcher.parallel.tensor_parallel import apply_tp
+from parallel.saved_bytes import BATCH, SEQ, Recorder
 
 RECOMPUTE = ("none", "selective", "full")
 DIM, HEADS, KV, FFN, VOCAB = 128, 8, 4, 384, 320  # one llama3_debug block
@@ -148,13 +146,8 @@ def run(mesh) -> list[dict]:
     ]
 
 
-def main() -> None:
-    cpa.dist = COUNTER
-    world = int(os.environ["WORLD_SIZE"])
-    if world not in (2, 4):
-        sys.exit(f"cp_bytes.py runs on 2 or 4 processes, not WORLD_SIZE={world}")
-    write_per_rank((world,), ("cp",), run)
-
-
-if __name__ == "__main__":
-    main()
+def job(mesh) -> list[dict]:
+    if mesh.size() not in (2, 4):
+        raise ValueError(f"cp_bytes runs on 2 or 4 processes, not {mesh.size()}")
+    with patched(cpa, "dist", COUNTER):
+        return run(mesh)

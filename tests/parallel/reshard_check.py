@@ -1,6 +1,7 @@
 """What FSDP holds between micro-batches under the engine's pipeline, with and without
-pipeline.reshard_each_microbatch. Run under torchrun with 4 processes (pp=2 x dp_shard=2):
-`reshard_check.py OUT_DIR` writes OUT_DIR/RANK.json mapping "false"/"true" to one entry per
+pipeline.reshard_each_microbatch. A job of tests/group.py on 4 processes (pp=2 x dp_shard=2,
+`jobs.mesh_job("parallel.reshard_check:job", (2, 2), ("pp", "dp_shard"))`): each rank's
+OUT/RANK.json maps "false"/"true" to one entry per
 backward this rank ran (1f1b, 4 micro-batches), taken right after it: [FSDP parameter groups
 still gathered, groups in all, parameters holding an unreduced (full-size) gradient,
 parameters in all].
@@ -9,12 +10,13 @@ parameters in all].
 from __future__ import annotations
 
 import torch
-from schedule_order import LOG, loss_fn, step, tiny_llama, write_per_rank
+from jobs import patched
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from launcher.parallel import pipeline
 from launcher.parallel.data_parallel import apply_fsdp
+from parallel.schedule_order import LOG, loss_fn, step, tiny_llama
 
 MICROBATCHES = 4
 
@@ -36,7 +38,9 @@ def holding(module: torch.nn.Module) -> list[int]:
     return [sum(g.is_unsharded for g in groups), len(groups), len(unreduced), len(params)]
 
 
-def after_backward() -> None:
+def after_backward():
+    """Torch's backward_one_chunk, appending what its stage holds to LOG after each call (a
+    context manager)."""
     method = _PipelineStageBase.backward_one_chunk
 
     def wrapped(self, *args, **kwargs):
@@ -44,7 +48,7 @@ def after_backward() -> None:
         LOG.append(holding(self.submod))
         return out
 
-    _PipelineStageBase.backward_one_chunk = wrapped
+    return patched(_PipelineStageBase, "backward_one_chunk", wrapped)
 
 
 def run(reshard: bool, mesh) -> list:
@@ -59,10 +63,6 @@ def run(reshard: bool, mesh) -> list:
     return step(sched, stages, p, MICROBATCHES)
 
 
-if __name__ == "__main__":
-    after_backward()
-    write_per_rank(
-        (2, 2),
-        ("pp", "dp_shard"),
-        lambda mesh: {str(r).lower(): run(r, mesh) for r in (False, True)},
-    )
+def job(mesh) -> dict:
+    with after_backward():
+        return {str(r).lower(): run(r, mesh) for r in (False, True)}

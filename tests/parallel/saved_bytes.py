@@ -1,7 +1,8 @@
 """Measure the bytes each block keeps for backward, per token, on the engine's own
 `parallelize` (tensor and sequence parallelism, experts split over tp, recompute) for every
-family. Run directly (tp=1) or under torchrun (tp = world size): `saved_bytes.py CASE...`
-prints one JSON line per case and block on rank 0; a case is `family,recompute,sp,precision`.
+family: `measure` in the test's own process (tp=1), or `job` of tests/group.py (tp = the
+group's size; a case is `family,recompute,sp,precision`), each rank writing OUT/RANK.json, a
+list of rows, one per case and block.
 
 Counted: every tensor autograd saves during the block's forward (saved-tensor hooks; torch
 2.13's checkpoint packs the inputs it keeps to recompute from through them too), and what a
@@ -12,8 +13,7 @@ parameters and buffers excluded. DTensors count their local shard.
 from __future__ import annotations
 
 import json
-import os
-import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -158,28 +158,15 @@ def measure(cfg, d) -> dict[str, float]:
     return out
 
 
-def cases(argv: list[str]):
-    for case in argv:
+def job(out: Path, *cases: str) -> None:
+    tp = dist.get_world_size()
+    d, rows = None, []
+    for case in cases:
         family, recompute, sp, precision = case.split(",")
-        yield family, recompute, sp == "sp", precision
-
-
-def main() -> None:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    tp = int(os.environ.get("WORLD_SIZE", "1"))
-    d = None
-    for family, recompute, sp, precision in cases(sys.argv[1:]):
-        cfg = config(overrides(family, recompute, tp, sp, precision))
+        cfg = config(overrides(family, recompute, tp, sp == "sp", precision))
         if d is None:
             d = distributed.init("cpu", make_plan(cfg).layout)
-        got = measure(cfg, d)
-        if d.rank == 0:
-            for block, per_token in got.items():
-                row = dict(family=family, recompute=recompute, tp=tp, sp=sp, precision=precision)
-                print(json.dumps({**row, "block": block, "bytes_per_token": per_token}), flush=True)
-    if tp > 1 and dist.is_initialized():
-        distributed.shutdown()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        row = dict(family=family, recompute=recompute, tp=tp, sp=sp == "sp", precision=precision)
+        for block, per_token in measure(cfg, d).items():
+            rows.append({**row, "block": block, "bytes_per_token": per_token})
+    (out / f"{d.rank}.json").write_text(json.dumps(rows))

@@ -1,6 +1,6 @@
-"""Record the compute actions the engine's pipeline schedules really run, per rank. Run under
-torchrun with P processes: `schedule_order.py OUT_DIR`; writes OUT_DIR/RANK.json mapping each
-schedule to its [kind, stage, micro-batch] list.
+"""Record the compute actions the engine's pipeline schedules really run, per rank. A job of
+tests/group.py on P processes (`jobs.mesh_job("parallel.schedule_order:job", (P,), ("pp",))`):
+each rank's OUT/RANK.json maps each schedule to its [kind, stage, micro-batch] list.
 
 The stages and schedules come from the engine's own launcher.parallel.pipeline (split and
 build_schedule); the recording wraps torch's stage methods, so what is logged is what ran:
@@ -10,15 +10,11 @@ False), W = backward_weight_one_chunk. The helpers are shared with reshard_check
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
+import contextlib
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.device_mesh import init_device_mesh
+from jobs import patched
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 import models
@@ -29,15 +25,16 @@ MICROBATCHES, SEQ, VOCAB = 8, 16, 64
 LOG: list = []
 
 
-def record(name: str, entry) -> None:
-    """Append entry(stage, chunk, kwargs) to LOG each time a stage runs method `name`."""
+def record(name: str, entry):
+    """Torch's stage method `name`, appending entry(stage, chunk, kwargs) to LOG at each call
+    (a context manager)."""
     method = getattr(_PipelineStageBase, name)
 
     def wrapped(self, chunk, *args, **kwargs):
         LOG.append(entry(self, chunk, kwargs))
         return method(self, chunk, *args, **kwargs)
 
-    setattr(_PipelineStageBase, name, wrapped)
+    return patched(_PipelineStageBase, name, wrapped)
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -63,17 +60,6 @@ def step(sched, stages, n_stages: int, microbatches: int) -> list:
     return list(LOG)
 
 
-def write_per_rank(shape: tuple[int, ...], names: tuple[str, ...], compute) -> None:
-    """Join torchrun's gloo group, build the mesh, write compute(mesh) to OUT_DIR/RANK.json."""
-    out = Path(sys.argv[1])
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    dist.init_process_group("gloo")
-    mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
-    (out / f"{dist.get_rank()}.json").write_text(json.dumps(compute(mesh)))
-    dist.barrier()
-    dist.destroy_process_group()
-
-
 def run(schedule: str, mesh) -> list:
     p, rank = mesh.size(), mesh.get_local_rank()
     v = 1 if schedule in SINGLE else 2
@@ -84,19 +70,20 @@ def run(schedule: str, mesh) -> list:
     return step(sched, stages, p * v, MICROBATCHES)
 
 
-if __name__ == "__main__":
-    record("forward_one_chunk", lambda stage, chunk, kw: ("F", stage.stage_index, chunk))
-    record(
-        "backward_one_chunk",
-        lambda stage, chunk, kw: (
-            "B" if kw.get("full_backward", True) else "I",
-            stage.stage_index,
-            chunk,
-        ),
-    )
-    record("backward_weight_one_chunk", lambda stage, chunk, kw: ("W", stage.stage_index, chunk))
-    write_per_rank(
-        (int(os.environ["WORLD_SIZE"]),),
-        ("pp",),
-        lambda mesh: {s: run(s, mesh) for s in pipeline.SCHEDULES},
-    )
+def job(mesh) -> dict:
+    with contextlib.ExitStack() as stack:
+        for name, kind in (("forward_one_chunk", "F"), ("backward_weight_one_chunk", "W")):
+            stack.enter_context(
+                record(name, lambda stage, chunk, kw, kind=kind: (kind, stage.stage_index, chunk))
+            )
+        stack.enter_context(
+            record(
+                "backward_one_chunk",
+                lambda stage, chunk, kw: (
+                    "B" if kw.get("full_backward", True) else "I",
+                    stage.stage_index,
+                    chunk,
+                ),
+            )
+        )
+        return {s: run(s, mesh) for s in pipeline.SCHEDULES}

@@ -1,6 +1,6 @@
 """Context-parallel attention (launcher.parallel.context_parallel): both methods, cp = 2 and 4,
-load-balanced or not, GQA and MHA, against full attention in one process (cp_attention.py under
-torchrun, one call per cp), and which ring blocks each rank computes; the sequence sharding and
+load-balanced or not, GQA and MHA, against full attention in one process (cp_attention.py, a
+job of tests/group.py per cp), and which ring blocks each rank computes; the sequence sharding and
 the argument checks need no processes."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import itertools
 
 import pytest
 import torch
-from conftest import ROOT, torchrun
+from group import per_rank
+from jobs import mesh_job
 
 from launcher.parallel.context_parallel import (
     METHODS,
@@ -20,6 +21,10 @@ from launcher.parallel.context_parallel import (
 
 pytestmark = pytest.mark.dist
 CPS = (2, 4)
+JOBS = {
+    cp: mesh_job("parallel.cp_attention:job", (cp,), ("cp",), label=f"cp_attention cp={cp}")
+    for cp in CPS
+}
 CASES = [
     "/".join(c)
     for c in itertools.product(
@@ -30,11 +35,11 @@ TOLERANCE = {"fp32": 1e-5, "bf16": 3e-2}  # bf16: relative to the largest refere
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    script = ROOT / "tests" / "parallel" / "cp_attention.py"
-    return {cp: torchrun(script, cp, tmp_path_factory.mktemp(f"cp{cp}")) for cp in CPS}
+def recorded(group):
+    return {cp: per_rank(group, job) for cp, job in JOBS.items()}
 
 
+@pytest.mark.jobs(*JOBS.values())
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("cp", CPS)
 def test_matches_full_attention(recorded, cp, case):
@@ -49,6 +54,7 @@ def test_matches_full_attention(recorded, cp, case):
             assert all(r <= TOLERANCE["bf16"] for _, r in errs.values()), (rank, errs)
 
 
+@pytest.mark.jobs(*JOBS.values())
 @pytest.mark.parametrize("cp", CPS)
 def test_blocks_computed_are_only_what_causality_needs(recorded, cp):
     """Contiguous: rank r sees the blocks of ranks 0..r only, r + 1 full blocks (rank 0 skips

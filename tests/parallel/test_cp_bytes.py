@@ -1,5 +1,5 @@
-"""What context parallelism costs one rank, measured on the engine's own CP (cp_bytes.py under
-torchrun: cp = 2 on 2 processes; cp = 4, and cp = 2 x tp = 2 with and without sequence
+"""What context parallelism costs one rank, measured on the engine's own CP (cp_bytes.py, jobs
+of tests/group.py: cp = 2 on 2 processes; cp = 4, and cp = 2 x tp = 2 with and without sequence
 parallelism, on 4), against the planner: the bytes a block keeps for backward per local token
 (`layer_activation`) and the bytes a rank sends per layer, forward and backward (`cp_bytes_sent`),
 for both methods and every recompute mode.
@@ -19,17 +19,20 @@ layout the output projection takes as a view) would be about 5%.
 from __future__ import annotations
 
 import pytest
-from conftest import ROOT, compose_config, torchrun
+from conftest import compose_config
+from group import per_rank
+from jobs import mesh_job
 
 from launcher.plan import make_plan
 from launcher.plan.estimate import cp_bytes_sent, layer_activation
 from parallel import saved_bytes
 
-pytestmark = pytest.mark.dist
 SETTINGS = [(2, 1, False), (4, 1, False), (2, 2, False), (2, 2, True)]  # (cp, tp, sp)
 SETTING_IDS = ["cp=2", "cp=4", "cp=2 tp=2", "cp=2 tp=2 sp"]
 METHODS = ("allgather", "ring")
 RECOMPUTE = ("none", "selective", "full")  # cp_bytes.RECOMPUTE
+JOBS = [mesh_job("parallel.cp_bytes:job", (n,), ("cp",), label=f"cp_bytes {n}") for n in (2, 4)]
+pytestmark = [pytest.mark.dist, pytest.mark.jobs(*JOBS)]
 
 
 def planned(cp: int, tp: int, sp: bool, method: str, recompute: str):
@@ -58,13 +61,11 @@ def planned(cp: int, tp: int, sp: bool, method: str, recompute: str):
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    """{(cp, tp, sp, method, recompute): [row of each rank]}, one torchrun per world size."""
-    script = ROOT / "tests" / "parallel" / "cp_bytes.py"
+def measured(group):
+    """{(cp, tp, sp, method, recompute): [row of each rank]}, one job per world size."""
     rows: dict[tuple, list[dict]] = {}
-    for world in (2, 4):
-        per_rank = torchrun(script, world, tmp_path_factory.mktemp(f"world{world}"))
-        for rank_rows in per_rank.values():
+    for job in JOBS:
+        for rank_rows in per_rank(group, job).values():
             for r in rank_rows:
                 key = (r["cp"], r["tp"], r["sp"], r["method"], r["recompute"])
                 rows.setdefault(key, []).append(r)

@@ -11,18 +11,11 @@ per token here (0.6% at most). A missing (B, S, D) tensor is at least 3% here.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
-from conftest import ROOT
+from group import Job, per_rank
 
 from launcher import distributed
 from parallel import saved_bytes
-
-pytestmark = pytest.mark.dist
 
 FAMILIES = ["llama", "gpt", "mixtral", "deepseek"]
 MODES = ["none", "selective", "full", "op"]
@@ -46,28 +39,23 @@ def measure_here(family: str, recompute: str, precision: str = "fp32") -> tuple[
     return saved_bytes.measure(cfg, d), saved_bytes.planned(cfg)
 
 
+# Every family and recompute option with and without sequence parallelism, and GPT's
+# Korthikanti settings, measured on 2 processes in one job of tests/group.py.
+TP2 = Job(
+    "parallel.saved_bytes:job",
+    T,
+    (
+        *(f"{f},{r},{sp},fp32" for f in FAMILIES for r in MODES for sp in ("nosp", "sp")),
+        *(f"gpt,{r},{'sp' if sp else 'nosp'},bf16" for (t, sp, r) in KORTHIKANTI if t == T),
+    ),
+    "saved activations tp=2",
+)
+pytestmark = [pytest.mark.dist, pytest.mark.jobs(TP2)]
+
+
 @pytest.fixture(scope="module")
-def measured_tp2():
-    """Every family and recompute option with and without sequence parallelism, and GPT's
-    Korthikanti settings, measured on 2 processes in one torchrun."""
-    cases = [f"{f},{r},{sp},fp32" for f in FAMILIES for r in MODES for sp in ("nosp", "sp")]
-    cases += [
-        f"gpt,{r},{sp},bf16"
-        for (t, sp_, r) in KORTHIKANTI
-        if t == T
-        for sp in ["sp" if sp_ else "nosp"]
-    ]
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         str(ROOT / "tests" / "parallel" / "saved_bytes.py"), *cases],
-        cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr[-3000:]
-    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+def measured_tp2(group):
+    rows = per_rank(group, TP2)[0]
     return {
         (r["family"], r["recompute"], r["sp"], r["precision"], r["block"]): r["bytes_per_token"]
         for r in rows

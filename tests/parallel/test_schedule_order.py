@@ -7,7 +7,8 @@ holds between micro-batches with and without pipeline.reshard_each_microbatch
 from __future__ import annotations
 
 import pytest
-from conftest import ROOT, torchrun
+from group import per_rank
+from jobs import mesh_job
 
 from launcher.layout import SINGLE
 from launcher.parallel.pipeline import SCHEDULE_CLASSES
@@ -16,18 +17,16 @@ from parallel.schedule_order import MICROBATCHES
 
 pytestmark = pytest.mark.dist
 P = 4
-
-
-def run_script(script: str, out) -> dict[int, dict]:
-    """Run tests/parallel/SCRIPT on P processes; each rank's JSON."""
-    return torchrun(ROOT / "tests" / "parallel" / script, P, out)
+ORDER = mesh_job("parallel.schedule_order:job", (P,), ("pp",), label="schedule order")
+RESHARD = mesh_job("parallel.reshard_check:job", (2, 2), ("pp", "dp_shard"), label="reshard")
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    return run_script("schedule_order.py", tmp_path_factory.mktemp("schedule_order"))
+def recorded(group):
+    return per_rank(group, ORDER)
 
 
+@pytest.mark.jobs(ORDER)
 @pytest.mark.parametrize("schedule", list(SCHEDULE_CLASSES))
 def test_engine_runs_the_planners_action_lists(recorded, schedule):
     v = 1 if schedule in SINGLE else 2
@@ -37,10 +36,11 @@ def test_engine_runs_the_planners_action_lists(recorded, schedule):
         assert ran == list(planned[rank]), f"{schedule} rank {rank}"
 
 
-def test_fsdp_reshards_every_microbatch_only_when_asked(tmp_path):
+@pytest.mark.jobs(RESHARD)
+def test_fsdp_reshards_every_microbatch_only_when_asked(group):
     """pp=2 x dp_shard=2, 1f1b, 4 micro-batches: after each backward but the last, torch keeps
     every FSDP group gathered and every gradient unreduced; with the option, none."""
-    for rank, held in run_script("reshard_check.py", tmp_path).items():
+    for rank, held in per_rank(group, RESHARD).items():
         default, asked = held["false"], held["true"]
         assert len(default) == len(asked) == 4, rank
         for gathered, groups, unreduced, params in default[:-1]:
