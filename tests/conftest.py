@@ -41,17 +41,24 @@ def declared_jobs(item) -> list[Job]:
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected what does not run
 def pytest_collection_modifyitems(config, items):
+    """Declare the selected tests' jobs, and run the tests that read jobs last: the groups
+    run them in the background meanwhile (`group`)."""
+    reads = {item: bool(declared_jobs(item)) for item in items}
     for item in items:
         for job in declared_jobs(item):
             GROUP.declare(job)
+    items[:] = [i for i in items if not reads[i]] + [i for i in items if reads[i]]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def group(tmp_path_factory) -> Group:
-    """The jobs' groups: `group.result(job)` is the job's output directory."""
+    """The jobs' groups: `group.result(job)` is the job's output directory. Set up with the
+    session's first test, which starts the groups in the background."""
     if GROUP.root is None:
         GROUP.root = tmp_path_factory.mktemp("group")
-    return GROUP
+    GROUP.start()
+    yield GROUP
+    GROUP.stop()
 
 
 def pytest_terminal_summary(terminalreporter):

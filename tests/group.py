@@ -1,7 +1,7 @@
 """Run many multi-process test jobs in one long-lived torchrun group per world size.
 
 Starting a torchrun group costs every rank about 5 s of CPU (torch, the engine) before its first
-step, while a parity row's 6 steps take about 2 s. So the jobs of a test session that need the
+step, more than a parity row's few training steps. So the jobs of a test session that need the
 same number of processes run in one group (tests/group_worker.py), one after the other, each
 building its own meshes over that group.
 
@@ -10,8 +10,11 @@ building its own meshes over that group.
   target, world size and arguments are one job, made once per session (the single-process
   references shared by every parity file).
 - Tests declare their jobs at collection (a parametrized value with a `jobs` attribute, or the
-  `jobs` marker); the first test that asks for a job's result starts the group of its world size,
-  which runs every selected job of that size.
+  `jobs` marker). In a pytest session the groups then run in a background thread (`start`),
+  one world size after another, while the session runs the tests that need no job (conftest
+  puts the tests that read jobs last); a test asking for a job's result waits for that job.
+  Without `start`, the first request for a job runs the group of its world size, every pending
+  job of that size.
 - A job that raises fails that job alone: the test asking for it sees each rank's traceback, and
   the group starts again for the jobs after it. A crash (a rank killed, a segfault) is that job's
   failure too, and so is a job that runs past `JOB_TIMEOUT_S` (the group is killed).
@@ -27,6 +30,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,23 +78,68 @@ class Group:
         self.dirs: dict[str, Path] = {}  # jobs run (or running), and where
         self.labels: dict[str, str] = {}
         self.launches: list[tuple[int, int, float]] = []  # (nproc, jobs, seconds)
+        # The background runner (`start`): what it and the tests waiting for it share.
+        self._cv = threading.Condition()
+        self._runner: threading.Thread | None = None
+        self._proc: subprocess.Popen | None = None
+        self._stopping = False
 
     def declare(self, job: Job) -> None:
-        for need in job.needs:
-            self.declare(need)
-        if job.key not in self.dirs and job.key not in self.pending:
-            self.pending[job.key] = job
-            self.labels[job.key] = f"{job.label or job.target} ({job.nproc} process(es))"
+        with self._cv:
+            for need in job.needs:
+                self.declare(need)
+            if job.key not in self.dirs and job.key not in self.pending:
+                self.pending[job.key] = job
+                self.labels[job.key] = f"{job.label or job.target} ({job.nproc} process(es))"
 
     def result(self, job: Job) -> Path:
         """The job's output directory, once it ran; raises JobFailed with what went wrong."""
-        self.declare(job)
-        self._ensure(job)
+        with self._cv:
+            self.declare(job)
+            while self._runner is not None and not (job.key in self.dirs and self._ended(job.key)):
+                self._cv.wait(timeout=1.0)
+        if self._runner is None:
+            self._ensure(job)
         out = self.dirs[job.key]
         if (out / FAILED).exists():
             text = (out / FAILED).read_text()
             raise JobFailed(f"{job.label or job.target} {list(job.args)} failed:\n{text}")
+        if not (out / DONE).exists():
+            raise JobFailed(f"{job.label or job.target} {list(job.args)} never ended")
         return out
+
+    def start(self) -> None:
+        """Run every job declared so far, and every job declared while it runs, in a background
+        thread: one group per world size, smallest first."""
+        with self._cv:
+            if self._runner is None and self.pending:
+                self._runner = threading.Thread(target=self._drain, name="groups", daemon=True)
+                self._runner.start()
+
+    def stop(self) -> None:
+        """End the background runner and the group it runs (the session is over)."""
+        self._stopping = True
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+    def _drain(self) -> None:
+        try:
+            while not self._stopping:
+                with self._cv:
+                    ready = sorted(
+                        j.nproc
+                        for j in self.pending.values()
+                        if all(n.key in self.dirs or n.nproc == j.nproc for n in j.needs)
+                    )
+                    if not ready:
+                        return  # (a job whose needs never ran runs when a test asks for it)
+                if not self.run(ready[0]):
+                    return
+        finally:
+            with self._cv:
+                self._runner = None
+                self._cv.notify_all()
 
     def _ensure(self, job: Job) -> None:
         if job.key in self.dirs:
@@ -108,15 +157,19 @@ class Group:
             return arg
         return re.sub(r"\{job:(\w+)\}", lambda m: str(self.dirs[m[1]]), arg)
 
-    def run(self, nproc: int) -> None:
+    def run(self, nproc: int) -> int:
         """Every pending job on nproc processes whose needs have run (or run before it in
-        this group), in one group; again after a failure, for the jobs after it."""
+        this group), in one group; again after a failure, for the jobs after it. How many
+        jobs it ran."""
         jobs = []
-        for j in list(self.pending.values()):
-            if j.nproc == nproc and all(n.key in self.dirs or n in jobs for n in j.needs):
-                jobs.append(j)
-                del self.pending[j.key]
-                self.dirs[j.key] = self.dir(j)
+        with self._cv:
+            for j in list(self.pending.values()):
+                if j.nproc == nproc and all(n.key in self.dirs or n in jobs for n in j.needs):
+                    jobs.append(j)
+                    del self.pending[j.key]
+                    self.dirs[j.key] = self.dir(j)
+        if not jobs:
+            return 0
         listed = [
             {
                 "target": j.target,
@@ -130,7 +183,7 @@ class Group:
         start = time.perf_counter()
         attempt = 0
         while True:
-            left = [j for j in jobs if not self._ended(j)]
+            left = [j for j in jobs if not self._ended(j.key)]
             if not left:
                 break
             for j in left:  # a job cut short by another's failure starts again from nothing
@@ -138,14 +191,17 @@ class Group:
             log = self.root / f"launch-{nproc}-{len(self.launches)}-{attempt}.log"
             code, hung = self._launch(nproc, jobs_file, [self.dirs[j.key] for j in jobs], log)
             attempt += 1
-            left = [j for j in jobs if not self._ended(j)]
+            left = [j for j in jobs if not self._ended(j.key)]
             if not left:
                 break
             self._blame(left, code, hung, log)
+            with self._cv:
+                self._cv.notify_all()
         self.launches.append((nproc, len(jobs), time.perf_counter() - start))
+        return len(jobs)
 
-    def _ended(self, job: Job) -> bool:
-        out = self.dirs[job.key]
+    def _ended(self, key: str) -> bool:
+        out = self.dirs[key]
         return (out / DONE).exists() or (out / FAILED).exists()
 
     def _launch(self, nproc: int, jobs_file: Path, outs: list[Path], log: Path) -> tuple[int, bool]:
@@ -156,7 +212,7 @@ class Group:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
         env.pop("WANDB_API_KEY", None)
         with open(log, "w") as f:
-            proc = subprocess.Popen(
+            proc = self._proc = subprocess.Popen(
                 cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
             )
             done = sum((out / DONE).exists() for out in outs)
@@ -166,6 +222,8 @@ class Group:
                 now = sum((out / DONE).exists() for out in outs)
                 if now != done:
                     done, last = now, time.monotonic()
+                    with self._cv:
+                        self._cv.notify_all()  # tests waiting for a job that just ended
                 elif time.monotonic() - last > JOB_TIMEOUT_S:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()

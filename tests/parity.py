@@ -20,8 +20,12 @@ from group import Group, Job
 from jobs import train_job
 
 # Same seed, data and global batch for every layout; fp32 so that only summation order differs.
+# Four steps: two of warmup, then the cosine from lr to min_lr, so every update the optimizer
+# makes (first moments, bias correction, the schedule's both phases) happens on sharded state;
+# each step accumulates 2 or more micro-batches on every layout but dp = 4.
+STEPS = 4
 BASE = (
-    "train.steps=6",
+    f"train.steps={STEPS}",
     "train.warmup_steps=2",
     "train.eval_interval=0",
     "train.global_batch_size=8",

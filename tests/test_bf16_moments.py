@@ -11,7 +11,7 @@ import torch
 from conftest import compose_config, read_metrics
 from group import Job
 from jobs import train_job
-from parity import assert_parity, run_job
+from parity import STEPS, assert_parity, run_job
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 
@@ -164,7 +164,9 @@ LAYOUTS = {
     "zero1": ["hardware.devices_per_node=2", "data_parallel=zero1"],
     "fsdp": ["hardware.devices_per_node=2", "data_parallel=fsdp"],
 }
-BF16 = ["precision.optimizer_dtype=bf16", "checkpoint.interval=3", "checkpoint.keep=0"]
+HALF = STEPS // 2
+BF16 = ["precision.optimizer_dtype=bf16", f"checkpoint.interval={HALF}", "checkpoint.keep=0"]
+MIDDLE = f"checkpoints/step_{HALF:08d}"
 
 
 def source(layout: str) -> Job:
@@ -172,9 +174,9 @@ def source(layout: str) -> Job:
 
 
 def resumed(source_layout: str, layout: str) -> Job:
-    """Steps 4-6 of `layout` from the source's step-3 checkpoint."""
+    """The second half of the steps on `layout`, from the source's middle checkpoint."""
     src = source(source_layout)
-    ckpt = src.path("checkpoints/step_00000003")
+    ckpt = src.path(MIDDLE)
     job = run_job([*LAYOUTS[layout], *BF16, f"checkpoint.initial_load_path={ckpt}"])
     return replace(job, label=f"bf16 moments {source_layout} -> {layout}", needs=(src,))
 
@@ -192,16 +194,16 @@ def test_bf16_moments_checkpoint_and_resume_bitwise(layout, group):
     moments and resume from them to the same losses and parameters, bit for bit; ZeRO-1's
     entries also reshard into FSDP's DTensors."""
     src = group.result(source(layout))
-    assert moment_dtypes(src / "checkpoints" / "step_00000003") == {torch.bfloat16}
+    assert moment_dtypes(src / MIDDLE) == {torch.bfloat16}
     out = group.result(resumed(layout, layout))
     rows = read_metrics(out)
     full = read_metrics(src)
-    assert [r["step"] for r in rows] == [4, 5, 6]
+    assert [r["step"] for r in rows] == list(range(HALF + 1, STEPS + 1))
     for key in ("loss", "grad_norm"):
-        assert [r[key] for r in rows] == [r[key] for r in full[3:]], key
+        assert [r[key] for r in rows] == [r[key] for r in full[HALF:]], key
     ref = torch.load(src / "final_model.pt")
     got = torch.load(out / "final_model.pt")
     assert all(torch.equal(ref[k], got[k]) for k in ref)
     if layout == "zero1":
         rows = read_metrics(group.result(resumed(layout, "fsdp")))
-        assert_parity([r["loss"] for r in full[3:]], [r["loss"] for r in rows], 1e-5, "-> fsdp")
+        assert_parity([r["loss"] for r in full[HALF:]], [r["loss"] for r in rows], 1e-5, "-> fsdp")

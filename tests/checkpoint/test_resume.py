@@ -1,8 +1,8 @@
 """Resume from a checkpoint: bitwise on the same layout, within 1e-5 on another (resharding).
 
-Each source layout trains 6 steps and checkpoints every 3 (fp32, the parity harness's batch).
-A second run starts from its step-3 checkpoint (checkpoint.initial_load_path: the run continues at
-the step the checkpoint holds) and trains steps 4-6; on the same layout its losses, gradient
+Each source layout trains the parity harness's 4 steps (fp32, its batch) and checkpoints every 2.
+A second run starts from its step-2 checkpoint (checkpoint.initial_load_path: the run continues at
+the step the checkpoint holds) and trains steps 3-4; on the same layout its losses, gradient
 norms and final parameters must equal the source run's exactly, on another layout the losses
 must agree within 1e-5 relative (another summation order).
 """
@@ -15,11 +15,13 @@ import pytest
 import torch
 from conftest import read_metrics, run_cli
 from group import Job
-from parity import BASE, ONE, assert_parity, run_job
+from parity import BASE, ONE, STEPS, assert_parity, run_job
 
 pytestmark = pytest.mark.dist
 
-SAVE = ["checkpoint.interval=3", "checkpoint.keep=0"]
+HALF = STEPS // 2
+SAVE = [f"checkpoint.interval={HALF}", "checkpoint.keep=0"]
+MIDDLE, LAST = (f"checkpoints/step_{n:08d}" for n in (HALF, STEPS))
 FOUR = ["hardware.devices_per_node=4"]
 PP2 = ["hardware.devices_per_node=2", "parallel.pp=2", "parallel.dp_shard=1"]
 LAYOUTS = {
@@ -78,25 +80,22 @@ RESHARD = [
 
 
 def source(name: str) -> Job:
-    """An uninterrupted 6-step run of a source layout, checkpointing at steps 3 and 6."""
+    """An uninterrupted run of a source layout, checkpointing half way and at the end."""
     return run_job([*LAYOUTS[name], *SAVE], f"source {name}")
 
 
 def resumed(source_name: str, layout: str) -> Job:
-    """Steps 4-6 of `layout`, started from the source's step-3 checkpoint."""
+    """The second half of the steps on `layout`, started from the source's middle checkpoint."""
     src = source(source_name)
-    ckpt = f"checkpoint.initial_load_path={src.path(STEP_3)}"
+    ckpt = f"checkpoint.initial_load_path={src.path(MIDDLE)}"
     job = run_job([*LAYOUTS[layout], ckpt], f"{source_name} -> {layout}")
     return replace(job, needs=(src,))
-
-
-STEP_3 = "checkpoints/step_00000003"
 
 
 def resume_rows(group, source_name: str, layout: str) -> list[dict]:
     """The resumed run's metrics; it said where it started."""
     src, out = group.result(source(source_name)), group.result(resumed(source_name, layout))
-    assert f"starting from step 3 of {src / STEP_3}" in (out / "log.0.txt").read_text()
+    assert f"starting from step {HALF} of {src / MIDDLE}" in (out / "log.0.txt").read_text()
     return read_metrics(out)
 
 
@@ -117,9 +116,9 @@ def test_resume_is_bitwise(name, group):
     rows = resume_rows(group, name, name)
     src, out = group.result(source(name)), group.result(resumed(name, name))
     full = read_metrics(src)
-    assert [r["step"] for r in rows] == [4, 5, 6]
+    assert [r["step"] for r in rows] == list(range(HALF + 1, STEPS + 1))
     for key in ("loss", "grad_norm", "lr"):
-        assert [r[key] for r in rows] == [r[key] for r in full[3:]], key
+        assert [r[key] for r in rows] == [r[key] for r in full[HALF:]], key
     ref, got = torch.load(src / "final_model.pt"), torch.load(out / "final_model.pt")
     assert ref.keys() == got.keys()
     unequal = [k for k in ref if not torch.equal(ref[k], got[k])]
@@ -129,8 +128,8 @@ def test_resume_is_bitwise(name, group):
 @pytest.mark.parametrize(("source_name", "target"), pairs(RESHARD))
 def test_resume_on_another_layout(source_name, target, group):
     rows = resume_rows(group, source_name, target)
-    assert [r["step"] for r in rows] == [4, 5, 6]
-    expected = [r["loss"] for r in read_metrics(group.result(source(source_name)))[3:]]
+    assert [r["step"] for r in rows] == list(range(HALF + 1, STEPS + 1))
+    expected = [r["loss"] for r in read_metrics(group.result(source(source_name)))[HALF:]]
     assert_parity(expected, [r["loss"] for r in rows], 1e-5, f"{source_name} -> {target}")
 
 
@@ -139,7 +138,7 @@ FSDP2 = source("fsdp dp_shard=2")
 
 @pytest.mark.jobs(FSDP2)
 def test_another_model_shape_is_refused_by_name(group, tmp_path):
-    ckpt = group.result(FSDP2) / STEP_3
+    ckpt = group.result(FSDP2) / MIDDLE
     result = run_cli(
         "launcher.train",
         *BASE,
@@ -158,7 +157,7 @@ WEIGHTS_ONLY = replace(
     run_job(
         [
             ONE,
-            f"checkpoint.initial_load_path={FSDP2.path('checkpoints/step_00000006')}",
+            f"checkpoint.initial_load_path={FSDP2.path(LAST)}",
             "checkpoint.initial_load_weights_only=true",
         ],
         "weights only",
@@ -170,10 +169,10 @@ WEIGHTS_ONLY = replace(
 @pytest.mark.jobs(FSDP2, WEIGHTS_ONLY)
 def test_weights_only_starts_at_step_one(group):
     src, out = group.result(FSDP2), group.result(WEIGHTS_ONLY)
-    ckpt = src / "checkpoints" / "step_00000006"
+    ckpt = src / LAST
     assert f"starting from the weights of {ckpt}" in (out / "log.0.txt").read_text()
     rows = read_metrics(out)
-    assert [r["step"] for r in rows] == list(range(1, 7))
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     # Trained weights, fresh optimizer: the first loss is the trained model's, well below the
     # untrained first loss of the source run.
     assert rows[0]["loss"] < read_metrics(src)[0]["loss"] - 0.5
@@ -187,12 +186,10 @@ def test_list_and_export(group, tmp_path):
     src = group.result(INTERLEAVED)
     listed = run_cli("launcher.checkpoint", "list", str(src))
     assert listed.returncode == 0, listed.stderr
-    assert "step_00000003" in listed.stdout and "step_00000006" in listed.stdout
+    assert MIDDLE.split("/")[1] in listed.stdout and LAST.split("/")[1] in listed.stdout
     assert "pp=2 interleaved_1f1b/2" in listed.stdout and "complete" in listed.stdout
     out = tmp_path / "model.pt"
-    exported = run_cli(
-        "launcher.checkpoint", "export", str(src / "checkpoints/step_00000006"), str(out)
-    )
+    exported = run_cli("launcher.checkpoint", "export", str(src / LAST), str(out))
     assert exported.returncode == 0, exported.stderr
     # The exported model equals the full state dict the engine gathered at the end.
     ref, got = torch.load(src / "final_model.pt"), torch.load(out)

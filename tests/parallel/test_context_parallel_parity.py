@@ -1,4 +1,4 @@
-"""Context parallelism in the engine: each layout trains like one process (fp32, 6 steps, same
+"""Context parallelism in the engine: each layout trains like one process (fp32, 4 steps, same
 global batch): losses within 1e-5 relative, gradient norms within 5e-4 relative, final
 parameters within 2e-4 absolute + 1e-4 relative.
 

@@ -1,5 +1,5 @@
 """Pipeline parallelism, every schedule and its compositions, against one process (fp32,
-6 steps, same global batch): losses within 1e-5 relative, gradient norms (summed over the
+4 steps, same global batch): losses within 1e-5 relative, gradient norms (summed over the
 stages) within 5e-4, final parameters gathered from every stage within 1e-4."""
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Tensor + sequence parallelism, 2-D and 3-D meshes, recompute and compile: each layout trains
-like one process (fp32, 6 steps, same global batch): losses within 1e-5 relative, gradient
+like one process (fp32, 4 steps, same global batch): losses within 1e-5 relative, gradient
 norms within 5e-4 relative, final parameters within 1e-4 absolute + 1e-4 relative.
 
-Why 1e-4 absolute for parameters: over 6 steps they move by about 1e-2 (lr 3e-3 with warmup),
+Why 1e-4 absolute for parameters: over 4 steps they move by about 1e-2 (lr 3e-3 with warmup),
 and Adam divides each gradient by its running RMS, so where a gradient is close to zero the
 fp32 rounding differences of another summation order reach the update at the scale of lr.
 A wrong shard or a missed reduction is off by the whole update, two orders of magnitude more.
