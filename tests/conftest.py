@@ -41,13 +41,21 @@ def declared_jobs(item) -> list[Job]:
 
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected what does not run
 def pytest_collection_modifyitems(config, items):
-    """Declare the selected tests' jobs, and run the tests that read jobs last: the groups
-    run them in the background meanwhile (`group`)."""
-    reads = {item: bool(declared_jobs(item)) for item in items}
+    """Declare the selected tests' jobs, and order the session around the groups, which run
+    them in the background from the first test on (`group`): first the tests that start no
+    process of their own (one core beside the groups' two to four processes), then the other
+    end-to-end and multi-process tests, then the tests that read jobs, which are done or nearly
+    so by then."""
+
+    def order(item) -> int:
+        if declared_jobs(item):
+            return 2
+        return 1 if item.get_closest_marker("dist") or item.get_closest_marker("e2e") else 0
+
     for item in items:
         for job in declared_jobs(item):
             GROUP.declare(job)
-    items[:] = [i for i in items if not reads[i]] + [i for i in items if reads[i]]
+    items.sort(key=order)  # stable: file order within each part
 
 
 @pytest.fixture(scope="session", autouse=True)
