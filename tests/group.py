@@ -184,7 +184,7 @@ class Group:
         attempt = 0
         while True:
             left = [j for j in jobs if not self._ended(j.key)]
-            if not left:
+            if not left or self._stopping:  # (stopping: the session is over, start nothing)
                 break
             for j in left:  # a job cut short by another's failure starts again from nothing
                 shutil.rmtree(self.dirs[j.key], ignore_errors=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 from group import Group, Job, JobFailed
@@ -44,3 +45,17 @@ def test_a_failing_job_fails_alone_and_the_rest_run(tmp_path):
     # One launch for the four jobs, and one more after each failure.
     assert [n for n, _, _ in group.launches] == [1]
     assert len(list(tmp_path.glob("launch-1-0-*.log"))) == 3
+
+
+def test_jobs_run_in_the_background_and_a_test_waits_for_its_own(tmp_path):
+    group = Group(tmp_path)
+    first, last = Job("test_group:write", 1, ("a",)), Job("test_group:write", 1, ("b",))
+    group.declare(first)
+    group.declare(last)
+    group.start()
+    assert json.loads((group.result(last) / "result.json").read_text()) == "b"
+    assert json.loads((group.result(first) / "result.json").read_text()) == "a"
+    deadline = time.monotonic() + 60  # the group ends after its last job is done
+    while group._runner is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert group._runner is None and [n for n, _, _ in group.launches] == [1]
