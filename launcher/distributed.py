@@ -59,6 +59,23 @@ class Dist:
             self._experts = (root["ep"], edp, flat)
         return self._experts
 
+    def expert_shard_group(self, layout: Layout):
+        """ZeRO-1's group for the routed experts' states: the ranks of one dp_replicate
+        replica holding the same experts (edp), or None where that is one rank."""
+        if layout.dp_shard * layout.cp * layout.tp // layout.ep == 1:
+            return None
+        _, edp, _ = self.expert_meshes(layout)
+        return (edp["edp"] if edp.ndim > 1 else edp).get_group()
+
+    def pp_pair_group(self, a: int, b: int):
+        """The process group of this rank's pipeline coordinates a and b among the ranks that
+        share every other coordinate (Megatron's embedding group: first and last stage).
+        Every rank must ask: one group per such pair is created, on every rank."""
+        ranks = self.mesh.mesh.movedim(MESH_DIMS.index("pp"), -1).flatten(0, -2)
+        pairs = [[int(row[a]), int(row[b])] for row in ranks]
+        mine, _ = dist.new_subgroups_by_enumeration(pairs)
+        return mine
+
     def split_group(self) -> DeviceMesh:
         """cp x tp flattened: the ranks holding other tokens of the same sequences (an MoE
         layer splits its tokens over tp). Built on first use; every rank must ask."""

@@ -144,11 +144,12 @@ class Layout:
 
     @property
     def grads_averaged_by_trainer(self) -> bool:
-        """DDP or ZeRO-1 under a pipeline: no DDP wrapper, the trainer averages the gradients
-        over dp x cp once the schedule's step is done. torch 2.13's stages run the split
-        schedules' weight-gradient pass outside DDP's hooks, and DDP's reducer fails an internal
-        assert with two stages per rank (interleaved 1F1B)."""
-        return self.pp > 1 and self.dp_cp > 1 and not self.fsdp_enabled
+        """DDP or ZeRO-1 under a pipeline or tensor parallelism: no DDP wrapper, the trainer
+        averages the gradients over dp x cp once the step's backward is done. torch 2.13's
+        stages run the split schedules' weight-gradient pass outside DDP's hooks, DDP's reducer
+        fails an internal assert with two stages per rank (interleaved 1F1B), and DDP does not
+        take DTensor (tensor-parallel) parameters."""
+        return (self.pp > 1 or self.tp > 1) and self.dp_cp > 1 and not self.fsdp_enabled
 
     @property
     def zero1_enabled(self) -> bool:

@@ -1,16 +1,14 @@
 """AdamW per model part (ZeRO-1: states sharded over dp_shard; moments optionally in bf16 beside
 fp32 master weights), warmup + cosine schedule, global-norm clipping.
 
-torch.distributed.optim (ZeRO-1) and torch.distributed.checkpoint (state dicts) are imported
-where they are used: a run reaches its first step without them unless it runs ZeRO-1.
+torch.distributed.checkpoint (state dicts) is imported where it is used: a run reaches its
+first step without it.
 """
 
 from __future__ import annotations
 
 import math
-import sys
 from functools import partial
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -22,9 +20,7 @@ from launcher.distributed import Dist
 from launcher.layout import Layout
 from launcher.parallel.data_parallel import DTYPES
 from launcher.parallel.expert_parallel import expert_params
-
-if TYPE_CHECKING:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
+from launcher.zero import Zero1
 
 # Segments wrappers add to parameter names (DDP, activation checkpointing, compile); a
 # checkpoint names parameters without them, as the plain model does.
@@ -116,16 +112,31 @@ class Optimizers:
 
     Checkpoint keys are `state.<parameter>.<exp_avg|exp_avg_sq|step>` and
     `param_groups.<parameter>.<option>` with the model's own parameter names, which stages
-    keep: they do not depend on the pipeline layout, the sharding or the wrappers. ZeRO-1's
-    ZeroRedundancyOptimizer has no such state dict (its own is indexed by position and
-    gathered on one rank), so each rank gives the entries of the parameters it owns and takes
-    them back the same way: DCP reshards them like any other tensor.
+    keep: they do not depend on the pipeline layout, the sharding or the wrappers. Under
+    ZeRO-1 each rank gives the entries of the parameters it owns and takes them back the same
+    way: DCP reshards them like any other tensor.
     """
 
     def __init__(self, pairs: list[tuple[nn.Module, torch.optim.Optimizer]]):
-        # (model part, optimizer): one per part, two under ZeRO-1 with expert parallelism.
+        # (model part, optimizer): one per part, two under ZeRO-1 with routed experts.
         self.pairs = pairs
         self.optimizers = [opt for _, opt in pairs]
+        # id(part) -> {parameter name: the name its states are saved under}.
+        self.aliases: dict[int, dict[str, str]] = {}
+
+    def alias(self, part: nn.Module, name: str, saved_as: str) -> None:
+        """Save and load the states of `part`'s parameter `name` under `saved_as` (a pipeline
+        stage's copy of a tied matrix keeps the states of the model's one matrix)."""
+        self.aliases.setdefault(id(part), {})[name] = saved_as
+
+    def _saved_key(self, part: nn.Module, key: str) -> str:
+        """The checkpoint key of a flattened entry (`state.<name>.<what>` or
+        `param_groups.<name>.<what>`) of `part`."""
+        kind, _, rest = key.partition(".")
+        for name, saved_as in self.aliases.get(id(part), {}).items():
+            if rest.startswith(name + "."):
+                return f"{kind}.{saved_as}{rest[len(name) :]}"
+        return key
 
     def step(self) -> None:
         for opt in self.optimizers:
@@ -146,9 +157,10 @@ class Optimizers:
         out: dict = {}
         for part, opt in self.pairs:
             if is_zero1(opt):
-                out.update(zero1_entries(part, opt))
+                entries = zero1_entries(part, opt)
             else:
-                out.update(get_optimizer_state_dict(part, opt, options=flat()))
+                entries = get_optimizer_state_dict(part, opt, options=flat())
+            out.update({self._saved_key(part, k): v for k, v in entries.items()})
         return out
 
     def load_state_dict(self, state: dict) -> None:
@@ -159,10 +171,22 @@ class Optimizers:
 
         for part, opt in self.pairs:
             if is_zero1(opt):
-                load_zero1(part, opt, state)
+                load_zero1(part, opt, self._entries(part, zero1_entries(part, opt), state))
             else:
                 mine = get_optimizer_state_dict(part, opt, options=flat())
-                set_optimizer_state_dict(part, opt, {k: state[k] for k in mine}, options=flat())
+                ours = self._entries(part, mine, state)
+                set_optimizer_state_dict(part, opt, ours, options=flat())
+
+    def _entries(self, part: nn.Module, keys, state: dict) -> dict:
+        """`part`'s entries of a loaded state dict, by its own keys. An aliased entry is
+        copied: another part on this rank may take the same one (the V schedules hold both
+        halves of a tied matrix), and torch's optimizers keep the tensors they are given."""
+        out = {}
+        for key in keys:
+            saved = self._saved_key(part, key)
+            value = state[saved]
+            out[key] = value.clone() if saved != key and isinstance(value, torch.Tensor) else value
+        return out
 
 
 def flat():
@@ -172,13 +196,11 @@ def flat():
     return StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def is_zero1(opt: torch.optim.Optimizer) -> bool:
-    # build_optimizers imports torch.distributed.optim for ZeRO-1; without it, none is ZeRO-1.
-    module = sys.modules.get("torch.distributed.optim")
-    return module is not None and isinstance(opt, module.ZeroRedundancyOptimizer)
+def is_zero1(opt) -> bool:
+    return isinstance(opt, Zero1)
 
 
-def owned(part: nn.Module, opt: ZeroRedundancyOptimizer):
+def owned(part: nn.Module, opt: Zero1):
     """(canonical name, parameter, its group in the local optimizer) for each parameter whose
     Adam states this rank keeps."""
     group_of = {p: g for g in opt.optim.param_groups for p in g["params"]}
@@ -187,7 +209,7 @@ def owned(part: nn.Module, opt: ZeroRedundancyOptimizer):
             yield canonical_name(name), p, group_of[p]
 
 
-def zero1_entries(part: nn.Module, opt: ZeroRedundancyOptimizer) -> dict:
+def zero1_entries(part: nn.Module, opt: Zero1) -> dict:
     """This rank's share of a ZeRO-1 optimizer in the flattened layout (zeros where no step
     has made the state yet, so that a fresh optimizer is also a template to load into)."""
     out: dict = {}
@@ -205,7 +227,7 @@ def zero1_entries(part: nn.Module, opt: ZeroRedundancyOptimizer) -> dict:
     return out
 
 
-def load_zero1(part: nn.Module, opt: ZeroRedundancyOptimizer, state: dict) -> None:
+def load_zero1(part: nn.Module, opt: Zero1, state: dict) -> None:
     for name, p, group in owned(part, opt):
         dtype = moment_dtype(opt.optim, p)
         opt.optim.state[p] = {
@@ -234,26 +256,22 @@ def build_optimizers(
     for part in parts:
         if layout.zero1_enabled:
             # Each dp_shard x cp rank keeps the Adam states of its share of the parameters, steps
-            # them and broadcasts the result; gradients arrive whole from DDP's all-reduce.
-            # Expert-parallel experts differ between ranks: never broadcast, their own AdamW.
-            from torch.distributed.optim import ZeroRedundancyOptimizer
-
+            # them and broadcasts the result; gradients arrive whole (averaged) on every rank.
             experts = frozenset(expert_params(part))
-            zero = ZeroRedundancyOptimizer(
-                param_groups(part, t.weight_decay, skip=experts),
-                optimizer_class=adamw,
-                process_group=d.shard_mesh.get_group(),
-                **kwargs,
-            )
-            pairs.append((part, zero))
+            dense = param_groups(part, t.weight_decay, skip=experts)
+            pairs.append((part, Zero1(dense, adamw, d.shard_mesh.get_group(), **kwargs)))
             if experts:
-                own = [p for p in part.parameters() if p in experts]
-                pairs.append(
-                    (
-                        part,
-                        adamw([{"params": own, "weight_decay": t.weight_decay}], **kwargs),
-                    )
-                )
+                # Routed experts differ between ep ranks: their states are sharded over the
+                # ranks that hold the same experts (the experts' dp_shard x cp x tp / ep).
+                own = [
+                    {
+                        "params": [p for p in part.parameters() if p in experts],
+                        "weight_decay": t.weight_decay,
+                    }
+                ]
+                group = d.expert_shard_group(layout)
+                opt = adamw(own, **kwargs) if group is None else Zero1(own, adamw, group, **kwargs)
+                pairs.append((part, opt))
         else:
             pairs.append((part, adamw(param_groups(part, t.weight_decay), **kwargs)))
     return Optimizers(pairs)
@@ -268,14 +286,18 @@ def lr_at(step: int, t: TrainConfig) -> float:
     return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group=None) -> torch.Tensor:
+def clip_grad_norm(
+    params: list[nn.Parameter], max_norm: float, pp_group=None, copies: list[nn.Parameter] = ()
+) -> torch.Tensor:
     """Global L2 norm of all gradients across every rank; scale them down to max_norm if > 0.
 
     Gradients may be plain (replicated) tensors or DTensors on different meshes (FSDP shards,
     TP shards, both). Each rank sums the squares of what it holds, grouped by the mesh
     dimensions the gradient is sharded over; each group is all-reduced over exactly those
     dimensions (replicated dimensions hold copies, which must be counted once); the pipeline
-    stages' totals are then summed over `pp_group`.
+    stages' totals are then summed over `pp_group`. `copies` (a pipeline stage's copy of a
+    tied matrix, whose gradient equals the original's) are scaled like the others but not
+    counted again.
     """
     sums: dict[tuple, list] = {}
     for p in params:
@@ -310,7 +332,7 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group=None) -
         # A tensor, never a Python number: reading the norm on the host would stall the step
         # until backward is done on an asynchronous device (the loss is read once, at its end).
         coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        for p in params:
+        for p in [*params, *copies]:
             if p.grad is not None:
                 p.grad.mul_(coef.to(p.grad.device))
     return norm

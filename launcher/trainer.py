@@ -38,6 +38,7 @@ from launcher.failures import (
     resume_mode,
     timed,
 )
+from launcher.layout import stage_owner
 from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
 from launcher.parallel import parallelize
@@ -99,6 +100,11 @@ class Trainer:
                 moe.aux_grad_scale = 1.0 / (micro * self.layout.tp)
         self.optimizers = build_optimizers(self.parts, self.layout, t, d, cfg.precision)
         self.params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
+        self.copies = []  # parameters whose gradient another one holds too (clipping)
+        if self.tied is not None and self.tied.copy is not None:
+            self.copies = [self.tied.copy]
+            self.params = [p for p in self.params if p is not self.tied.copy]
+            self.optimizers.alias(self.parts[-1], self.tied.names[1], self.tied.names[0])
         # FSDP casts to param_dtype itself; replicated models compute under autocast instead.
         self.autocast = cfg.precision.compute_dtype != cfg.precision.master_dtype and not (
             isinstance(self.parts[0], FSDPModule)
@@ -130,6 +136,7 @@ class Trainer:
     def _build_model(self) -> None:
         """This rank's model parts (its pipeline stages, or the whole model), parallelized."""
         cfg, lay, d = self.cfg, self.layout, self.d
+        self.tied = None  # a tied embedding split between pipeline stages
         base = build_model(cfg, cfg.train.seed).to(d.device)
         if lay.pp > 1:
             from launcher.parallel import pipeline  # torch.distributed.pipelining: pp > 1 only
@@ -147,6 +154,16 @@ class Trainer:
             self.parts = [m for _, m in self.stages]
             indices = [i for i, _ in self.stages]
             self.first, self.last = 0 in indices, lay.n_stages - 1 in indices
+            names = pipeline.tied_names(base)
+            if names is not None:
+                held, last = dict(self.stages), lay.n_stages - 1
+                other = stage_owner(last, lay.pp, lay.schedule)
+                self.tied = pipeline.TiedEmbedding(
+                    names,
+                    held[0].get_parameter(names[0]) if 0 in held else None,
+                    held[last].get_parameter(names[1]) if last in held else None,
+                    d.pp_pair_group(0, other) if other != 0 else None,
+                )
             self.schedule = pipeline.build_schedule(
                 self.stages,
                 lay.n_stages,
@@ -215,7 +232,9 @@ class Trainer:
         lr = lr_at(step - 1, self.cfg.train)
         self.optimizers.set_lr(lr)
         self.reduce_gradients()
-        grad_norm = clip_grad_norm(self.params, self.cfg.train.grad_clip, self.d.group("pp"))
+        grad_norm = clip_grad_norm(
+            self.params, self.cfg.train.grad_clip, self.d.group("pp"), self.copies
+        )
         self.optimizers.step()
         self.optimizers.zero_grad()
         return lr, grad_norm
@@ -226,9 +245,12 @@ class Trainer:
         over dp x cp (Layout.grads_averaged_by_trainer)."""
         if self.layout.grads_averaged_by_trainer:
             experts = {id(p) for part in self.parts for p in expert_params(part)}
-            others = [p.grad for p in self.params if id(p) not in experts and p.grad is not None]
+            params = [*self.params, *self.copies]
+            others = [p.grad for p in params if id(p) not in experts and p.grad is not None]
             average_grads(others, self.d.dp_cp_mesh.get_group())
         sync_expert_grads(self.parts)
+        if self.tied is not None:
+            self.tied.sync_grads()
 
     def balance_step(self) -> dict:
         """MoE models: the expert loads of the step, the bias update, their metrics."""
@@ -375,7 +397,8 @@ class Trainer:
 
         with timed(f"loading {path}", self.d.rank, self.cfg.train.timeout_s):
             read = hf_weights.load_into(self.parts, path, vars(self.cfg.model))
-        total = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in self.params)
+        held = [*self.params, *self.copies]
+        total = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in held)
         if self.d.rank == 0:
             print(
                 f"starting from the Hugging Face weights in {path} (rank 0 read {read:,} "

@@ -190,7 +190,7 @@ def resumed(source_layout: str, layout: str) -> Job:
     ],
 )
 def test_bf16_moments_checkpoint_and_resume_bitwise(layout, group):
-    """ZeRO-1 (ZeroRedundancyOptimizer's own entries) and FSDP (DTensor moments) save bf16
+    """ZeRO-1 (each rank's own entries) and FSDP (DTensor moments) save bf16
     moments and resume from them to the same losses and parameters, bit for bit; ZeRO-1's
     entries also reshard into FSDP's DTensors."""
     src = group.result(source(layout))

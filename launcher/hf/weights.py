@@ -83,6 +83,9 @@ def load_into(parts: list[nn.Module], hf_dir: str | Path, model: dict) -> int:
     shards, pipeline stages) from the directory; returns the number of elements this rank
     read."""
     table, reader = sources(model), Reader(hf_dir)
+    if model.get("tie_embeddings"):
+        # A pipeline's last stage holds its own copy of the tied matrix as its output.
+        table = {**table, "output.weight": table["tok_embeddings.weight"]}
     for part in parts:
         # Parameters (a tied weight is listed once), and the buffers the table names
         # (DeepSeek-V3's expert bias); other buffers (RoPE tables, load counts) are derived.

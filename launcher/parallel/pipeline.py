@@ -5,12 +5,14 @@ The split comes from the layout (launcher/layout.py): layers per stage as even a
 possible with the extra ones in the middle, stage s on rank s % pp for the looped schedules
 and rank s or 2 pp - 1 - s for the V-shaped ones. Each stage is a pruned copy of the whole
 model: layers outside its range removed, tok_embeddings / embed only on the first stage,
-norm and output only on the last. The model classes allow those to be None.
+norm and output only on the last. The model classes allow those to be None. A tied
+embedding is held by both the first and the last stage (TiedEmbedding).
 """
 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -26,6 +28,7 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 from torch.distributed.pipelining._backward import stage_backward
+from torch.distributed.tensor import DTensor
 
 from launcher.layout import SCHEDULES, SINGLE, rank_stages, split_layers, stage_owner, stage_starts
 from models.moe import MoE
@@ -78,6 +81,48 @@ def split(
         (s, stage_module(model, starts[s], counts[s], s == 0, s == n_stages - 1))
         for s in sorted(rank_stages(pp_rank, pp, v, schedule))
     ]
+
+
+def tied_names(model: nn.Module) -> tuple[str, str] | None:
+    """(the embedding's name, the output projection's name) of a matrix the two share, or None
+    for a model without tied embeddings."""
+    output = getattr(model, "output", None)
+    if output is None:
+        return None
+    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is output.weight]
+    return (names[0], names[-1]) if len(names) > 1 else None
+
+
+@dataclass
+class TiedEmbedding:
+    """A tied embedding under a pipeline, kept as Megatron keeps it: stage 0 holds the matrix
+    as its embedding and the last stage a copy as its output projection, both from the same
+    initialisation. Their gradients are summed after backward (each is a part of the one
+    matrix's gradient), so both take the same steps; the copy is counted once in the gradient
+    norm and its optimizer states are saved under the embedding's name. On this rank:
+    `embedding` if it holds stage 0, `copy` if it holds the last stage, `group` the two
+    pipeline ranks (None when one rank holds both stages, as the V schedules place them)."""
+
+    names: tuple[str, str]  # (embedding, output projection)
+    embedding: nn.Parameter | None
+    copy: nn.Parameter | None
+    group: object | None
+
+    @torch.no_grad()
+    def sync_grads(self) -> None:
+        import torch.distributed as dist
+
+        held = [local(p.grad) for p in (self.embedding, self.copy) if p is not None]
+        if len(held) == 2:
+            held[0].add_(held[1])
+            held[1].copy_(held[0])
+        elif held:
+            dist.all_reduce(held[0], group=self.group)
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a (sharded) gradient, as a view."""
+    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class Stage(PipelineStage):

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 
 from launcher.cli import USAGE_ERROR, fail, hydra_app, to_config
 from launcher.config import PlanFormat
-from launcher.plan import make_plan
+from launcher.plan import engine_plan
 from launcher.plan.report import plan_json, print_plan
 from launcher.plan.rules import config_problems
 
@@ -43,7 +43,8 @@ def task(dcfg: DictConfig) -> None:
     drawing_suffix = Path(cfg.plan.draw).suffix.lower()
     if cfg.plan.draw and drawing_suffix not in DRAWING_FORMATS:
         fail(f"plan.draw={cfg.plan.draw}: the file must end in one of {', '.join(DRAWING_FORMATS)}")
-    plan = make_plan(cfg)
+    # What launcher.train would refuse is refused here too: the engine's limitations included.
+    plan = engine_plan(cfg)
     dry = None
     if cfg.plan.dry_run and plan.valid:
         from launcher.plan.dry_run import dry_run
@@ -69,8 +70,11 @@ def task(dcfg: DictConfig) -> None:
             dry.print()
         if note:
             print(note)
-    ok = plan.ok and (dry is None or dry.ok)
-    sys.exit(0 if ok else USAGE_ERROR)
+    if not plan.ok:
+        sys.exit(USAGE_ERROR)
+    # The planner disagreeing with the engine's own shards is the planner's failure, not a
+    # usage error.
+    sys.exit(0 if dry is None or dry.ok else 1)
 
 
 def draw(plan, path: str):

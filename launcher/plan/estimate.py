@@ -261,7 +261,25 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
     )
 
 
-def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -> Memory:
+@dataclass(frozen=True)
+class RankParams:
+    """The parameters a pipeline rank holds before any data-parallel sharding, and the ranks
+    each kind is sharded over (FSDP, or ZeRO's optimizer side)."""
+
+    dense: float  # tp-sharded where TP shards them
+    experts: float  # its ep share of the routed experts
+    dense_ranks: int
+    expert_ranks: int
+
+    def at_rest(self, lay: Layout) -> float:
+        """What the rank keeps between steps: FSDP (and ZeRO-2, which reshards after
+        backward) keeps shards, the rest keeps whole tensors."""
+        if not lay.fsdp_enabled:
+            return self.dense + self.experts
+        return self.dense / self.dense_ranks + self.experts / self.expert_ranks
+
+
+def rank_params(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -> RankParams:
     s, m = ctx.shape, ctx.model
     moe_layers = layers - dense
     first = rank == 0
@@ -270,22 +288,34 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
         layers * s.attn_params + dense * s.dense_mlp_params + moe_layers * s.moe_shared_params
     )
     replicated = layers * (s.attn_replicated + s.norm_params)
-    emb = s.embedding if first or (last and m.tie_embeddings and lay.pp > 1) else 0
+    # A tied embedding under a pipeline: the last stage holds its own copy of the token
+    # embedding as its output projection (on rank 0 too under the V schedules).
+    tied_copy = m.vocab_size * m.dim if last and m.tie_embeddings and lay.pp > 1 else 0
+    emb = (s.embedding if first else 0) + tied_copy
     head = s.head if last else 0
-    dense_params = (tp_sharded + emb + head) / lay.tp + replicated
-    expert_params = moe_layers * s.expert_params / lay.ep
-    n_dense = lay.dp_shard * lay.cp
-    # The experts' states are sharded only by their own FSDP unit, over the ranks holding the
-    # same experts; under DDP and ZeRO-1 each rank keeps its experts' states whole.
-    n_expert = max(1, lay.dp_shard * lay.cp * lay.tp // lay.ep) if lay.fsdp_enabled else 1
+    return RankParams(
+        dense=(tp_sharded + emb + head) / lay.tp + replicated,
+        experts=moe_layers * s.expert_params / lay.ep,
+        dense_ranks=lay.dp_shard * lay.cp,
+        # The experts' states are sharded (by their own FSDP unit, or ZeRO-1's) over the
+        # ranks of one replica holding the same experts.
+        expert_ranks=max(1, lay.dp_shard * lay.cp * lay.tp // lay.ep),
+    )
+
+
+def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -> Memory:
+    s, m = ctx.shape, ctx.model
+    moe_layers = layers - dense
+    last = rank == last_stage_rank(lay.pp, lay.schedule)
+    held = rank_params(ctx, lay, rank, layers, dense)
     stage, grad_b = lay.zero_stage, ctx.grad_b
     if lay.pp > 1 and stage >= 2 and not lay.reshard_each_microbatch:
         # torch's pipeline stages keep FSDP parameters gathered and gradients unreduced (in
         # param dtype) from the first micro-batch to the last, then reduce-scatter once.
         stage, grad_b = 1, ctx.param_b
     sizes = (ctx.param_b, grad_b, ctx.master_b, ctx.optim_b)
-    dense_states = state_bytes(dense_params, n_dense, stage, *sizes)
-    expert_states = state_bytes(expert_params, n_expert, stage, *sizes)
+    dense_states = state_bytes(held.dense, held.dense_ranks, stage, *sizes)
+    expert_states = state_bytes(held.experts, held.expert_ranks, stage, *sizes)
     params, grads, master, optim = (a + b for a, b in zip(dense_states, expert_states, strict=True))
 
     tokens = lay.micro_batch_size * ctx.seq / lay.cp  # per micro-batch on this rank
@@ -321,9 +351,10 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     unit = (s.attn_params + s.dense_mlp_params) / lay.tp
     if ctx.moe:
         unit = max(unit, (s.attn_params + s.moe_shared_params) / lay.tp + s.expert_params / lay.ep)
-    if stage == 3 and n_dense > 1:  # two gathered units (prefetch) and one unreduced gradient
+    # Two gathered units (prefetch) and one unreduced gradient.
+    if stage == 3 and held.dense_ranks > 1:
         other += unit * (2 * ctx.param_b + ctx.grad_b)
-    elif stage == 2 and n_dense > 1:
+    elif stage == 2 and held.dense_ranks > 1:
         other += unit * ctx.grad_b
     return Memory(params, grads, master, optim, activations, other, rank)
 

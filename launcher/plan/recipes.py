@@ -1,10 +1,12 @@
-"""`python -m launcher.plan.recipes`: every recipe's plan as a Markdown table (for the README)."""
+"""`python -m launcher.plan.recipes`: every recipe's plan as a Markdown table (for the README),
+with whether `launcher.train` runs it (else the limitations that refuse it)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from launcher.cli import CONF_DIR, compose
+from launcher.limitations import refusals
 from launcher.plan import make_plan
 from launcher.plan.memory import GIB
 
@@ -14,8 +16,8 @@ RECIPES = Path(CONF_DIR).parent / "recipes"
 def rows() -> list[str]:
     out = [
         "| recipe | model | GPUs | tp cp pp dp ep | schedule | recompute | memory GiB "
-        "(of) | step s | MFU |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "(of) | step s | MFU | trains |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for path in sorted(RECIPES.glob("*.yaml")):
         cfg = compose([f"recipe={path.stem}"])
@@ -24,11 +26,12 @@ def rows() -> list[str]:
         lay, est = plan.layout, plan.estimate
         schedule = f"{lay.schedule} v{lay.stages_per_rank}" if lay.pp > 1 else "-"
         dp = f"{d['dp_replicate']}x{d['dp_shard']}" if d["dp_replicate"] > 1 else d["dp_shard"]
+        refused = ", ".join(f"no: `{x.name}`" for x, _ in refusals(cfg, lay)) or "yes"
         out.append(
             f"| {path.stem} | {cfg.model.name} | {plan.world_size:,} {hw.name} | "
             f"{d['tp']} {d['cp']} {d['pp']} {dp} {d['ep']} | {schedule} | {lay.recompute} | "
             f"{plan.memory.total / GIB:.1f} ({hw.memory_gib:g}) | {est.time.step:.3g} | "
-            f"{est.mfu:.1%} |"
+            f"{est.mfu:.1%} | {refused} |"
         )
     return out
 

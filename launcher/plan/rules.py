@@ -2,7 +2,8 @@
 
 Three sets: `config_problems` (model, training, precision, data: independent of the layout),
 `layout_problems` (degrees, divisibility, pipeline, batch: evaluated for every searched
-layout, so kept cheap) and `engine_problems` (what `launcher.train` cannot run yet).
+layout, so kept cheap) and `engine_problems` (what `launcher.train` cannot run yet: the
+records of launcher/limitations.py).
 """
 
 from __future__ import annotations
@@ -12,13 +13,8 @@ from dataclasses import dataclass
 from launcher.config import Config, DType, ParallelConfig
 from launcher.data import data_sizes, split_sizes
 from launcher.layout import AXES, LOOPED, SCHEDULES, SINGLE, SPLIT_BACKWARD, V_SCHEDULES
+from launcher.limitations import refusals
 from launcher.plan import pipeline as pl
-
-# Axes whose engine is not built yet: launcher.train refuses them by name.
-ENGINE_FAMILIES = ("llama", "gpt", "mixtral", "deepseek")
-# Families whose attention the context-parallel core replaces (MLA's decoupled RoPE key and
-# its own head widths are not wired yet).
-CP_FAMILIES = ("llama", "gpt", "mixtral")
 
 
 @dataclass(frozen=True)
@@ -287,6 +283,12 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
             f"train.seq_len={t.seq_len} must be divisible by tp={tp} x cp={cp} "
             "with tensor.sequence_parallel=true (each tp rank holds a slice of the sequence)",
         )
+    if tp > 1 and m.n_routed_experts and t.seq_len % tp:
+        err(
+            "tp_routed_seq",
+            f"train.seq_len={t.seq_len} must be divisible by tp={tp} with routed experts: "
+            "each tp rank routes its own slice of every sequence",
+        )
     if cp > 1:
         chunks = 2 * cp if cfg.context.load_balance else cp
         if t.seq_len % chunks:
@@ -313,14 +315,14 @@ def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
     sched = lay.schedule
     if v < 1:
         err("pp_stages", f"pipeline.stages_per_rank={v} must be >= 1")
+    elif sched in V_SCHEDULES and v != 2:  # with pp = 1 too: the V is then one rank's
+        err(
+            "pp_stages",
+            f"pipeline.schedule={sched} places exactly 2 stages per rank in a V; "
+            f"got pipeline.stages_per_rank={v}",
+        )
     elif pp > 1:
-        if sched in V_SCHEDULES and v != 2:
-            err(
-                "pp_stages",
-                f"pipeline.schedule={sched} places exactly 2 stages per rank in a V; "
-                f"got pipeline.stages_per_rank={v}",
-            )
-        elif sched in LOOPED and v < 2:
+        if sched in LOOPED and v < 2:
             err(
                 "pp_stages",
                 f"pipeline.schedule={sched} needs pipeline.stages_per_rank >= 2 "
@@ -508,110 +510,6 @@ def reads_any(problem: Problem, degrees) -> bool:
 
 
 def engine_problems(cfg: Config, lay) -> list[Problem]:
-    """What the planner accepts but launcher.train cannot run yet, refused by name."""
-    errors: list[Problem] = []
-    if cfg.model.family not in ENGINE_FAMILIES:
-        errors.append(
-            Problem(
-                "not_available",
-                f"model.family={cfg.model.family}: training this "
-                "family is not available yet (launcher.plan can plan it)",
-            )
-        )
-    if lay.tp > 1 and lay.dp > 1 and (lay.zero_stage <= 1 or lay.dp_shard == 1):
-        errors.append(
-            Problem(
-                "not_available",
-                f"parallel.tp={lay.tp} with DDP or ZeRO-1: tensor "
-                "parallelism composes with FSDP/HSDP only (data_parallel=zero2 or "
-                "fsdp with dp_shard > 1)",
-            )
-        )
-    if lay.tp > 1 and cfg.train.compile and cfg.hardware.device_type.value == "cpu":
-        errors.append(
-            Problem(
-                "not_available",
-                f"train.compile=true with parallel.tp={lay.tp} on "
-                "CPU: torch 2.13's compiled backward hands DTensor redistribution "
-                "a plain tensor (AttributeError _local_tensor); compile without tp",
-            )
-        )
-    if lay.cp > 1 and cfg.model.family not in CP_FAMILIES:
-        errors.append(
-            Problem(
-                "not_available",
-                f"parallel.cp={lay.cp} with model.family={cfg.model.family}: context "
-                f"parallelism is available for {', '.join(CP_FAMILIES)} attention only",
-            )
-        )
-    if lay.cp > 1 and cfg.model.dropout > 0:
-        errors.append(
-            Problem(
-                "not_available",
-                f"parallel.cp={lay.cp} with model.dropout={cfg.model.dropout:g}: attention "
-                "dropout is not available under context parallelism (each rank would drop "
-                "its own random scores); set model.dropout=0",
-            )
-        )
-    if lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.fsdp_enabled:
-        errors.append(
-            Problem(
-                "not_available",
-                f"pipeline.schedule={lay.schedule} with FSDP/ZeRO-2 over dp x cp = {lay.dp_cp} "
-                f"ranks (dp_replicate={lay.dp_replicate} x dp_shard={lay.dp_shard} x cp="
-                f"{lay.cp}): torch 2.13's pipeline stage runs the separate weight-gradient "
-                "pass outside FSDP's backward hooks, and the gradients come out wrong "
-                "(llama3_debug step 1 gradient norm: one process 6.78, FSDP 4.82); use "
-                "data_parallel=ddp or zero1 (the trainer then averages the gradients itself), "
-                "or gpipe, 1f1b or interleaved_1f1b",
-            )
-        )
-    routed_elsewhere = cfg.model.n_routed_experts and (lay.ep > 1 or lay.tp > 1)
-    if (
-        lay.pp > 1
-        and lay.schedule in SPLIT_BACKWARD
-        and lay.recompute in ("full", "op")
-        and routed_elsewhere
-    ):
-        errors.append(
-            Problem(
-                "not_available",
-                f"pipeline.schedule={lay.schedule} with recompute={lay.recompute} (which reruns "
-                f"the dispatch) and routed experts "
-                f"across ranks (ep={lay.ep}, tp={lay.tp}): the recomputed blocks' all-to-alls "
-                "fell out of step between ranks in torch 2.13's separate weight-gradient pass "
-                "(recipe=deepseek_v3_debug at step 10: the checkpoint found other token counts "
-                "than its forward's); use recompute=selective or none, or gpipe, 1f1b or "
-                "interleaved_1f1b",
-            )
-        )
-    if lay.pp > 1 and lay.recompute == "op" and routed_elsewhere and lay.fsdp_enabled:
-        errors.append(
-            Problem(
-                "not_available",
-                f"recompute=op with parallel.pp={lay.pp}, FSDP and routed experts on their own "
-                f"FSDP mesh (ep={lay.ep}, tp={lay.tp}): FSDP gathers the experts again inside "
-                "the recompute, which torch 2.13's selective checkpoint cannot replay "
-                "(mixtral_debug pp=2 x ep=2, 1f1b: aten.copy_ 'encountered during backward but "
-                "not found in storage'; torchtitan#3427); use recompute=full, "
-                "data_parallel=ddp or zero1, or pp=1",
-            )
-        )
-    if lay.pp > 1 and cfg.model.tie_embeddings:
-        errors.append(
-            Problem(
-                "not_available",
-                f"parallel.pp={lay.pp} with "
-                "model.tie_embeddings=true: the first and last stages would hold "
-                "separate copies of the tied matrix; set model.tie_embeddings=false",
-            )
-        )
-    if lay.tp > 1 and cfg.model.n_routed_experts and cfg.train.seq_len % lay.tp:
-        errors.append(
-            Problem(
-                "not_available",
-                f"train.seq_len={cfg.train.seq_len} must be divisible by tp={lay.tp} with "
-                "routed experts: each tp rank routes its own slice of every sequence",
-            )
-        )
-    return errors
+    """What the planner accepts but launcher.train cannot run yet, refused by name: the
+    limitations of launcher/limitations.py that apply to this layout."""
+    return [Problem("not_available", message) for _, message in refusals(cfg, lay)]

@@ -24,6 +24,7 @@ SAVE = [f"checkpoint.interval={HALF}", "checkpoint.keep=0"]
 MIDDLE, LAST = (f"checkpoints/step_{n:08d}" for n in (HALF, STEPS))
 FOUR = ["hardware.devices_per_node=4"]
 PP2 = ["hardware.devices_per_node=2", "parallel.pp=2", "parallel.dp_shard=1"]
+GPT_TIED = ["model=gpt_debug", "model.dropout=0.0", "model.tie_embeddings=true"]
 LAYOUTS = {
     "fsdp dp_shard=2": ["hardware.devices_per_node=2"],
     "fsdp dp_shard=4": FOUR,
@@ -53,6 +54,11 @@ LAYOUTS = {
     "dp_shard=2 x tp=2": [*FOUR, "parallel.tp=2", "tensor=sequence_parallel"],
     "one process": ["hardware.devices_per_node=1"],
     "ddp 2": ["hardware.devices_per_node=2", "parallel.dp_replicate=2", "parallel.dp_shard=1"],
+    # Tied embeddings: the last stage's copy is saved and loaded under the embedding's name,
+    # so a pipeline's checkpoint holds one matrix, as one process's does.
+    "gpt tied pp=2 1f1b": [*GPT_TIED, *PP2],
+    "gpt tied pp=2 zbv": [*GPT_TIED, *PP2, "pipeline=zbv"],
+    "gpt tied one process": [*GPT_TIED, "hardware.devices_per_node=1"],
 }
 BITWISE = [
     "fsdp dp_shard=2",
@@ -65,6 +71,8 @@ BITWISE = [
     "gpt dropout=0.1 one process",
     "cp=2 ring",
     "mixtral ep=2",
+    "gpt tied pp=2 1f1b",
+    "gpt tied pp=2 zbv",
 ]
 RESHARD = [
     ("fsdp dp_shard=4", "dp_shard=2 x tp=2"),
@@ -76,6 +84,8 @@ RESHARD = [
     ("cp=2 ring", "one process"),
     ("mixtral ep=2", "mixtral one process"),
     ("mixtral ep=2", "mixtral ep=4"),
+    ("gpt tied pp=2 1f1b", "gpt tied one process"),
+    ("gpt tied one process", "gpt tied pp=2 zbv"),
 ]
 
 

@@ -42,7 +42,8 @@ def record_first_forward(trainer: Trainer) -> list[saved_bytes.Recorder]:
     shared = [t for part in trainer.parts for t in (*part.parameters(), *part.buffers())]
     recorders = []
     for part in trainer.parts:
-        for block in part.layers.values():
+        plain = getattr(part, "module", part)  # inside DDP's wrapper
+        for block in plain.layers.values():
             recorders.append(saved_bytes.Recorder(shared))
             watch(block, recorders[-1])
     return recorders
@@ -116,7 +117,8 @@ def job(out: Path, *cases: str) -> None:
     for case in cases:
         layout, mode = case.split(";")
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-            args = [*BATCH, "model=llama3_debug", *layout.split(), *mode.split()]
+            model = [] if "model=" in layout else ["model=llama3_debug"]
+            args = [*BATCH, *model, *layout.split(), *mode.split()]
             dcfg = compose("config", overrides=args)
         cfg = OmegaConf.to_object(dcfg)
         plan = engine_plan(cfg)

@@ -43,6 +43,18 @@ LAYOUTS = {
     # Experts replicated over the tp ranks, no FSDP: their gradients are reduced by hand.
     "tp=2 alone": ["hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],
     "zero1 x ep=2": ["hardware.devices_per_node=2", "parallel.ep=2", "data_parallel=zero1"],
+    # ZeRO-1 shards the experts' Adam states too, over the ranks holding the same experts: 2
+    # here (dp_shard=4 / ep=2), 4 under tp=2 (experts replicated over dp_shard x tp).
+    "zero1 dp_shard=4 x ep=2": [
+        "hardware.devices_per_node=4",
+        "parallel.ep=2",
+        "data_parallel=zero1",
+    ],
+    "zero1 dp_shard=2 x tp=2": [
+        "hardware.devices_per_node=4",
+        "parallel.tp=2",
+        "data_parallel=zero1",
+    ],
     # ep=2 borrows the cp pair: the balance loss sums its statistics over cp.
     "cp=2 x ep=2": [
         "hardware.devices_per_node=2",

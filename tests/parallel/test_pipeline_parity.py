@@ -12,8 +12,10 @@ pytestmark = pytest.mark.dist
 MODELS = {
     "llama3_debug": ["model=llama3_debug"],
     "llama3_debug 6 layers": ["model=llama3_debug", "model.n_layers=6"],
-    # Tied embeddings would need the first and last stage to share a gradient: untied here.
     "gpt_debug": ["model=gpt_debug", "model.dropout=0.0", "model.tie_embeddings=false"],
+    # Tied: the first stage's embedding and the last stage's copy sum their gradients.
+    "gpt_debug tied": ["model=gpt_debug", "model.dropout=0.0"],
+    "llama3_debug tied": ["model=llama3_debug", "model.tie_embeddings=true"],
 }
 PP2 = ["hardware.devices_per_node=2", "parallel.pp=2", "parallel.dp_shard=1"]
 ROWS = {
@@ -40,6 +42,17 @@ ROWS = {
             "tensor=sequence_parallel",
         ],
     ),
+    # Megatron's 3-D layout, scaled down: pp x tp x ZeRO-1 (the distributed optimizer).
+    "pp=2 x tp=2 x zero1 dp=2": (
+        "llama3_debug",
+        [
+            "hardware.devices_per_node=8",
+            "parallel.pp=2",
+            "parallel.tp=2",
+            "data_parallel=zero1",
+            "tensor=sequence_parallel",
+        ],
+    ),
     "interleaved_1f1b pp=2 v=2 x dp_shard=2": (
         "llama3_debug",
         [
@@ -50,6 +63,24 @@ ROWS = {
         ],
     ),
     "gpt_debug pp=2 1f1b": ("gpt_debug", PP2),
+    # Tied embeddings: on two pipeline ranks (their own group), on one (the V schedules put
+    # the first and last stage on rank 0), under FSDP, and under TP x ZeRO-1.
+    "gpt_debug tied pp=2 1f1b": ("gpt_debug tied", PP2),
+    "llama3_debug tied pp=2 zbv": ("llama3_debug tied", [*PP2, "pipeline=zbv"]),
+    "llama3_debug tied pp=2 x dp_shard=2": (
+        "llama3_debug tied",
+        ["hardware.devices_per_node=4", "parallel.pp=2"],
+    ),
+    "gpt_debug tied pp=2 x tp=2 x zero1 dp=2": (
+        "gpt_debug tied",
+        [
+            "hardware.devices_per_node=8",
+            "parallel.pp=2",
+            "parallel.tp=2",
+            "data_parallel=zero1",
+            "tensor=sequence_parallel",
+        ],
+    ),
     "pp=2 x dp_shard=2 resharding every micro-batch": (
         "llama3_debug",
         ["hardware.devices_per_node=4", "parallel.pp=2", "pipeline.reshard_each_microbatch=true"],

@@ -41,6 +41,15 @@ LAYOUTS = {
         "parallel.dp_shard=2",
         "tensor=sequence_parallel",
     ],
+    # Megatron's layouts: TP beside DDP or ZeRO-1 (the trainer averages the TP shards' gradients
+    # over dp; ZeRO-1 steps each rank's share of them).
+    "ddp dp=2 x tp=2": ["hardware.devices_per_node=4", "parallel.tp=2", "data_parallel=ddp"],
+    "zero1 dp=2 x tp=2 sp": [
+        "hardware.devices_per_node=4",
+        "parallel.tp=2",
+        "data_parallel=zero1",
+        "tensor=sequence_parallel",
+    ],
     # Per-op recompute on blocks 0 and 2; blocks 1 and 3 keep their gathered inputs' shards.
     "dp_shard=2 x tp=2 sp recompute=op every=2": [
         "hardware.devices_per_node=4",

@@ -1,4 +1,5 @@
-"""The dry run shards the real model over a fake group and agrees with the analytic count."""
+"""The dry run shards the real model over a fake group and agrees with the analytic count
+(within 0.1%: more fails the dry run)."""
 
 from __future__ import annotations
 
@@ -78,6 +79,34 @@ LAYOUTS = {
         "hardware.nodes=16",
         "train.global_batch_size=128",
     ],
+    # Experts under a pipeline: each rank holds its ep share of its stages' experts, sharded
+    # by FSDP over the ranks holding the same experts (dp_shard x tp / ep), not over dp_shard.
+    "mixtral_8x7b pp 4 x tp 2 x ep 4 x fsdp 8": [
+        "model=mixtral_8x7b",
+        "hardware.nodes=8",
+        "parallel.pp=4",
+        "parallel.tp=2",
+        "parallel.ep=4",
+        "train.global_batch_size=64",
+    ],
+    "mixtral_8x7b pp 4 x ep 8 x zero1 16": [
+        "model=mixtral_8x7b",
+        "hardware.nodes=8",
+        "parallel.pp=4",
+        "parallel.ep=8",
+        "data_parallel=zero1",
+        "train.global_batch_size=64",
+    ],
+    # A tied embedding under a pipeline: the last stage holds a copy of it.
+    "llama3_8b tied pp 4 x tp 8": [
+        "model=llama3_8b",
+        "model.tie_embeddings=true",
+        "hardware.nodes=8",
+        "parallel.pp=4",
+        "parallel.tp=8",
+        "parallel.dp_shard=2",
+        "train.global_batch_size=64",
+    ],
     "mixtral_8x7b hsdp 2x32": [
         "model=mixtral_8x7b",
         "hardware.nodes=8",
@@ -95,7 +124,7 @@ def test_dry_run_matches_analytic_parameters(name):
     assert plan.world_size >= 64
     result = dry_run(cfg, plan)
     assert result.ok, result.errors
-    assert result.relative_error < 0.01, (result.engine_params, result.analytic_params)
+    assert result.relative_error < 1e-3, (result.engine_params, result.analytic_params)
 
 
 def test_dry_run_reports_what_the_engine_refuses():
@@ -131,7 +160,7 @@ def test_dry_run_builds_context_parallel_layout():
     )
     result = dry_run(cfg, make_plan(cfg))
     assert result.ok, result.errors
-    assert result.relative_error < 0.01, (result.engine_params, result.analytic_params)
+    assert result.relative_error < 1e-3, (result.engine_params, result.analytic_params)
 
 
 @pytest.mark.e2e
@@ -147,4 +176,4 @@ def test_dry_run_cli_json():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     out = json.loads(result.stdout)
-    assert out["dry_run"]["ok"] and out["dry_run"]["relative_error"] < 0.01
+    assert out["dry_run"]["ok"] and out["dry_run"]["relative_error"] < 1e-3

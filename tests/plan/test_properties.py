@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from omegaconf.errors import OmegaConfBaseException
 
-from launcher.plan import make_plan
+from launcher.plan import engine_plan
 from launcher.plan.report import plan_json
 
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
@@ -40,7 +40,8 @@ OVERRIDES = st.fixed_dictionaries(
         "pipeline.schedule": st.sampled_from(["1f1b", "bogus"]),
         "pipeline.stages_per_rank": st.integers(-1, 8),
         "pipeline.microbatches": st.integers(-1, 64),
-        "recompute": st.sampled_from(["none", "selective", "full"]),
+        "recompute": st.sampled_from(["none", "selective", "op", "full"]),
+        "model.tie_embeddings": st.booleans(),
         "tensor": st.sampled_from(["plain", "sequence_parallel"]),
         "context": st.sampled_from(["allgather", "ring"]),
         "precision": st.sampled_from(["auto", "fp32", "bf16_mixed"]),
@@ -69,7 +70,7 @@ def test_random_overrides_are_accepted_or_rejected_by_name(overrides):
         cfg = compose_config(args)
     except (HydraException, OmegaConfBaseException):
         return  # a type or value the schema refuses: the CLI's exit 2 (test_config)
-    plan = make_plan(cfg)
+    plan = engine_plan(cfg)
     out = json.loads(json.dumps(plan_json(plan)))
     if plan.ok:
         assert out["valid"] and out["fits"] and not out["errors"]

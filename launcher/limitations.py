@@ -1,0 +1,136 @@
+"""What the engine cannot run yet: one record per limitation, in one table.
+
+The planner refuses a layout that one of them applies to (`launcher.plan` exits 2 and names
+it, as `launcher.train` does), the search leaves such layouts out, and the README's list of
+known limitations is generated from this table (`python -m launcher.limitations`), so that a
+workaround is found, and retired, in one place. Each record carries its evidence: the
+upstream issue or the measurement that shows the limitation. Pure Python: the planner imports
+it without torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from launcher.layout import SPLIT_BACKWARD, Layout
+
+# The families whose attention the context-parallel cores implement.
+CP_FAMILIES = ("llama", "gpt", "mixtral")
+
+
+@dataclass(frozen=True)
+class Limitation:
+    name: str
+    applies: Callable[[object, Layout], bool]  # (Config, Layout) -> whether it refuses them
+    message: Callable[[object, Layout], str]  # the rule and the fix, with the values
+    summary: str  # one line for the docs: which layouts
+    evidence: str  # the upstream issue or the measured case
+
+
+def _routed_elsewhere(cfg, lay: Layout) -> bool:
+    """Routed experts whose tokens travel between ranks (expert or tensor parallelism)."""
+    return bool(cfg.model.n_routed_experts) and (lay.ep > 1 or lay.tp > 1)
+
+
+LIMITATIONS: tuple[Limitation, ...] = (
+    Limitation(
+        "compile_tp_cpu",
+        lambda cfg, lay: (
+            lay.tp > 1 and cfg.train.compile and cfg.hardware.device_type.value == "cpu"
+        ),
+        lambda cfg, lay: (
+            f"train.compile=true with parallel.tp={lay.tp} on CPU is not available; compile "
+            "without tp, or run tp uncompiled"
+        ),
+        "train.compile=true with tp > 1 on CPU",
+        "torch 2.13's compiled backward hands DTensor redistribution a plain tensor on CPU "
+        "(AttributeError: _local_tensor), measured on llama3_debug tp=2",
+    ),
+    Limitation(
+        "cp_family",
+        lambda cfg, lay: lay.cp > 1 and cfg.model.family not in CP_FAMILIES,
+        lambda cfg, lay: (
+            f"parallel.cp={lay.cp} with model.family={cfg.model.family}: context parallelism "
+            f"is available for {', '.join(CP_FAMILIES)} attention only; use tp or pp instead"
+        ),
+        "cp > 1 with the deepseek family (MLA attention)",
+        "not built yet: the ring and all-gather cores take llama's and gpt's attention",
+    ),
+    Limitation(
+        "cp_dropout",
+        lambda cfg, lay: lay.cp > 1 and cfg.model.dropout > 0,
+        lambda cfg, lay: (
+            f"parallel.cp={lay.cp} with model.dropout={cfg.model.dropout:g}: attention dropout "
+            "is not available under context parallelism; set model.dropout=0"
+        ),
+        "cp > 1 with attention dropout",
+        "each rank would drop its own random scores: the result would not equal one process's",
+    ),
+    Limitation(
+        "split_backward_fsdp",
+        lambda cfg, lay: lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.fsdp_enabled,
+        lambda cfg, lay: (
+            f"pipeline.schedule={lay.schedule} with FSDP/ZeRO-2 over dp x cp = {lay.dp_cp} "
+            "ranks is not available; use data_parallel=ddp or zero1 (the trainer then averages "
+            "the gradients itself), or gpipe, 1f1b or interleaved_1f1b"
+        ),
+        "interleaved_zb, zbv, dualpipev under FSDP or ZeRO-2",
+        "torch 2.13's pipeline stage runs the separate weight-gradient pass outside FSDP's "
+        "backward hooks and the gradients come out wrong (llama3_debug step 1 gradient norm: "
+        "one process 6.78, FSDP 4.82)",
+    ),
+    Limitation(
+        "split_backward_recompute_experts",
+        lambda cfg, lay: (
+            lay.pp > 1
+            and lay.schedule in SPLIT_BACKWARD
+            and lay.recompute in ("full", "op")
+            and _routed_elsewhere(cfg, lay)
+        ),
+        lambda cfg, lay: (
+            f"pipeline.schedule={lay.schedule} with recompute={lay.recompute} and routed experts "
+            f"across ranks (ep={lay.ep}, tp={lay.tp}) is not available; use recompute=selective "
+            "or none, or gpipe, 1f1b or interleaved_1f1b"
+        ),
+        "interleaved_zb, zbv, dualpipev with full or op recompute of routed experts across ranks",
+        "the recomputed blocks' all-to-alls fell out of step between ranks in torch 2.13's "
+        "separate weight-gradient pass (recipe=deepseek_v3_debug at step 10: the checkpoint "
+        "found other token counts than its forward's)",
+    ),
+    Limitation(
+        "op_recompute_pp_fsdp_experts",
+        lambda cfg, lay: (
+            lay.pp > 1
+            and lay.recompute == "op"
+            and _routed_elsewhere(cfg, lay)
+            and lay.fsdp_enabled
+        ),
+        lambda cfg, lay: (
+            f"recompute=op with parallel.pp={lay.pp}, FSDP and routed experts on their own FSDP "
+            f"mesh (ep={lay.ep}, tp={lay.tp}) is not available; use recompute=full, "
+            "data_parallel=ddp or zero1, or pp=1"
+        ),
+        "op recompute under a pipeline with FSDP-sharded routed experts",
+        "FSDP gathers the experts again inside the recompute, which torch 2.13's selective "
+        "checkpoint cannot replay (mixtral_debug pp=2 x ep=2, 1f1b: aten.copy_ 'encountered "
+        "during backward but not found in storage'); torchtitan#3427",
+    ),
+)
+
+
+def refusals(cfg, lay: Layout) -> list[tuple[Limitation, str]]:
+    """The limitations that apply to a layout, each with its message."""
+    return [(x, x.message(cfg, lay)) for x in LIMITATIONS if x.applies(cfg, lay)]
+
+
+def markdown() -> str:
+    """The README's list of known limitations."""
+    lines = ["| limitation | layouts | evidence |", "|---|---|---|"]
+    lines += [f"| `{x.name}` | {x.summary} | {x.evidence} |" for x in LIMITATIONS]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(markdown())
