@@ -25,6 +25,9 @@ settings.register_profile("thorough", max_examples=400)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # The session's multi-process jobs (tests/group.py): declared at collection, run by world size.
 GROUP = Group()
+# Recipes whose published layout launcher.train cannot run yet, with the limitation that refuses
+# them (issue 24 closes these; the README's recipes table shows the same).
+REFUSED_RECIPES = {"deepseek_v3_h800": "split_backward_recompute_experts"}
 
 
 def declared_jobs(item) -> list[Job]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import CONF, ROOT, compose_config, run_cli
+from conftest import CONF, REFUSED_RECIPES, ROOT, compose_config, run_cli
 
 from launcher.config import Config, DType
 from launcher.limitations import refusals
@@ -50,11 +50,6 @@ def test_every_recipe_composes(recipe):
     assert isinstance(compose_config([f"recipe={recipe}"]), Config)
 
 
-# Recipes whose published layout launcher.train cannot run yet, by the limitation that refuses
-# them (issue 24 closes these; the README's recipes table shows the same).
-REFUSED = {"deepseek_v3_h800": "split_backward_recompute_experts"}
-
-
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_is_valid_and_fits_its_hardware(recipe):
     plan = make_plan(compose_config([f"recipe={recipe}"]))
@@ -66,7 +61,7 @@ def test_every_recipe_is_valid_and_fits_its_hardware(recipe):
 def test_every_recipe_passes_the_engines_limitations_at_full_size(recipe):
     cfg = compose_config([f"recipe={recipe}"])
     refused = [x.name for x, _ in refusals(cfg, make_plan(cfg).layout)]
-    assert refused == ([REFUSED[recipe]] if recipe in REFUSED else []), refused
+    assert refused == ([REFUSED_RECIPES[recipe]] if recipe in REFUSED_RECIPES else []), refused
 
 
 def test_readme_recipes_table_is_the_generated_one():

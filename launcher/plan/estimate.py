@@ -287,11 +287,12 @@ def rank_params(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     tp_sharded = (
         layers * s.attn_params + dense * s.dense_mlp_params + moe_layers * s.moe_shared_params
     )
-    replicated = layers * (s.attn_replicated + s.norm_params)
+    replicated = layers * (s.attn_replicated + s.norm_params) + dense * s.mlp_replicated
     # A tied embedding under a pipeline: the last stage holds its own copy of the token
     # embedding as its output projection (on rank 0 too under the V schedules).
     tied_copy = m.vocab_size * m.dim if last and m.tie_embeddings and lay.pp > 1 else 0
-    emb = (s.embedding if first else 0) + tied_copy
+    emb = (s.embedding - s.positions if first else 0) + tied_copy
+    replicated += s.positions if first else 0
     head = s.head if last else 0
     return RankParams(
         dense=(tp_sharded + emb + head) / lay.tp + replicated,

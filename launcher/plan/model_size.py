@@ -27,12 +27,12 @@ class Shape:
     n_layers: int
     n_dense_layers: int  # layers with a dense MLP (all of them for dense families)
     attn_params: int  # attention matmul weights (sharded by tp)
-    attn_replicated: int  # norms and latent norms inside attention (replicated over tp)
+    attn_replicated: int  # latent norms, the output projection's bias (replicated over tp)
     dense_mlp_params: int
     expert_params: int  # all routed experts of one MoE layer (sharded by ep)
     moe_shared_params: int  # shared experts + router of one MoE layer (replicated over ep)
     norm_params: int  # the two block norms (replicated over tp)
-    embedding: int
+    embedding: int  # token embedding (sharded by tp) + learned positions
     head: int  # final norm + output projection (0 for the projection when tied)
     # Per-token widths (elements) used by FLOPs and activation counts.
     q_width: int  # H x d_qk
@@ -47,10 +47,18 @@ class Shape:
     n_heads: int
     d_qk: int
     d_v: int
+    mlp_replicated: int = 0  # the dense MLP's second bias (gpt; replicated over tp)
+    positions: int = 0  # learned position embeddings (gpt; replicated over tp)
 
     @property
     def dense_layer(self) -> int:
-        return self.attn_params + self.attn_replicated + self.dense_mlp_params + self.norm_params
+        return (
+            self.attn_params
+            + self.attn_replicated
+            + self.dense_mlp_params
+            + self.mlp_replicated
+            + self.norm_params
+        )
 
     @property
     def moe_layer(self) -> int:
@@ -104,8 +112,10 @@ def attention_shape(m: ModelConfig) -> dict:
     q, kv = m.n_heads * e, m.n_kv_heads * e
     bias = m.family == "gpt"
     return dict(
-        attn_params=m.dim * (2 * q + 2 * kv) + (q + 2 * kv + m.dim if bias else 0),
-        attn_replicated=0,
+        # Biases: q, k, v column-parallel (sharded); the output projection's row-parallel
+        # bias is added after the reduction, replicated.
+        attn_params=m.dim * (2 * q + 2 * kv) + (q + 2 * kv if bias else 0),
+        attn_replicated=m.dim if bias else 0,
         q_width=q,
         k_width=kv,
         v_width=kv,
@@ -124,7 +134,8 @@ def shape(m: ModelConfig) -> Shape:
     gpt = m.family == "gpt"
     norm = 2 * m.dim if gpt else m.dim  # LayerNorm has a bias
     # GeLU MLP with biases, or SwiGLU's w1, w2, w3.
-    dense_mlp = 2 * m.dim * m.ffn_dim + m.ffn_dim + m.dim if gpt else 3 * m.dim * m.ffn_dim
+    # (fc2's bias, replicated over tp, is mlp_replicated.)
+    dense_mlp = 2 * m.dim * m.ffn_dim + m.ffn_dim if gpt else 3 * m.dim * m.ffn_dim
     moe = m.n_routed_experts > 0
     expert = 3 * m.dim * m.moe_ffn_dim
     embedding = m.vocab_size * m.dim + (m.max_seq_len * m.dim if gpt else 0)
@@ -137,6 +148,8 @@ def shape(m: ModelConfig) -> Shape:
         norm_params=2 * norm,
         embedding=embedding,
         head=norm + (0 if m.tie_embeddings else m.vocab_size * m.dim),
+        mlp_replicated=m.dim if gpt else 0,
+        positions=m.max_seq_len * m.dim if gpt else 0,
         **attention_shape(m),
     )
 
