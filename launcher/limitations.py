@@ -82,22 +82,18 @@ LIMITATIONS: tuple[Limitation, ...] = (
         "one process 6.78, FSDP 4.82)",
     ),
     Limitation(
-        "split_backward_recompute_experts",
+        "op_recompute_split_backward",
+        lambda cfg, lay: lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.recompute == "op",
         lambda cfg, lay: (
-            lay.pp > 1
-            and lay.schedule in SPLIT_BACKWARD
-            and lay.recompute in ("full", "op")
-            and _routed_elsewhere(cfg, lay)
+            f"recompute=op with pipeline.schedule={lay.schedule} is not available; use "
+            "recompute=full (recompute.every=k for less), or gpipe, 1f1b or interleaved_1f1b"
         ),
-        lambda cfg, lay: (
-            f"pipeline.schedule={lay.schedule} with recompute={lay.recompute} and routed experts "
-            f"across ranks (ep={lay.ep}, tp={lay.tp}) is not available; use recompute=selective "
-            "or none, or gpipe, 1f1b or interleaved_1f1b"
-        ),
-        "interleaved_zb, zbv, dualpipev with full or op recompute of routed experts across ranks",
-        "the recomputed blocks' all-to-alls fell out of step between ranks in torch 2.13's "
-        "separate weight-gradient pass (recipe=deepseek_v3_debug at step 10: the checkpoint "
-        "found other token counts than its forward's)",
+        "per-op recompute under interleaved_zb, zbv, dualpipev",
+        "the split schedules run each micro-batch's backward in two passes (input, then "
+        "weight gradients), each of which recomputes the block, and torch 2.13's selective "
+        "checkpoint can be backwarded once (RuntimeError 'Trying to backward an extra time', "
+        "llama3_debug pp=2 zbv); one GraphExecGroup for both passes is refused by torch "
+        "because they unpack some of the same saved tensors",
     ),
     Limitation(
         "op_recompute_pp_fsdp_experts",

@@ -26,6 +26,7 @@ def test_each_record_has_evidence_and_a_unique_name():
 
 
 # A layout each limitation refuses (debug scale), and the same with the fix its message names.
+PP2 = ["hardware.devices_per_node=2", "parallel.pp=2", "parallel.dp_shard=1"]
 MOE_PP = ["model=mixtral_debug", "hardware.devices_per_node=4", "parallel.pp=2", "parallel.ep=2"]
 CASES = {
     "compile_tp_cpu": (
@@ -44,9 +45,9 @@ CASES = {
         ["hardware.devices_per_node=4", "parallel.pp=2", "pipeline=zbv"],
         ["hardware.devices_per_node=4", "parallel.pp=2", "pipeline=zbv", "data_parallel=ddp"],
     ),
-    "split_backward_recompute_experts": (
-        [*MOE_PP, "pipeline=zbv", "parallel.dp_shard=1", "parallel.tp=2", "recompute=full"],
-        [*MOE_PP, "pipeline=zbv", "parallel.dp_shard=1", "parallel.tp=2", "recompute=selective"],
+    "op_recompute_split_backward": (
+        [*PP2, "pipeline=zbv", "recompute=op"],
+        [*PP2, "pipeline=zbv", "recompute=full"],
     ),
     "op_recompute_pp_fsdp_experts": (
         [*MOE_PP, "recompute=op"],

@@ -131,6 +131,21 @@ class Stage(PipelineStage):
     Not eval mode: torch then runs backward through it, and recompute must see the same
     graph."""
 
+    def backward_weight_one_chunk(self, bwd_chunk_id, last_backward=False):
+        # The split schedules' weight pass is one autograd call per group of parameters, each
+        # a graph task of its own, and a checkpointed block is recomputed once per graph task
+        # that reaches it: as many times as its graph groups its parameters, which differs
+        # between ranks when routed experts get no tokens on one of them. Their recomputed
+        # all-to-alls then fell out of step (deepseek_v3_debug, dualpipev, recompute=full, step
+        # 10: 512 tokens received in forward, 509 in the recompute). One GraphExecGroup for the
+        # whole weight pass recomputes each block once there. (The input pass is a graph task
+        # of its own and recomputes once more: it needs some of the same saved tensors, which
+        # one group for both passes does not allow.)
+        from torch.utils.checkpoint import GraphExecGroup
+
+        with GraphExecGroup():
+            return super().backward_weight_one_chunk(bwd_chunk_id, last_backward)
+
     def _forward_metadata_inference(self, *args, **kwargs):
         moes = [m for m in self.submod.modules() if isinstance(m, MoE)]
         for moe in moes:
