@@ -93,7 +93,9 @@ LIMITATIONS: tuple[Limitation, ...] = (
         "weight gradients), each of which recomputes the block, and torch 2.13's selective "
         "checkpoint can be backwarded once (RuntimeError 'Trying to backward an extra time', "
         "llama3_debug pp=2 zbv); one GraphExecGroup for both passes is refused by torch "
-        "because they unpack some of the same saved tensors",
+        "because they unpack some of the same saved tensors. AReaL's torch engine turns "
+        "op-level selective recompute off under the V schedules for the same reason "
+        "(areal-project/AReaL#916)",
     ),
     Limitation(
         "op_recompute_pp_fsdp_experts",
