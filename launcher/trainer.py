@@ -43,7 +43,7 @@ from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
 from launcher.parallel import parallelize
 from launcher.parallel.context_parallel import chunk_positions
-from launcher.parallel.data_parallel import DTYPES, average_grads, grad_sync
+from launcher.parallel.data_parallel import DTYPES, average_grads, grad_sync, local_tensor
 from launcher.parallel.expert_parallel import (
     balance_step,
     expert_params,
@@ -398,7 +398,7 @@ class Trainer:
         with timed(f"loading {path}", self.d.rank, self.cfg.train.timeout_s):
             read = hf_weights.load_into(self.parts, path, vars(self.cfg.model))
         held = [*self.params, *self.copies]
-        total = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in held)
+        total = sum(local_tensor(p).numel() for p in held)
         if self.d.rank == 0:
             print(
                 f"starting from the Hugging Face weights in {path} (rank 0 read {read:,} "

@@ -14,12 +14,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor
 
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a parameter (a view: writing into it writes the parameter)."""
-    return t.to_local() if isinstance(t, DTensor) else t
+from launcher.parallel.data_parallel import local_tensor as local
 
 
 def owners(params: list[nn.Parameter], ranks: int) -> list[int]:

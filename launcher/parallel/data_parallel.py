@@ -104,13 +104,19 @@ def grad_sync(model: nn.Module, sync: bool):
     return nullcontext()
 
 
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a tensor: a DTensor's local shard (a view: writing into it writes
+    the DTensor), a plain tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def average_grads(grads: list[torch.Tensor], group) -> None:
     """Average gradients in place over `group`, as DDP would (one all-reduce per dtype, of all
     of them flattened together). A DTensor gradient (tensor parallelism) is averaged shard by
     shard: the ranks of `group` hold the same shard of it."""
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
     for g in grads:
-        g = g.to_local() if isinstance(g, DTensor) else g
+        g = local_tensor(g)
         by_dtype.setdefault(g.dtype, []).append(g)
     n = dist.get_world_size(group)
     for grads in by_dtype.values():

@@ -28,9 +28,9 @@ import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import Shard, distribute_tensor
 
-from launcher.parallel.data_parallel import average_grads
+from launcher.parallel.data_parallel import average_grads, local_tensor
 from models.moe import MoE, grouped_swiglu
 
 
@@ -42,10 +42,6 @@ def moe_layers(model: nn.Module) -> list[tuple[str, MoE]]:
         for name, block in layers.items()
         if isinstance(getattr(block, "feed_forward", None), MoE)
     ]
-
-
-def _local(w: torch.Tensor) -> torch.Tensor:
-    return w.to_local() if isinstance(w, DTensor) else w
 
 
 def dispatch_plan(
@@ -95,7 +91,8 @@ class _ScaleGrad(torch.autograd.Function):
 
 def _ep_forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     group, ep = self.ep_group, self.ep_size
-    weights = (_ScaleGrad.apply(_local(w), self.grad_scale) for w in (self.w1, self.w2, self.w3))
+    experts = (self.w1, self.w2, self.w3)
+    weights = (_ScaleGrad.apply(local_tensor(w), self.grad_scale) for w in experts)
     if ep == 1:  # every expert here (tensor parallelism alone): nothing to send
         return grouped_swiglu(x, counts, *weights)
     send, recv, received = dispatch_plan(counts, ep, group)
@@ -156,7 +153,7 @@ def sync_expert_grads(parts: list[nn.Module]) -> None:
     if group is None or dist.get_world_size(group) == 1:
         return
     # Every layer's experts share the group: one all-reduce for them all (local shards).
-    grads = [_local(p.grad) for e in experts for p in e.parameters() if p.grad is not None]
+    grads = [local_tensor(p.grad) for e in experts for p in e.parameters() if p.grad is not None]
     average_grads(grads, group)
 
 

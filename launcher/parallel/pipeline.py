@@ -28,9 +28,9 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 from torch.distributed.pipelining._backward import stage_backward
-from torch.distributed.tensor import DTensor
 
 from launcher.layout import SCHEDULES, SINGLE, rank_stages, split_layers, stage_owner, stage_starts
+from launcher.parallel.data_parallel import local_tensor
 from models.moe import MoE
 
 # torch's class for each of layout.SCHEDULES, in that order.
@@ -112,17 +112,12 @@ class TiedEmbedding:
     def sync_grads(self) -> None:
         import torch.distributed as dist
 
-        held = [local(p.grad) for p in (self.embedding, self.copy) if p is not None]
+        held = [local_tensor(p.grad) for p in (self.embedding, self.copy) if p is not None]
         if len(held) == 2:
             held[0].add_(held[1])
             held[1].copy_(held[0])
         elif held:
             dist.all_reduce(held[0], group=self.group)
-
-
-def local(t: torch.Tensor) -> torch.Tensor:
-    """This rank's part of a (sharded) gradient, as a view."""
-    return t.to_local() if isinstance(t, DTensor) else t
 
 
 class Stage(PipelineStage):

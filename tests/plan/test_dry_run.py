@@ -57,7 +57,7 @@ LAYOUTS = {
         "pipeline.reshard_each_microbatch=true",
         "train.global_batch_size=64",
     ],
-    # Zero-bubble schedules train without data parallelism only (rules.engine_problems).
+    # Zero-bubble schedules do not train under FSDP (launcher/limitations.py).
     "llama3_8b pp 8 zbv x tp 8": [
         "model=llama3_8b",
         "hardware.nodes=8",
