@@ -89,12 +89,17 @@ def unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> list[str]:
 
 def compose(overrides: list[str]) -> Config:
     """The typed Config `launcher.train` would build from these overrides, without running."""
+    return to_config(compose_dict(overrides))
+
+
+def compose_dict(overrides: list[str]) -> DictConfig:
+    """The composed (untyped) DictConfig of these overrides."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     hydra_app(lambda cfg: None)  # registers the schema and resolvers
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return to_config(hydra_compose("config", overrides=overrides))
+        return hydra_compose("config", overrides=overrides)
 
 
 def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:

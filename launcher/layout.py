@@ -143,6 +143,15 @@ class Layout:
         return self.zero_stage >= 2 and self.dp_shard_cp > 1
 
     @property
+    def reshard_after_forward(self) -> bool:
+        """ZeRO-3 frees each block's gathered parameters after its forward. Not under the split
+        schedules: their input-gradient pass finds the weights through the stage's registered
+        parameters, and their weight pass runs after FSDP's backward hooks, so the parameters
+        must stay gathered (and registered) from a stage's first forward to the step's gradient
+        reduction, as under ZeRO-2."""
+        return self.zero_stage == 3 and not (self.pp > 1 and self.schedule in SPLIT_BACKWARD)
+
+    @property
     def grads_averaged_by_trainer(self) -> bool:
         """DDP or ZeRO-1 under a pipeline or tensor parallelism: no DDP wrapper, the trainer
         averages the gradients over dp x cp once the step's backward is done. torch 2.13's

@@ -16,9 +16,6 @@ from dataclasses import dataclass
 
 from launcher.layout import SPLIT_BACKWARD, Layout
 
-# The families whose attention the context-parallel cores implement.
-CP_FAMILIES = ("llama", "gpt", "mixtral")
-
 
 @dataclass(frozen=True)
 class Limitation:
@@ -35,52 +32,6 @@ def _routed_elsewhere(cfg, lay: Layout) -> bool:
 
 
 LIMITATIONS: tuple[Limitation, ...] = (
-    Limitation(
-        "compile_tp_cpu",
-        lambda cfg, lay: (
-            lay.tp > 1 and cfg.train.compile and cfg.hardware.device_type.value == "cpu"
-        ),
-        lambda cfg, lay: (
-            f"train.compile=true with parallel.tp={lay.tp} on CPU is not available; compile "
-            "without tp, or run tp uncompiled"
-        ),
-        "train.compile=true with tp > 1 on CPU",
-        "torch 2.13's compiled backward hands DTensor redistribution a plain tensor on CPU "
-        "(AttributeError: _local_tensor), measured on llama3_debug tp=2",
-    ),
-    Limitation(
-        "cp_family",
-        lambda cfg, lay: lay.cp > 1 and cfg.model.family not in CP_FAMILIES,
-        lambda cfg, lay: (
-            f"parallel.cp={lay.cp} with model.family={cfg.model.family}: context parallelism "
-            f"is available for {', '.join(CP_FAMILIES)} attention only; use tp or pp instead"
-        ),
-        "cp > 1 with the deepseek family (MLA attention)",
-        "not built yet: the ring and all-gather cores take llama's and gpt's attention",
-    ),
-    Limitation(
-        "cp_dropout",
-        lambda cfg, lay: lay.cp > 1 and cfg.model.dropout > 0,
-        lambda cfg, lay: (
-            f"parallel.cp={lay.cp} with model.dropout={cfg.model.dropout:g}: attention dropout "
-            "is not available under context parallelism; set model.dropout=0"
-        ),
-        "cp > 1 with attention dropout",
-        "each rank would drop its own random scores: the result would not equal one process's",
-    ),
-    Limitation(
-        "split_backward_fsdp",
-        lambda cfg, lay: lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.fsdp_enabled,
-        lambda cfg, lay: (
-            f"pipeline.schedule={lay.schedule} with FSDP/ZeRO-2 over dp x cp = {lay.dp_cp} "
-            "ranks is not available; use data_parallel=ddp or zero1 (the trainer then averages "
-            "the gradients itself), or gpipe, 1f1b or interleaved_1f1b"
-        ),
-        "interleaved_zb, zbv, dualpipev under FSDP or ZeRO-2",
-        "torch 2.13's pipeline stage runs the separate weight-gradient pass outside FSDP's "
-        "backward hooks and the gradients come out wrong (llama3_debug step 1 gradient norm: "
-        "one process 6.78, FSDP 4.82)",
-    ),
     Limitation(
         "op_recompute_split_backward",
         lambda cfg, lay: lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.recompute == "op",

@@ -8,15 +8,39 @@ import re
 import pytest
 from conftest import ROOT, compose_config
 
+from launcher import composes
 from launcher.limitations import LIMITATIONS, markdown
 from launcher.plan import engine_plan
 
 
-def test_readme_lists_the_table():
+def readme_block(name: str) -> str:
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"<!-- limitations:start -->\n(.*?)<!-- limitations:end -->", text, re.S)
-    assert block, "README.md lost its limitations block"
-    assert block.group(1) == markdown(), "regenerate it: python -m launcher.limitations"
+    block = re.search(rf"<!-- {name}:start -->\n(.*?)<!-- {name}:end -->", text, re.S)
+    assert block, f"README.md lost its {name} block"
+    return block.group(1)
+
+
+def test_readme_lists_the_table():
+    assert readme_block("limitations") == markdown(), "regenerate: python -m launcher.limitations"
+
+
+def test_readme_lists_what_composes_with_what():
+    """Every pair of features plans clean or is refused by limitations only (composes.verdict
+    raises otherwise), and the README holds the table."""
+    assert readme_block("composes") == composes.markdown(), (
+        "regenerate: python -m launcher.composes"
+    )
+
+
+@pytest.mark.parametrize(
+    "pair", [("HSDP", "EP"), ("ZBV", "recompute=op"), ("TP + SP", "MLA (deepseek)"), ("DDP", "CP")]
+)
+def test_composes_merges_values_as_hydra_does(pair):
+    """The table's configs (the model's composition with single values merged in) equal what
+    launcher.train composes from the same overrides."""
+    features = tuple(f for f in composes.FEATURES if f.label in pair)
+    overrides = composes.overrides(features)
+    assert composes.config(overrides) == compose_config(overrides)
 
 
 def test_each_record_has_evidence_and_a_unique_name():
@@ -29,22 +53,6 @@ def test_each_record_has_evidence_and_a_unique_name():
 PP2 = ["hardware.devices_per_node=2", "parallel.pp=2", "parallel.dp_shard=1"]
 MOE_PP = ["model=mixtral_debug", "hardware.devices_per_node=4", "parallel.pp=2", "parallel.ep=2"]
 CASES = {
-    "compile_tp_cpu": (
-        ["hardware.devices_per_node=2", "parallel.tp=2", "train.compile=true"],
-        ["hardware.devices_per_node=2", "parallel.tp=2"],
-    ),
-    "cp_family": (
-        ["model=deepseek_debug", "hardware.devices_per_node=2", "parallel.cp=2"],
-        ["model=deepseek_debug", "hardware.devices_per_node=2", "parallel.tp=2"],
-    ),
-    "cp_dropout": (
-        ["model=gpt_debug", "model.dropout=0.1", "hardware.devices_per_node=2", "parallel.cp=2"],
-        ["model=gpt_debug", "model.dropout=0.0", "hardware.devices_per_node=2", "parallel.cp=2"],
-    ),
-    "split_backward_fsdp": (
-        ["hardware.devices_per_node=4", "parallel.pp=2", "pipeline=zbv"],
-        ["hardware.devices_per_node=4", "parallel.pp=2", "pipeline=zbv", "data_parallel=ddp"],
-    ),
     "op_recompute_split_backward": (
         [*PP2, "pipeline=zbv", "recompute=op"],
         [*PP2, "pipeline=zbv", "recompute=full"],

@@ -45,6 +45,7 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
             layout.sequence_parallel,
             layout.loss_parallel,
             keep_shards=partial(keeps_shards, layout, cfg.train.compile),
+            compiled=cfg.train.compile,
         )
     expert_mesh = None
     if cfg.model.n_routed_experts and (layout.ep > 1 or layout.tp > 1):
@@ -72,7 +73,7 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
         return apply_fsdp(
             model,
             d.fsdp_mesh,
-            reshard_after_forward=layout.zero_stage == 3,
+            reshard_after_forward=layout.reshard_after_forward,
             param_dtype=prec.param_dtype.value,
             reduce_dtype=prec.grad_dtype.value,
             expert_mesh=expert_mesh,

@@ -13,9 +13,16 @@ by one of two methods (`context_attention`):
   (the one computed, the next arriving), and blocks (or parts of blocks) that causality masks
   out entirely are not computed.
 
+Attention dropout drops each computed block's probabilities with a keep-mask drawn from a
+generator of its own, seeded by one number the call draws from the global generator (so that a
+recomputed forward, which restores that generator, draws the same) and by the block's (query
+rank, key rank); backward draws the same masks again instead of keeping them. The log-sum-exp
+the blocks merge by is the undropped one, as in flash attention.
+
 Both run on any backend with P2P and all-gather / reduce-scatter (gloo on CPU, NCCL on GPU);
 torch's own experimental context_parallel supports only the CUDA attention kernels.
-Shapes: B batch, H query heads, K kv heads (K divides H; G = H / K), S_local tokens, E head dim.
+Shapes: B batch, H query heads, K kv heads (K divides H; G = H / K), S_local tokens, E the
+query and key head dim, V the value head dim (E under GQA and MHA; MLA's values are narrower).
 """
 
 from __future__ import annotations
@@ -74,9 +81,9 @@ class ContextAttention(nn.Module):
     `positions` (S_local,) or (B, S_local), every row the same (chunk_positions of this rank).
     """
 
-    def __init__(self, group: dist.ProcessGroup, method: str):
+    def __init__(self, group: dist.ProcessGroup, method: str, dropout: float = 0.0):
         super().__init__()
-        self.group, self.method = group, method
+        self.group, self.method, self.dropout = group, method, dropout
 
     def forward(self, q, k, v, positions: torch.Tensor | None = None) -> torch.Tensor:
         if positions is None:
@@ -85,10 +92,11 @@ class ContextAttention(nn.Module):
                 "(the model's forward(tokens, positions))"
             )
         pos = positions if positions.dim() == 1 else positions[0]
-        return context_attention(q, k, v, pos, pos, self.group, self.method)
+        p = self.dropout if self.training else 0.0
+        return context_attention(q, k, v, pos, pos, self.group, self.method, dropout=p)
 
     def extra_repr(self) -> str:
-        return f"method={self.method}, cp={dist.get_world_size(self.group)}"
+        return f"method={self.method}, cp={dist.get_world_size(self.group)}, dropout={self.dropout}"
 
 
 def apply_cp(model: nn.Module, group: dist.ProcessGroup, method: str) -> None:
@@ -96,10 +104,11 @@ def apply_cp(model: nn.Module, group: dist.ProcessGroup, method: str) -> None:
 
     Everything else in a block is token-wise (projections, RoPE at each token's own position,
     norms, MLP, experts) and runs unchanged on this rank's tokens; attention is the one place
-    where tokens meet. Attention dropout is refused by the rules.
+    where tokens meet (MLA's too: its latent projections and RoPE are per token). The core
+    keeps the model's attention dropout.
     """
     for block in model.layers.values():
-        block.attention.core = ContextAttention(group, method)
+        block.attention.core = ContextAttention(group, method, block.attention.core.dropout)
 
 
 def context_attention(
@@ -114,23 +123,24 @@ def context_attention(
 ) -> torch.Tensor:
     """Causal softmax(q k^T / sqrt(E)) v over the keys of every rank in `group`.
 
-    q (B, H, S_local, E); k, v (B, K, S_local, E) with K dividing H (GQA: query head h reads kv
-    head h // (H / K), as repeat_interleave does); q_pos, k_pos (S_local,) the global positions of
-    this rank's queries and keys, ascending, on q's device. Query i sees key j iff
-    q_pos[i] >= position of j. Returns (B, H, S_local, E) in q's dtype (fp32 or bf16: blocks in
-    the fused kernel compute in it, the matmul form in fp32; the partial outputs merge in fp32).
-    Every rank of `group` must call it with the same shapes. Attention dropout is not
-    supported: `dropout` must be 0.
+    q (B, H, S_local, E); k (B, K, S_local, E), v (B, K, S_local, V) with K dividing H (GQA:
+    query head h reads kv head h // (H / K), as repeat_interleave does); q_pos, k_pos (S_local,)
+    the global positions of this rank's queries and keys, ascending, on q's device. Query i sees
+    key j iff q_pos[i] >= position of j. Returns (B, H, S_local, V) in q's dtype (fp32 or bf16:
+    blocks in the fused kernel compute in it, the matmul form in fp32; the partial outputs merge
+    in fp32).
+    Every rank of `group` must call it with the same shapes. `dropout`: the probability of
+    dropping each attention probability (training), in [0, 1).
     """
     problems = []
     if method not in METHODS:
         problems.append(f"context method={method!r} must be one of {', '.join(METHODS)}")
-    if dropout:
-        problems.append(f"attention dropout={dropout} is not supported under context parallelism")
-    if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
+    if not 0 <= dropout < 1:
+        problems.append(f"attention dropout={dropout} must be in [0, 1)")
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4 or k.shape[:-1] != v.shape[:-1]:
         problems.append(
-            f"q {tuple(q.shape)} must be (B, H, S, E) and k {tuple(k.shape)}, v {tuple(v.shape)} "
-            f"the same (B, K, S, E)"
+            f"q {tuple(q.shape)} must be (B, H, S, E), k {tuple(k.shape)} (B, K, S, E) and "
+            f"v {tuple(v.shape)} (B, K, S, V)"
         )
     elif q.shape[0] != k.shape[0] or q.shape[-1] != k.shape[-1] or q.shape[1] % k.shape[1]:
         problems.append(
@@ -144,9 +154,10 @@ def context_attention(
         )
     if problems:
         raise ValueError("; ".join(problems))
-    if method == "allgather":
-        return _AllGatherAttention.apply(q, k, v, q_pos, k_pos, group)
-    return _RingAttention.apply(q, k, v, q_pos, k_pos, group)
+    # One draw from the global generator per call (none without dropout).
+    drop = (dropout, int(torch.randint(2**62, ()))) if dropout else None
+    fn = _AllGatherAttention if method == "allgather" else _RingAttention
+    return fn.apply(q, k, v, q_pos, k_pos, group, drop)
 
 
 # --- blocks: one rank's queries against one rank's keys, shared by both methods -------------
@@ -178,29 +189,50 @@ def _block_bounds(q_pos: torch.Tensor, k_pos_all: torch.Tensor) -> list[tuple[in
     return list(zip(rows, keys, map(bool, masks), strict=True))
 
 
-def _attend_block(q, k, v, mask):
+def dropout_scale(drop, shape, device, block: int) -> torch.Tensor | None:
+    """The keep-mask of one computed block under attention dropout `drop` = (p, seed), scaled
+    by 1 / (1 - p): fp32 of `shape` (B, H, Sq, Sk), from a generator seeded by the call's seed
+    and `block` (query rank x cp + key rank), so that backward draws the same; None without
+    dropout."""
+    if drop is None:
+        return None
+    p, seed = drop
+    gen = torch.Generator(device=device).manual_seed((seed + 7919 * (block + 1)) % 2**63)
+    keep = torch.rand(shape, generator=gen, device=device) >= p
+    return keep.float() / (1 - p)
+
+
+def _attend_block(q, k, v, mask, scale=None):
     """One block by plain matmuls, fp32. q (B, K, G, Sq, E) already scaled by 1/sqrt(E);
-    k, v (B, K, 1, Sk, E); mask (Sq, Sk) bool or None. Returns the block's normalised output
-    (B, K, G, Sq, E) and its log-sum-exp (B, K, G, Sq). Every row sees at least the block's
+    k (B, K, 1, Sk, E), v (B, K, 1, Sk, V); mask (Sq, Sk) bool or None; scale (B, K, G, Sq,
+    Sk) the dropout's scaled keep-mask or None. Returns the block's normalised output (B, K,
+    G, Sq, V) and its undropped log-sum-exp (B, K, G, Sq). Every row sees at least the block's
     first key (see _block_bounds), so the log-sum-exp is finite. Holds the (Sq, Sk) scores."""
     s = q @ k.transpose(-2, -1)  # (B, K, G, Sq, Sk)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     lse = s.logsumexp(-1)
-    return (s - lse[..., None]).exp() @ v, lse
+    p = (s - lse[..., None]).exp()
+    return (p if scale is None else p * scale) @ v, lse
 
 
-def _attend_block_backward(q, k, v, mask, do, lse, delta):
+def _attend_block_backward(q, k, v, mask, do, lse, delta, scale=None):
     """Gradients of one block from recomputed probabilities (flash attention's backward):
-    P = exp(q k^T - lse), dS = P * (dO v^T - delta). q, do (B, K, G, Sq, E); lse, delta
-    (B, K, G, Sq). Returns dq w.r.t. the scaled q (B, K, G, Sq, E) and dk, dv (B, K, Sk, E),
-    summed over the G query heads that share each kv head."""
+    P = exp(q k^T - lse), dS = P * (dO v^T * Z - delta), with Z the dropout's scaled keep-mask
+    (1 without). delta = rowsum(dO * O) of the (dropped) output holds with dropout too. q
+    (B, K, G, Sq, E), do (B, K, G, Sq, V); lse, delta (B, K, G, Sq). Returns dq w.r.t. the
+    scaled q (B, K, G, Sq, E), dk (B, K, Sk, E) and dv (B, K, Sk, V), summed over the G query
+    heads that share each kv head."""
     p = (q @ k.transpose(-2, -1) - lse[..., None]).exp()  # (B, K, G, Sq, Sk)
     if mask is not None:
         p = p.masked_fill(~mask, 0.0)
-    ds = p * (do @ v.transpose(-2, -1) - delta[..., None])
-    # The G heads and Sq rows fold into one contraction: (B, K, Sk, G*Sq) @ (B, K, G*Sq, E).
-    dv = p.flatten(2, 3).transpose(-2, -1) @ do.flatten(2, 3)
+    dp = do @ v.transpose(-2, -1)
+    dropped = p
+    if scale is not None:
+        dp, dropped = dp * scale, p * scale
+    ds = p * (dp - delta[..., None])
+    # The G heads and Sq rows fold into one contraction: (B, K, Sk, G*Sq) @ (B, K, G*Sq, V).
+    dv = dropped.flatten(2, 3).transpose(-2, -1) @ do.flatten(2, 3)
     dk = ds.flatten(2, 3).transpose(-2, -1) @ q.flatten(2, 3)
     return ds @ k, dk, dv
 
@@ -210,37 +242,43 @@ def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return x.float().unflatten(1, (kv_heads, -1))
 
 
-def _fused(q: torch.Tensor, mask: torch.Tensor | None, own: bool) -> bool:
+def _fused(q: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, own: bool) -> bool:
     """Whether a block runs in torch's fused flash kernel for CPU: it returns the log-sum-exp
     the merge needs and supports GQA, but takes no mask, only the top-left causal one, which is
-    exactly this rank's own block (same ascending positions on both sides). With positions from
-    chunk_positions every other block is unmasked. Other devices use the matmul form: the fused
-    CUDA kernels are not wired here (no GPU was available to test them)."""
-    return q.device.type == "cpu" and (mask is None or own)
+    exactly this rank's own block (same ascending positions on both sides), and one head size
+    for q, k and v (not MLA's). With positions from chunk_positions every other block is
+    unmasked. Other devices use the matmul form: the fused CUDA kernels are not wired here (no
+    GPU was available to test them)."""
+    return q.device.type == "cpu" and q.shape[-1] == v.shape[-1] and (mask is None or own)
 
 
-def _block_forward(q, k, v, mask, own: bool):
-    """Attention of queries q (B, H, Sq, E) to one block k, v (B, K, Sk, E) under `mask`
-    (Sq, Sk) or None; own: the block holds this rank's own keys. Returns the block's output
-    (B, H, Sq, E) and log-sum-exp (B, H, Sq), both fp32."""
-    if _fused(q, mask, own):
+def _block_forward(q, k, v, mask, own: bool, scale=None):
+    """Attention of queries q (B, H, Sq, E) to one block k (B, K, Sk, E), v (B, K, Sk, V) under
+    `mask` (Sq, Sk) or None; own: the block holds this rank's own keys. Returns the block's
+    output (B, H, Sq, V) and log-sum-exp (B, H, Sq), both fp32. scale: dropout_scale's mask
+    (B, H, Sq, Sk) or None."""
+    if scale is None and _fused(q, v, mask, own):
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, mask is not None
         )
         return out.float(), lse
     kv_heads, e = k.shape[1], q.shape[-1]
     out, lse = _attend_block(
-        _grouped(q, kv_heads) / math.sqrt(e), k.float()[:, :, None], v.float()[:, :, None], mask
+        _grouped(q, kv_heads) / math.sqrt(e),
+        k.float()[:, :, None],
+        v.float()[:, :, None],
+        mask,
+        None if scale is None else scale.unflatten(1, (kv_heads, -1)),
     )
     return out.flatten(1, 2), lse.flatten(1, 2)
 
 
-def _block_backward(q, k, v, do, out, lse, mask, own: bool):
+def _block_backward(q, k, v, do, out, lse, mask, own: bool, scale=None):
     """Gradients of one block, from the upstream gradient `do` (like q) and the merged output
     `out` (q's dtype) and log-sum-exp `lse` (B, H, Sq) of the whole attention: P = exp(q k^T /
     sqrt(E) - lse) is then the block's part of the global softmax. Returns fp32 dq (B, H, Sq,
-    E), dk, dv (B, K, Sk, E)."""
-    if _fused(q, mask, own):
+    E), dk (B, K, Sk, E), dv (B, K, Sk, V)."""
+    if scale is None and _fused(q, v, mask, own):
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             do, q, k, v, out, lse, 0.0, mask is not None
         )
@@ -256,6 +294,7 @@ def _block_backward(q, k, v, do, out, lse, mask, own: bool):
         do_g,
         _grouped(lse, kv_heads),
         delta,
+        None if scale is None else scale.unflatten(1, (kv_heads, -1)),
     )
     return dq.flatten(1, 2) / math.sqrt(e), dk, dv  # d/dq of q / sqrt(E)
 
@@ -270,9 +309,9 @@ def _merge(out, lse, blk_out, blk_lse, rows: int) -> None:
     m.copy_(new)
 
 
-def _start(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The running output (B, H, Sq, E) and log-sum-exp (B, H, Sq), fp32, before any block."""
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+def _start(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The running output (B, H, Sq, V) and log-sum-exp (B, H, Sq), fp32, before any block."""
+    out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32, device=q.device)
     return out, torch.full(q.shape[:-1], float("-inf"), device=q.device)
 
 
@@ -285,27 +324,35 @@ def _finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return final.copy_(out)
 
 
-def _attend(out, lse, q, k, v, q_pos, k_pos, bound, own: bool) -> None:
-    """Attend q (B, H, Sq, E) to the block k, v (B, K, Sk, E) at positions k_pos (Sk,) and merge
-    into (out, lse); `bound` from _block_bounds says which part of the block to compute."""
+def _attend(out, lse, q, k, v, q_pos, k_pos, bound, own: bool, drop, block: int) -> None:
+    """Attend q (B, H, Sq, E) to the block k (B, K, Sk, E), v (B, K, Sk, V) at positions k_pos
+    (Sk,) and merge into (out, lse); `bound` from _block_bounds says which part of the block to
+    compute; drop: (p, seed) of attention dropout or None; block: query rank x cp + key rank."""
     rows, keys, masked = bound
     if rows >= q.shape[2] or keys == 0:
         return
     mask = (q_pos[rows:, None] >= k_pos[None, :keys]) if masked else None
-    blk_out, blk_lse = _block_forward(q[:, :, rows:], k[:, :, :keys], v[:, :, :keys], mask, own)
+    shape = (q.shape[0], q.shape[1], q.shape[2] - rows, keys)
+    scale = dropout_scale(drop, shape, q.device, block)
+    blk_out, blk_lse = _block_forward(
+        q[:, :, rows:], k[:, :, :keys], v[:, :, :keys], mask, own, scale
+    )
     _merge(out, lse, blk_out, blk_lse, rows)
 
 
-def _attend_backward(dq, q, k, v, do, out, lse, q_pos, k_pos, bound, own: bool):
+def _attend_backward(dq, q, k, v, do, out, lse, q_pos, k_pos, bound, own: bool, drop, block):
     """Backward of _attend: adds the block's part of dq into `dq` (fp32) and returns its
-    (dk, dv) for the block's first `keys` keys (fp32, (B, K, keys, E)), or None if skipped."""
+    (dk, dv) for the block's first `keys` keys (fp32, (B, K, keys, E) and (B, K, keys, V)), or
+    None if skipped."""
     rows, keys, masked = bound
     if rows >= q.shape[2] or keys == 0:
         return None
     mask = (q_pos[rows:, None] >= k_pos[None, :keys]) if masked else None
+    shape = (q.shape[0], q.shape[1], q.shape[2] - rows, keys)
+    scale = dropout_scale(drop, shape, q.device, block)
     dq_b, dk_b, dv_b = _block_backward(
         q[:, :, rows:], k[:, :, :keys], v[:, :, :keys], do[:, :, rows:], out[:, :, rows:],
-        lse[:, :, rows:], mask, own,
+        lse[:, :, rows:], mask, own, scale,
     )  # fmt: skip
     dq[:, :, rows:] += dq_b
     return dk_b, dv_b
@@ -332,46 +379,50 @@ def _gather_positions(pos: torch.Tensor, group: dist.ProcessGroup) -> torch.Tens
 
 
 class _AllGatherAttention(torch.autograd.Function):
-    """All-gather attention. K and V travel in one collective, and only the K kv heads
-    (GQA-sized), after RoPE. Saved for backward: q, the gathered K/V (cp x this rank's), the
-    output and its fp32 log-sum-exp, the positions; no mask, no score matrix. Backward: each
-    computed block's dK/dV goes into a (cp, 2, B, K, S_local, E) buffer in the input dtype,
-    reduce-scattered so that each rank receives the sum for its own block (checked: gloo
-    reduce-scatters fp32 and bf16 in torch 2.13)."""
+    """All-gather attention. K and V travel in one collective, side by side along the head dim
+    (E + V), and only the K kv heads (GQA-sized), after RoPE. Saved for backward: q, the
+    gathered K/V (cp x this rank's), the output and its fp32 log-sum-exp, the positions; no
+    mask, no score matrix. Backward: each computed block's dK/dV goes into a (cp, B, K,
+    S_local, E + V) buffer in the input dtype, reduce-scattered so that each rank receives the
+    sum for its own block (checked: gloo reduce-scatters fp32 and bf16 in torch 2.13)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, k_pos, group):
-        rank = dist.get_rank(group)
-        kv = _all_gather(torch.stack((k, v)), group)  # (cp, 2, B, K, S_local, E)
+    def forward(ctx, q, k, v, q_pos, k_pos, group, drop):
+        cp, rank, e = dist.get_world_size(group), dist.get_rank(group), k.shape[-1]
+        kv = _all_gather(torch.cat((k, v), -1), group)  # (cp, B, K, S_local, E + V)
         k_pos_all = _gather_positions(k_pos, group)  # (cp, S_local)
         bounds = _block_bounds(q_pos, k_pos_all)
-        out, lse = _start(q)
+        out, lse = _start(q, v)
         for src, bound in enumerate(bounds):
-            _attend(out, lse, q, kv[src, 0], kv[src, 1], q_pos, k_pos_all[src], bound, src == rank)
+            k_src, v_src = kv[src, ..., :e], kv[src, ..., e:]
+            _attend(
+                out, lse, q, k_src, v_src, q_pos, k_pos_all[src], bound, src == rank, drop,
+                rank * cp + src,
+            )  # fmt: skip
         out = _finish(out, q.dtype)
-        ctx.group, ctx.bounds = group, bounds
+        ctx.group, ctx.bounds, ctx.drop = group, bounds, drop
         ctx.save_for_backward(q, kv, q_pos, k_pos_all, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, kv, q_pos, k_pos_all, out, lse = ctx.saved_tensors
-        rank = dist.get_rank(ctx.group)
+        cp, rank, e = dist.get_world_size(ctx.group), dist.get_rank(ctx.group), q.shape[-1]
         do = grad_out.to(q.dtype)
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dkv = torch.zeros_like(kv)
         for src, bound in enumerate(ctx.bounds):
             grads = _attend_backward(
-                dq, q, kv[src, 0], kv[src, 1], do, out, lse, q_pos, k_pos_all[src], bound,
-                src == rank,
+                dq, q, kv[src, ..., :e], kv[src, ..., e:], do, out, lse, q_pos, k_pos_all[src],
+                bound, src == rank, ctx.drop, rank * cp + src,
             )  # fmt: skip
             if grads is not None:
                 keys = grads[0].shape[2]
-                dkv[src, 0, :, :, :keys] = grads[0]
-                dkv[src, 1, :, :, :keys] = grads[1]
-        mine = dkv.new_empty(dkv.shape[1:])  # (2, B, K, S_local, E)
+                dkv[src, :, :, :keys, :e] = grads[0]
+                dkv[src, :, :, :keys, e:] = grads[1]
+        mine = dkv.new_empty(dkv.shape[1:])  # (B, K, S_local, E + V)
         dist.reduce_scatter_single(mine, dkv.flatten(0, 1), group=ctx.group)
-        return dq.to(q.dtype), mine[0], mine[1], None, None, None
+        return dq.to(q.dtype), mine[..., :e], mine[..., e:], None, None, None, None
 
 
 # --- ring ------------------------------------------------------------------------------------
@@ -407,23 +458,26 @@ class _RingAttention(torch.autograd.Function):
     in backward also their dK/dV accumulators, in fp32)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, k_pos, group):
+    def forward(ctx, q, k, v, q_pos, k_pos, group, drop):
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         # Every rank's key positions up front (one small all-gather), so each rank knows before
         # the ring starts which part of each block it will compute.
         k_pos_all = _gather_positions(k_pos, group)  # (cp, S_local)
         bounds = _block_bounds(q_pos, k_pos_all)
-        out, lse = _start(q)
+        out, lse = _start(q, v)
         blk = (k.contiguous(), v.contiguous())
         for step in range(cp):
             src = (rank - step) % cp  # the rank whose K/V block this rank holds at this step
             # The next block is already on its way while this one is computed.
             pending = _ring_start(blk, group) if step < cp - 1 else None
-            _attend(out, lse, q, *blk, q_pos, k_pos_all[src], bounds[src], src == rank)
+            _attend(
+                out, lse, q, *blk, q_pos, k_pos_all[src], bounds[src], src == rank, drop,
+                rank * cp + src,
+            )  # fmt: skip
             if pending is not None:
                 blk = tuple(_ring_finish(pending))
         out = _finish(out, q.dtype)
-        ctx.group, ctx.bounds = group, bounds
+        ctx.group, ctx.bounds, ctx.drop = group, bounds, drop
         ctx.save_for_backward(q, k, v, q_pos, k_pos_all, out, lse)
         return out
 
@@ -445,8 +499,9 @@ class _RingAttention(torch.autograd.Function):
             src = (rank - step) % cp
             pending_kv = _ring_start(blk, group) if step < cp - 1 else None
             grads = _attend_backward(
-                dq, q, *blk, do, out, lse, q_pos, k_pos_all[src], bounds[src], src == rank
-            )
+                dq, q, *blk, do, out, lse, q_pos, k_pos_all[src], bounds[src], src == rank,
+                ctx.drop, rank * cp + src,
+            )  # fmt: skip
             if pending_acc is not None:  # src's accumulator, from the rank that held it last
                 acc = tuple(_ring_finish(pending_acc))
             if grads is not None:
@@ -459,4 +514,4 @@ class _RingAttention(torch.autograd.Function):
                 blk = tuple(_ring_finish(pending_kv))
         if pending_acc is not None:
             acc = tuple(_ring_finish(pending_acc))  # this rank's own block, back home
-        return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None, None, None
+        return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None, None, None, None

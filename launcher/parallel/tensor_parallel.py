@@ -44,11 +44,13 @@ def apply_tp(
     sequence_parallel: bool,
     loss_parallel: bool,
     keep_shards: Callable[[int], bool] = lambda index: True,
+    compiled: bool = False,
 ) -> None:
     """Shard `model` in place over the 1-D tp mesh. keep_shards(block index): under sequence
     parallelism, whether that block keeps the sequence shard of each gathered projection input
     for backward rather than the gathered tensor (autograd's saved-tensor hooks: not inside a
-    checkpointed or compiled block, whose recompute or partitioner decides what is kept)."""
+    checkpointed or compiled block, whose recompute or partitioner decides what is kept).
+    compiled: the blocks will be compiled (see `waited_output`)."""
     sp = sequence_parallel
     gathered_inputs = []  # (module name in a block, whether it takes a local tensor)
     residual = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
@@ -82,6 +84,8 @@ def apply_tp(
     if embedding is not None:  # a pipeline stage after the first has none
         table = embedding.weight
         table.register_hook(lambda g: g.redistribute(table.device_mesh, table.placements))
+        if compiled:
+            waited_output(model.embed if family == "gpt" else embedding)
 
     group = mesh.get_group()
     for index, block in model.layers.items():
@@ -205,6 +209,21 @@ def _storage(t: torch.Tensor) -> int:
     if isinstance(local, AsyncCollectiveTensor):
         local = local.elem
     return local.untyped_storage().data_ptr()
+
+
+def waited_output(module: nn.Module) -> None:
+    """Hand on `module`'s output as a plain tensor rather than the wrapper of a collective's
+    output that nothing has waited for yet (AsyncCollectiveTensor: the vocab-parallel
+    embedding's all-reduce or reduce-scatter). A compiled block that takes such a wrapper
+    returns no gradient for it in torch 2.13: the embedding got none, and the next backward
+    failed in DTensor's Redistribute ('Tensor' object has no attribute '_local_tensor',
+    llama3_debug tp=2 on CPU). A copy of the residual stream once per micro-batch; the hook
+    runs outside the compiled blocks (a hook on a compiled block is compiled with it)."""
+
+    def hook(_module, _args, out):
+        return out.clone() if isinstance(out, AsyncCollectiveTensor) else out
+
+    module.register_forward_hook(hook)
 
 
 def gather_sequence_input(module: nn.Module, mesh: DeviceMesh, local: bool, keep: bool) -> None:

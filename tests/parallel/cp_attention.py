@@ -1,9 +1,13 @@
 """Context-parallel attention against full attention in one process. A job of tests/group.py on
 cp processes (`jobs.mesh_job("parallel.cp_attention:job", (cp,), ("cp",))`): each rank's
 OUT/RANK.json holds "seq_len" and, for
-each case ("method/balanced|contiguous/gqa|mha/fp32|bf16"), this rank's max errors of the
+each case ("method/balanced|contiguous/gqa|mha|mla/fp32|bf16"; mla: MHA with a value head
+dim V narrower than the query and key head dim E, as MLA's), this rank's max errors of the
 output and of dq, dk, dv against the reference's slices ({name: [max abs error, that / max abs
-reference]}), their dtypes, and the blocks it computed ({pass: [blocks, score entries]}).
+reference]}), their dtypes, and the blocks it computed ({pass: [blocks, score entries]});
+"dropout" holds the same errors for attention dropout (p = 0.25, GQA, fp32, each method and
+balance), against the reference dropping the same probabilities (the masks the ranks draw,
+laid out over the full sequence), and the fraction of the causal probabilities kept.
 
 Every rank builds the same seeded full-sequence q, k, v and upstream gradient, computes the
 reference (plain softmax(q k^T / sqrt(E)) v, repeat_interleave for GQA, fp32) and its gradients,
@@ -23,6 +27,7 @@ from jobs import patched
 from launcher.parallel import context_parallel as cpa
 
 B, H, S, E = 2, 4, 32, 16
+HEADS = {"gqa": (2, E), "mha": (H, E), "mla": (H, 8)}  # kv heads, value head dim
 COUNTS = {"forward": [0, 0], "backward": [0, 0]}  # pass -> [blocks, score entries]
 METHODS = (*cpa.METHODS, "ring-matmul")
 FUSED = cpa._fused
@@ -40,13 +45,32 @@ def counted(name: str, which: str):
     return patched(cpa, name, wrapped)
 
 
-def reference(q, k, v):
-    """Full causal attention, the way a reader would write it."""
+def reference(q, k, v, keep=None):
+    """Full causal attention, the way a reader would write it; keep: the dropout's scaled
+    keep-mask (B, H, S, S) or None."""
     repeat = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     mask = torch.ones(S, S, dtype=torch.bool).tril()
-    return scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return (probs if keep is None else probs * keep) @ v
+
+
+def dropout_masks(drop, cp: int, balanced: bool) -> torch.Tensor:
+    """The scaled keep-masks every cp rank draws for its blocks, laid out over the full (S, S)
+    scores at their query and key positions: (B, H, S, S). Entries that no block computes are
+    masked by causality, and stay 1."""
+    full = torch.ones(B, H, S, S)
+    k_pos_all = torch.stack([cpa.chunk_positions(S, cp, r, balanced) for r in range(cp)])
+    for r in range(cp):
+        q_pos = k_pos_all[r]
+        for src, (rows, keys, _) in enumerate(cpa._block_bounds(q_pos, k_pos_all)):
+            if rows >= q_pos.numel() or keys == 0:
+                continue
+            shape = (B, H, q_pos.numel() - rows, keys)
+            scale = cpa.dropout_scale(drop, shape, torch.device("cpu"), r * cp + src)
+            full[:, :, q_pos[rows:, None], k_pos_all[src][None, :keys]] = scale
+    return full
 
 
 def errors(got: torch.Tensor, want: torch.Tensor) -> list[float]:
@@ -54,17 +78,18 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> list[float]:
     return [err, err / want.abs().max().item()]
 
 
-def case(name: str, balanced: bool, kv_heads: int, dtype: torch.dtype, group) -> dict:
+def case(name: str, balanced: bool, heads: str, dtype: torch.dtype, group) -> dict:
     method, _, kernel = name.partition("-")
     cpa._fused = FUSED if kernel != "matmul" else (lambda *_: False)
     cp, rank = group.size(), group.rank()
+    kv_heads, v_dim = HEADS[heads]
     torch.manual_seed(0)
     full = {
         "q": torch.randn(B, H, S, E),
         "k": torch.randn(B, kv_heads, S, E),
-        "v": torch.randn(B, kv_heads, S, E),
+        "v": torch.randn(B, kv_heads, S, v_dim),
     }
-    grad_out = torch.randn(B, H, S, E)
+    grad_out = torch.randn(B, H, S, v_dim)
     leaves = {n: t.clone().requires_grad_() for n, t in full.items()}
     reference(**leaves).backward(grad_out)
     want = {"out": reference(**full), **{f"d{n}": t.grad for n, t in leaves.items()}}
@@ -85,22 +110,64 @@ def case(name: str, balanced: bool, kv_heads: int, dtype: torch.dtype, group) ->
     return result
 
 
+def dropout_case(method: str, balanced: bool, group, p: float = 0.25) -> dict:
+    """Attention dropout under CP against the reference dropping the same probabilities."""
+    cp, rank = group.size(), group.rank()
+    torch.manual_seed(0)
+    full = {
+        "q": torch.randn(B, H, S, E),
+        "k": torch.randn(B, 2, S, E),
+        "v": torch.randn(B, 2, S, E),
+    }
+    grad_out = torch.randn(B, H, S, E)
+    torch.manual_seed(1)  # context_attention draws its seed from the global generator
+    drop = (p, int(torch.randint(2**62, ())))
+    keep = dropout_masks(drop, cp, balanced)
+    leaves = {n: t.clone().requires_grad_() for n, t in full.items()}
+    out_ref = reference(**leaves, keep=keep)
+    out_ref.backward(grad_out)
+    want = {"out": out_ref.detach(), **{f"d{n}": t.grad for n, t in leaves.items()}}
+
+    def shard(t):
+        return cpa.shard_sequence(t, cp, rank, balanced, dim=2)
+
+    local = {n: shard(t).requires_grad_() for n, t in full.items()}
+    pos = cpa.chunk_positions(S, cp, rank, balanced)
+    torch.manual_seed(1)
+    out = cpa.context_attention(
+        local["q"], local["k"], local["v"], pos, pos, group, method, dropout=p
+    )
+    out.backward(shard(grad_out))
+    got = {"out": out, **{f"d{n}": t.grad for n, t in local.items()}}
+    result = {n: errors(got[n], shard(want[n])) for n in want}
+    causal = torch.ones(S, S, dtype=torch.bool).tril().expand(B, H, S, S)
+    result["kept"] = (keep[causal] > 0).float().mean().item()
+    return result
+
+
 def run(mesh) -> dict:
     group = mesh.get_group("cp")
     results = {"seq_len": S}
     for method in METHODS:
         for balanced in (False, True):
-            for kv_heads in (2, H):
+            for heads in HEADS:
                 for dtype in (torch.float32, torch.bfloat16):
                     name = "/".join(
                         [
                             method,
                             "balanced" if balanced else "contiguous",
-                            "gqa" if kv_heads < H else "mha",
+                            heads,
                             "bf16" if dtype == torch.bfloat16 else "fp32",
                         ]
                     )
-                    results[name] = case(method, balanced, kv_heads, dtype, group)
+                    results[name] = case(method, balanced, heads, dtype, group)
+    results["dropout"] = {
+        f"{method}/{'balanced' if balanced else 'contiguous'}": dropout_case(
+            method, balanced, group
+        )
+        for method in cpa.METHODS
+        for balanced in (False, True)
+    }
     return results
 
 

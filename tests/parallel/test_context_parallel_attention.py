@@ -1,7 +1,8 @@
 """Context-parallel attention (launcher.parallel.context_parallel): both methods, cp = 2 and 4,
-load-balanced or not, GQA and MHA, against full attention in one process (cp_attention.py, a
-job of tests/group.py per cp), and which ring blocks each rank computes; the sequence sharding and
-the argument checks need no processes."""
+load-balanced or not, GQA, MHA and MLA's narrower values, with and without attention dropout,
+against full attention in one process (cp_attention.py, a job of tests/group.py per cp), and
+which ring blocks each rank computes; the sequence sharding and the argument checks need no
+processes."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ JOBS = {
 CASES = [
     "/".join(c)
     for c in itertools.product(
-        (*METHODS, "ring-matmul"), ("contiguous", "balanced"), ("gqa", "mha"), ("fp32", "bf16")
+        (*METHODS, "ring-matmul"),
+        ("contiguous", "balanced"),
+        ("gqa", "mha", "mla"),
+        ("fp32", "bf16"),
     )
 ]
 TOLERANCE = {"fp32": 1e-5, "bf16": 3e-2}  # bf16: relative to the largest reference value
@@ -52,6 +56,22 @@ def test_matches_full_attention(recorded, cp, case):
             assert all(a <= 1e-5 and r <= 1e-5 for a, r in errs.values()), (rank, errs)
         else:
             assert all(r <= TOLERANCE["bf16"] for _, r in errs.values()), (rank, errs)
+
+
+@pytest.mark.jobs(*JOBS.values())
+@pytest.mark.parametrize("cp", CPS)
+def test_dropout_drops_what_full_attention_with_the_same_masks_drops(recorded, cp):
+    """Attention dropout (p = 0.25): output and gradients equal full attention dropping the
+    probabilities the ranks' masks drop (backward draws the masks again), and the masks keep
+    3/4 of the causal probabilities."""
+    for rank, result in recorded[cp].items():
+        assert set(result["dropout"]) == {
+            f"{m}/{b}" for m in METHODS for b in ("contiguous", "balanced")
+        }
+        for case, errs in result["dropout"].items():
+            kept = errs.pop("kept")
+            assert abs(kept - 0.75) < 0.03, (rank, case, kept)
+            assert all(a <= 1e-5 and r <= 1e-5 for a, r in errs.values()), (rank, case, errs)
 
 
 @pytest.mark.jobs(*JOBS.values())
@@ -106,8 +126,8 @@ def test_context_attention_refuses_bad_arguments_together():
     q, k = torch.zeros(1, 3, 4, 8), torch.zeros(1, 2, 4, 8)
     pos = torch.arange(4)
     with pytest.raises(ValueError) as err:
-        context_attention(q, k, k, pos, pos, None, "ulysses", dropout=0.1)
+        context_attention(q, k, k, pos, pos, None, "ulysses", dropout=1.0)
     message = str(err.value)
     assert "method='ulysses' must be one of allgather, ring" in message
-    assert "dropout=0.1 is not supported" in message
+    assert "dropout=1.0 must be in [0, 1)" in message
     assert "K=2 must divide query heads H=3" in message

@@ -32,6 +32,46 @@ ROWS = {
         [*PP2, "pipeline.first_stage_layers=3"],
     ),
     "pp=2 x dp_shard=2": ("llama3_debug", ["hardware.devices_per_node=4", "parallel.pp=2"]),
+    # The split schedules under FSDP (their weight pass runs after FSDP's backward hooks: the
+    # stage keeps its parameters gathered through the step), ZeRO-2 and context parallelism.
+    "pp=2 interleaved_zb x dp_shard=2": (
+        "llama3_debug",
+        ["hardware.devices_per_node=4", "parallel.pp=2", "pipeline=interleaved_zb"],
+    ),
+    "pp=2 zbv x zero2 dp_shard=2": (
+        "llama3_debug",
+        ["hardware.devices_per_node=4", "parallel.pp=2", "pipeline=zbv", "data_parallel=zero2"],
+    ),
+    "pp=2 dualpipev x dp_shard=2": (
+        "llama3_debug",
+        [
+            "hardware.devices_per_node=4",
+            "parallel.pp=2",
+            "pipeline=dualpipev",
+            "train.micro_batch_size=1",
+        ],
+    ),
+    "pp=2 zbv x cp=2 (FSDP over cp)": (
+        "llama3_debug",
+        [
+            "hardware.devices_per_node=4",
+            "parallel.pp=2",
+            "parallel.dp_shard=1",
+            "parallel.cp=2",
+            "pipeline=zbv",
+        ],
+    ),
+    "pp=2 interleaved_zb x cp=2 ddp": (
+        "llama3_debug",
+        [
+            "hardware.devices_per_node=4",
+            "parallel.pp=2",
+            "parallel.dp_shard=1",
+            "parallel.cp=2",
+            "pipeline=interleaved_zb",
+            "data_parallel=ddp",
+        ],
+    ),
     "pp=2 x tp=2": (
         "llama3_debug",
         [

@@ -77,10 +77,20 @@ TABLE["llama3_debug fsdp compile"] = (
     MODELS["llama3_debug"],
     ["hardware.devices_per_node=2", "train.compile=true"],
 )
+# Compiled blocks under TP: the first takes the embedding's output as a plain tensor
+# (tensor_parallel.waited_output); with SP, a sequence shard of it.
+TABLE["llama3_debug tp=2 compile"] = (
+    MODELS["llama3_debug"],
+    ["hardware.devices_per_node=2", "parallel.tp=2", *TP1, "train.compile=true"],
+)
+TABLE["gpt_debug tp=2 sp compile"] = (
+    MODELS["gpt_debug"],
+    ["hardware.devices_per_node=2", "parallel.tp=2", *TP1, "tensor=sequence_parallel",
+     "train.compile=true"],
+)  # fmt: skip
 
 
 @pytest.mark.parametrize("row", rows(TABLE))
 def test_matches_single_process(row, group):
-    """Every layout; `llama3_debug fsdp compile`: Inductor-compiled blocks under FSDP (compile
-    with tp > 1 is refused on CPU: see rules)."""
+    """Every layout; the `compile` rows: Inductor-compiled blocks under FSDP and under TP."""
     assert_row(group, row)

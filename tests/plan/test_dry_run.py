@@ -132,15 +132,16 @@ def test_dry_run_reports_what_the_engine_refuses():
         H100
         + [
             "model=llama3_8b",
-            "model.dropout=0.1",
             "hardware.nodes=8",
-            "parallel.cp=2",
+            "parallel.pp=2",
+            "pipeline=zbv",
+            "recompute=op",
             "train.global_batch_size=64",
         ]
     )
     result = dry_run(cfg, make_plan(cfg))
     assert not result.ok
-    assert "parallel.cp=2 with model.dropout=0.1: attention dropout" in result.errors[0]
+    assert "recompute=op with pipeline.schedule=zbv is not available" in result.errors[0]
 
 
 def test_dry_run_builds_context_parallel_layout():
