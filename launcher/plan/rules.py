@@ -8,11 +8,20 @@ records of launcher/limitations.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from launcher.config import Config, DType, ParallelConfig
 from launcher.data import data_sizes, split_sizes
-from launcher.layout import AXES, LOOPED, SCHEDULES, SINGLE, SPLIT_BACKWARD, V_SCHEDULES
+from launcher.layout import (
+    AXES,
+    LOOPED,
+    SCHEDULES,
+    SINGLE,
+    SPLIT_BACKWARD,
+    V_SCHEDULES,
+    Layout,
+)
 from launcher.limitations import refusals
 from launcher.plan import pipeline as pl
 
@@ -251,211 +260,306 @@ def _data_sizes(path: str | None, err) -> tuple[int, int] | None:
         return None
 
 
-def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
-    """Divisibility, pipeline and batch rules of one layout; returns (errors, warnings)."""
-    errors: list[Problem] = []
-    warnings: list[Problem] = []
-    err = lambda rule, msg: errors.append(Problem(rule, msg))
-    m, t, hw = cfg.model, cfg.train, cfg.hardware
-    name = f"model={m.name}"
-    tp, pp, cp, ep = lay.tp, lay.pp, lay.cp, lay.ep
+@dataclass(frozen=True)
+class Rule:
+    """One layout rule: its name (the Problem's), the degrees it reads, and its check, which
+    yields a message per way the layout breaks it. While a degree is unresolved
+    (parallel.dp_shard=-1 that does not divide the world, or a degree below 1) make_plan still
+    checks, with 1 in its place, the rules that read none of the unresolved ones
+    (tests/plan/test_rules.py holds each rule to the degrees it declares)."""
 
-    if tp > 1:
-        heads = m.n_heads
-        if heads % tp:
-            err("tp_heads", f"tp={tp} must divide n_heads={heads} ({name})")
-        kv = m.n_heads if m.kv_lora_rank else m.n_kv_heads
-        if kv % tp and heads % tp == 0:
-            err(
-                "tp_kv_heads",
-                f"tp={tp} must divide n_kv_heads={kv} ({name}): kv heads are "
-                "sharded across tp ranks, never replicated, so tp may not exceed them",
-            )
-        dense_mlp = not m.n_routed_experts or m.n_dense_layers
-        if dense_mlp and m.ffn_dim % tp:
-            err("tp_ffn", f"tp={tp} must divide ffn_dim={m.ffn_dim} ({name})")
-        if m.vocab_size % tp:
-            err("tp_vocab", f"tp={tp} must divide vocab_size={m.vocab_size} ({name})")
-    seq_cp = t.seq_len // cp if t.seq_len % cp == 0 else None
-    if lay.sequence_parallel and tp > 1 and (seq_cp is None or seq_cp % tp):
-        err(
-            "sp_seq",
-            f"train.seq_len={t.seq_len} must be divisible by tp={tp} x cp={cp} "
-            "with tensor.sequence_parallel=true (each tp rank holds a slice of the sequence)",
-        )
-    if tp > 1 and m.n_routed_experts and t.seq_len % tp:
-        err(
-            "tp_routed_seq",
-            f"train.seq_len={t.seq_len} must be divisible by tp={tp} with routed experts: "
-            "each tp rank routes its own slice of every sequence",
-        )
-    if cp > 1:
-        chunks = 2 * cp if cfg.context.load_balance else cp
-        if t.seq_len % chunks:
-            why = "2 x cp load-balanced chunks" if cfg.context.load_balance else "cp chunks"
-            err(
-                "cp_seq",
-                f"train.seq_len={t.seq_len} must be divisible by {chunks} ({why}, cp={cp})",
-            )
-    if ep > 1:
-        if not m.n_routed_experts:
-            err("ep_dense", f"ep={ep} needs routed experts; {name} is dense")
-        elif m.n_routed_experts % ep:
-            err("ep_experts", f"ep={ep} must divide n_routed_experts={m.n_routed_experts} ({name})")
-        borrow = lay.dp_shard * cp * tp
-        if borrow % ep:
-            err(
-                "ep_degree",
-                f"ep={ep} must divide dp_shard x cp x tp = {lay.dp_shard} x {cp} x "
-                f"{tp} = {borrow}: expert-parallel ranks are carved from those",
-            )
+    name: str
+    reads: tuple[str, ...]
+    check: Callable[[Config, Layout], Iterable[str]]
+    warning: bool = False
 
-    # Pipeline: stages, schedule shape, micro-batches.
-    v = lay.stages_per_rank
-    sched = lay.schedule
+
+LAYOUT_RULES: list[Rule] = []
+DP = ("dp_replicate", "dp_shard")
+
+
+def rule(name: str, reads: tuple[str, ...], warning: bool = False):
+    """Register the decorated check as a layout rule (in order: the first error of a kind
+    reads best first)."""
+
+    def register(check):
+        LAYOUT_RULES.append(Rule(name, reads, check, warning))
+        return check
+
+    return register
+
+
+def _model(cfg: Config) -> str:
+    return f"model={cfg.model.name}"
+
+
+@rule("tp_heads", ("tp",))
+def tp_heads(cfg, lay):
+    if lay.tp > 1 and cfg.model.n_heads % lay.tp:
+        yield f"tp={lay.tp} must divide n_heads={cfg.model.n_heads} ({_model(cfg)})"
+
+
+@rule("tp_kv_heads", ("tp",))
+def tp_kv_heads(cfg, lay):
+    m, tp = cfg.model, lay.tp
+    kv = m.n_heads if m.kv_lora_rank else m.n_kv_heads
+    if tp > 1 and kv % tp and m.n_heads % tp == 0:
+        yield (
+            f"tp={tp} must divide n_kv_heads={kv} ({_model(cfg)}): kv heads are "
+            "sharded across tp ranks, never replicated, so tp may not exceed them"
+        )
+
+
+@rule("tp_ffn", ("tp",))
+def tp_ffn(cfg, lay):
+    m, tp = cfg.model, lay.tp
+    dense_mlp = not m.n_routed_experts or m.n_dense_layers
+    if tp > 1 and dense_mlp and m.ffn_dim % tp:
+        yield f"tp={tp} must divide ffn_dim={m.ffn_dim} ({_model(cfg)})"
+
+
+@rule("tp_vocab", ("tp",))
+def tp_vocab(cfg, lay):
+    if lay.tp > 1 and cfg.model.vocab_size % lay.tp:
+        yield f"tp={lay.tp} must divide vocab_size={cfg.model.vocab_size} ({_model(cfg)})"
+
+
+@rule("sp_seq", ("tp", "cp"))
+def sp_seq(cfg, lay):
+    seq, tp, cp = cfg.train.seq_len, lay.tp, lay.cp
+    if lay.sequence_parallel and tp > 1 and (seq % cp or (seq // cp) % tp):
+        yield (
+            f"train.seq_len={seq} must be divisible by tp={tp} x cp={cp} "
+            "with tensor.sequence_parallel=true (each tp rank holds a slice of the sequence)"
+        )
+
+
+@rule("tp_routed_seq", ("tp",))
+def tp_routed_seq(cfg, lay):
+    seq, tp = cfg.train.seq_len, lay.tp
+    if tp > 1 and cfg.model.n_routed_experts and seq % tp:
+        yield (
+            f"train.seq_len={seq} must be divisible by tp={tp} with routed experts: "
+            "each tp rank routes its own slice of every sequence"
+        )
+
+
+@rule("cp_seq", ("cp",))
+def cp_seq(cfg, lay):
+    cp, seq = lay.cp, cfg.train.seq_len
+    chunks = 2 * cp if cfg.context.load_balance else cp
+    if cp > 1 and seq % chunks:
+        why = "2 x cp load-balanced chunks" if cfg.context.load_balance else "cp chunks"
+        yield f"train.seq_len={seq} must be divisible by {chunks} ({why}, cp={cp})"
+
+
+@rule("ep_dense", ("ep",))
+def ep_dense(cfg, lay):
+    if lay.ep > 1 and not cfg.model.n_routed_experts:
+        yield f"ep={lay.ep} needs routed experts; {_model(cfg)} is dense"
+
+
+@rule("ep_experts", ("ep",))
+def ep_experts(cfg, lay):
+    n = cfg.model.n_routed_experts
+    if lay.ep > 1 and n and n % lay.ep:
+        yield f"ep={lay.ep} must divide n_routed_experts={n} ({_model(cfg)})"
+
+
+@rule("ep_degree", ("ep", "dp_shard", "cp", "tp"))
+def ep_degree(cfg, lay):
+    borrow = lay.dp_shard * lay.cp * lay.tp
+    if lay.ep > 1 and borrow % lay.ep:
+        yield (
+            f"ep={lay.ep} must divide dp_shard x cp x tp = {lay.dp_shard} x {lay.cp} x "
+            f"{lay.tp} = {borrow}: expert-parallel ranks are carved from those"
+        )
+
+
+@rule("pp_stages", ("pp",))
+def pp_stages(cfg, lay):
+    v, sched, pp = lay.stages_per_rank, lay.schedule, lay.pp
     if v < 1:
-        err("pp_stages", f"pipeline.stages_per_rank={v} must be >= 1")
+        yield f"pipeline.stages_per_rank={v} must be >= 1"
     elif sched in V_SCHEDULES and v != 2:  # with pp = 1 too: the V is then one rank's
-        err(
-            "pp_stages",
+        yield (
             f"pipeline.schedule={sched} places exactly 2 stages per rank in a V; "
-            f"got pipeline.stages_per_rank={v}",
+            f"got pipeline.stages_per_rank={v}"
         )
-    elif pp > 1:
-        if sched in LOOPED and v < 2:
-            err(
-                "pp_stages",
-                f"pipeline.schedule={sched} needs pipeline.stages_per_rank >= 2 "
-                f"(got {v}); use 1f1b for one stage per rank",
-            )
-        elif sched in SINGLE and v != 1:
-            err(
-                "pp_stages",
-                f"pipeline.schedule={sched} runs one stage per rank; got "
-                f"pipeline.stages_per_rank={v} (use interleaved_1f1b)",
-            )
-        split = lay.stage_layers
-        if split and (len(split) != pp * v or sum(split) != m.n_layers or min(split) < 1):
-            err(
-                "pp_split",
-                f"layers per stage {list(split)} (pipeline.first_stage_layers="
-                f"{cfg.pipeline.first_stage_layers}, last_stage_layers="
-                f"{cfg.pipeline.last_stage_layers}, layers_per_stage="
-                f"{list(cfg.pipeline.layers_per_stage)}) must give each of the pp x "
-                f"stages_per_rank = {pp * v} stages at least one layer and sum to "
-                f"n_layers={m.n_layers} ({name})",
-            )
-        if pp * v > m.n_layers:
-            err(
-                "pp_layers",
-                f"pp={pp} x stages_per_rank={v} = {pp * v} stages need at least one "
-                f"layer each; {name} has n_layers={m.n_layers}",
-            )
-        mb = lay.microbatches
-        if mb < pp:
-            err(
-                "pp_microbatches",
-                f"{mb} micro-batches per step are fewer than pp={pp} stages: "
-                "the pipeline never fills (raise train.global_batch_size or lower "
-                "train.micro_batch_size)",
-            )
-        elif sched == "dualpipev" and mb < 2 * pp:
-            err(
-                "pp_microbatches",
-                f"pipeline.schedule=dualpipev needs at least one micro-batch per stage "
-                f"(2 x pp = {2 * pp}); got {mb}",
-            )
-        elif sched in LOOPED and mb % pp:
-            err(
-                "pp_microbatches",
-                f"pipeline.schedule={sched} needs the micro-batches per step "
-                f"({mb}) to be a multiple of pp={pp}",
-            )
-    elif v != 1 and sched not in V_SCHEDULES:
-        err("pp_stages", f"pipeline.stages_per_rank={v} needs pp > 1")
-    if lay.reshard_each_microbatch:
-        if pp == 1 or lay.zero_stage < 2 or lay.dp_shard * cp == 1:
-            err(
-                "pp_reshard",
-                "pipeline.reshard_each_microbatch=true applies to FSDP or ZeRO-2 under a "
-                f"pipeline (pp > 1, data_parallel zero_stage >= 2, dp_shard > 1); got pp={pp}, "
-                f"zero_stage={lay.zero_stage}, dp_shard={lay.dp_shard}",
-            )
-        elif sched in SPLIT_BACKWARD:
-            err(
-                "pp_reshard",
-                "pipeline.reshard_each_microbatch=true needs a schedule with a full backward "
-                f"(gpipe, 1f1b, interleaved_1f1b): {sched} computes the weight gradients in a "
-                "separate pass, after FSDP's post-backward hook would have resharded",
-            )
+    elif pp > 1 and sched in LOOPED and v < 2:
+        yield (
+            f"pipeline.schedule={sched} needs pipeline.stages_per_rank >= 2 "
+            f"(got {v}); use 1f1b for one stage per rank"
+        )
+    elif pp > 1 and sched in SINGLE and v != 1:
+        yield (
+            f"pipeline.schedule={sched} runs one stage per rank; got "
+            f"pipeline.stages_per_rank={v} (use interleaved_1f1b)"
+        )
+    elif pp == 1 and v != 1 and sched not in V_SCHEDULES:
+        yield f"pipeline.stages_per_rank={v} needs pp > 1"
 
-    # Batch: global = micro x accumulation x data-parallel size.
-    dp, b = lay.dp, lay.micro_batch_size
-    if b >= 1 and t.global_batch_size % (b * dp):
-        err(
-            "batch",
-            f"train.global_batch_size={t.global_batch_size} must be divisible by "
+
+def _pipelined(lay) -> bool:
+    """pp > 1 with a stage shape the schedule takes: what the split, layer and micro-batch
+    rules check (a wrong shape is pp_stages' error alone)."""
+    v = lay.stages_per_rank
+    return lay.pp > 1 and v >= 1 and not (lay.schedule in V_SCHEDULES and v != 2)
+
+
+@rule("pp_split", ("pp",))
+def pp_split(cfg, lay):
+    split, pp, v, n = lay.stage_layers, lay.pp, lay.stages_per_rank, cfg.model.n_layers
+    if _pipelined(lay) and split and (len(split) != pp * v or sum(split) != n or min(split) < 1):
+        p = cfg.pipeline
+        yield (
+            f"layers per stage {list(split)} (pipeline.first_stage_layers="
+            f"{p.first_stage_layers}, last_stage_layers={p.last_stage_layers}, "
+            f"layers_per_stage={list(p.layers_per_stage)}) must give each of the pp x "
+            f"stages_per_rank = {pp * v} stages at least one layer and sum to "
+            f"n_layers={n} ({_model(cfg)})"
+        )
+
+
+@rule("pp_layers", ("pp",))
+def pp_layers(cfg, lay):
+    pp, v, n = lay.pp, lay.stages_per_rank, cfg.model.n_layers
+    if _pipelined(lay) and pp * v > n:
+        yield (
+            f"pp={pp} x stages_per_rank={v} = {pp * v} stages need at least one "
+            f"layer each; {_model(cfg)} has n_layers={n}"
+        )
+
+
+@rule("pp_microbatches", ("pp", *DP))  # micro-batches per step: global / (micro x dp)
+def pp_microbatches(cfg, lay):
+    pp, mb, sched = lay.pp, lay.microbatches, lay.schedule
+    if not _pipelined(lay):
+        return
+    if mb < pp:
+        yield (
+            f"{mb} micro-batches per step are fewer than pp={pp} stages: "
+            "the pipeline never fills (raise train.global_batch_size or lower "
+            "train.micro_batch_size)"
+        )
+    elif sched == "dualpipev" and mb < 2 * pp:
+        yield (
+            f"pipeline.schedule=dualpipev needs at least one micro-batch per stage "
+            f"(2 x pp = {2 * pp}); got {mb}"
+        )
+    elif sched in LOOPED and mb % pp:
+        yield (
+            f"pipeline.schedule={sched} needs the micro-batches per step "
+            f"({mb}) to be a multiple of pp={pp}"
+        )
+
+
+@rule("pp_reshard", ("pp", "dp_shard", "cp"))
+def pp_reshard(cfg, lay):
+    if not lay.reshard_each_microbatch:
+        return
+    if lay.pp == 1 or lay.zero_stage < 2 or lay.dp_shard * lay.cp == 1:
+        yield (
+            "pipeline.reshard_each_microbatch=true applies to FSDP or ZeRO-2 under a "
+            f"pipeline (pp > 1, data_parallel zero_stage >= 2, dp_shard > 1); got pp={lay.pp}, "
+            f"zero_stage={lay.zero_stage}, dp_shard={lay.dp_shard}"
+        )
+    elif lay.schedule in SPLIT_BACKWARD:
+        yield (
+            "pipeline.reshard_each_microbatch=true needs a schedule with a full backward "
+            f"(gpipe, 1f1b, interleaved_1f1b): {lay.schedule} computes the weight gradients "
+            "in a separate pass, after FSDP's post-backward hook would have resharded"
+        )
+
+
+@rule("batch", DP)  # global = micro x accumulation x data-parallel size
+def batch(cfg, lay):
+    dp, b, gb = lay.dp, lay.micro_batch_size, cfg.train.global_batch_size
+    mbs = cfg.pipeline.microbatches
+    if b >= 1 and gb % (b * dp):
+        yield (
+            f"train.global_batch_size={gb} must be divisible by "
             f"train.micro_batch_size={b} x data-parallel size {dp} (dp_replicate="
             f"{lay.dp_replicate} x dp_shard={lay.dp_shard}) = {b * dp}: "
-            + batch_fix(t.global_batch_size, b, dp, cfg.pipeline.microbatches),
+            + batch_fix(gb, b, dp, mbs)
         )
-    elif cfg.pipeline.microbatches and cfg.pipeline.microbatches * b * dp != t.global_batch_size:
-        fix = t.global_batch_size // (b * dp) if b >= 1 else 0
-        err(
-            "batch",
-            f"pipeline.microbatches={cfg.pipeline.microbatches} x micro_batch_size={b} "
-            f"x data-parallel size {dp} must equal global_batch_size={t.global_batch_size}"
-            + (f": set pipeline.microbatches={fix} (or 0 to derive it)" if fix else ""),
+    elif mbs and mbs * b * dp != gb:
+        fix = gb // (b * dp) if b >= 1 else 0
+        yield (
+            f"pipeline.microbatches={mbs} x micro_batch_size={b} "
+            f"x data-parallel size {dp} must equal global_batch_size={gb}"
+            + (f": set pipeline.microbatches={fix} (or 0 to derive it)" if fix else "")
         )
 
-    # Warnings: placement and efficiency.
-    if tp > hw.devices_per_node:
-        warnings.append(
-            Problem(
-                "tp_node",
-                f"tp={tp} spans more than one node of "
-                f"{hw.devices_per_node} devices: TP traffic crosses the network",
-            )
+
+# Warnings: placement and efficiency.
+@rule("tp_node", ("tp",), warning=True)
+def tp_node(cfg, lay):
+    if lay.tp > cfg.hardware.devices_per_node:
+        yield (
+            f"tp={lay.tp} spans more than one node of {cfg.hardware.devices_per_node} "
+            "devices: TP traffic crosses the network"
         )
-    if ep > hw.devices_per_node:
-        warnings.append(
-            Problem(
-                "ep_node",
-                f"ep={ep} spans more than one node of "
-                f"{hw.devices_per_node} devices: all-to-alls cross the network",
-            )
+
+
+@rule("ep_node", ("ep",), warning=True)
+def ep_node(cfg, lay):
+    if lay.ep > cfg.hardware.devices_per_node:
+        yield (
+            f"ep={lay.ep} spans more than one node of {cfg.hardware.devices_per_node} "
+            "devices: all-to-alls cross the network"
         )
-    if pp > 1 and not errors and sched in SCHEDULES:  # an unknown one is a config error
-        bubble = pl.bubble_fraction(sched, pp, v, lay.microbatches)
-        if bubble > 0.2:
-            warnings.append(
-                Problem(
-                    "bubble",
-                    f"pipeline bubble {bubble:.0%} of compute "
-                    f"(schedule={sched}, pp={pp}, micro-batches="
-                    f"{lay.microbatches}): add micro-batches or stages_per_rank",
-                )
-            )
-    # A recipe's recompute.every stays when recompute=none is chosen to compare against it:
-    # not an error, but recompute.every alone recomputes nothing, which a user should hear.
-    if lay.recompute == "none" and lay.recompute_every > 1:
-        k = lay.recompute_every
-        warnings.append(
-            Problem(
-                "recompute_every",
-                f"recompute.every={k} has no effect with recompute=none "
-                f"(nothing recomputes): set recompute=full, op or selective to recompute blocks "
-                f"0, {k}, {2 * k}, ..., or recompute.every=1",
-            )
+
+
+@rule("bubble", ("pp", *DP), warning=True)
+def bubble(cfg, lay):
+    pp, sched, v = lay.pp, lay.schedule, lay.stages_per_rank
+    # Only for a pipeline the error rules accept (an unknown schedule is a config error).
+    if pp == 1 or sched not in SCHEDULES or v < 1 or lay.microbatches < 1:
+        return
+    fraction = pl.bubble_fraction(sched, pp, v, lay.microbatches)
+    if fraction > 0.2:
+        yield (
+            f"pipeline bubble {fraction:.0%} of compute (schedule={sched}, pp={pp}, "
+            f"micro-batches={lay.microbatches}): add micro-batches or stages_per_rank"
         )
-    if hw.device_type.value == "cuda" and b * t.seq_len // max(1, cp) < 1024:
-        warnings.append(
-            Problem(
-                "micro_batch",
-                f"micro-batch of {b} x {t.seq_len // max(1, cp)} "
-                "tokens per rank is too small to keep a GPU busy",
-            )
+
+
+# A recipe's recompute.every stays when recompute=none is chosen to compare against it: not
+# an error, but recompute.every alone recomputes nothing, which a user should hear.
+@rule("recompute_every", (), warning=True)
+def recompute_every(cfg, lay):
+    k = lay.recompute_every
+    if lay.recompute == "none" and k > 1:
+        yield (
+            f"recompute.every={k} has no effect with recompute=none "
+            f"(nothing recomputes): set recompute=full, op or selective to recompute blocks "
+            f"0, {k}, {2 * k}, ..., or recompute.every=1"
         )
+
+
+@rule("micro_batch", ("cp",), warning=True)
+def micro_batch(cfg, lay):
+    tokens = cfg.train.seq_len // max(1, lay.cp)
+    if cfg.hardware.device_type.value == "cuda" and lay.micro_batch_size * tokens < 1024:
+        yield (
+            f"micro-batch of {lay.micro_batch_size} x {tokens} "
+            "tokens per rank is too small to keep a GPU busy"
+        )
+
+
+def layout_problems(cfg: Config, lay) -> tuple[list[Problem], list[Problem]]:
+    """Divisibility, pipeline and batch rules of one layout (LAYOUT_RULES); returns (errors,
+    warnings). The bubble warning only for a layout without errors."""
+    errors = [
+        Problem(r.name, msg) for r in LAYOUT_RULES if not r.warning for msg in r.check(cfg, lay)
+    ]
+    warnings = [
+        Problem(r.name, msg)
+        for r in LAYOUT_RULES
+        if r.warning and not (errors and r.name == "bubble")
+        for msg in r.check(cfg, lay)
+    ]
     return errors, warnings
 
 
@@ -475,33 +579,8 @@ def batch_fix(global_batch: int, micro: int, dp: int, microbatches: int = 0) -> 
     return fix + (f" or train.micro_batch_size={smaller[0]}" if smaller else "")
 
 
-# The degrees each layout rule (and warning) reads. While a degree is unresolved
-# (parallel.dp_shard=-1 that does not divide the world, or a degree below 1) make_plan still
-# checks, with 1 in its place, the rules that read none of the unresolved ones. A rule missing
-# here counts as reading every degree.
-DP = ("dp_replicate", "dp_shard")
-DEGREES_READ: dict[str, tuple[str, ...]] = {
-    "tp_heads": ("tp",),
-    "tp_kv_heads": ("tp",),
-    "tp_ffn": ("tp",),
-    "tp_vocab": ("tp",),
-    "sp_seq": ("tp", "cp"),
-    "cp_seq": ("cp",),
-    "ep_dense": ("ep",),
-    "ep_experts": ("ep",),
-    "ep_degree": ("ep", "dp_shard", "cp", "tp"),
-    "pp_stages": ("pp",),
-    "pp_split": ("pp",),
-    "pp_layers": ("pp",),
-    "pp_microbatches": ("pp", *DP),  # micro-batches per step: global / (micro x dp)
-    "pp_reshard": ("pp", "dp_shard", "cp"),
-    "batch": DP,
-    "tp_node": ("tp",),
-    "ep_node": ("ep",),
-    "bubble": ("pp", *DP),
-    "micro_batch": ("cp",),
-    "recompute_every": (),
-}
+# The degrees each layout rule reads, from the rules themselves.
+DEGREES_READ: dict[str, tuple[str, ...]] = {r.name: r.reads for r in LAYOUT_RULES}
 
 
 def reads_any(problem: Problem, degrees) -> bool:

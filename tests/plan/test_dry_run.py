@@ -198,3 +198,35 @@ def test_every_cluster_recipe_dry_runs_to_the_planners_count(recipe):
         assert result.errors and "not available" in result.errors[0], result.errors
         return
     assert result.ok, (result.errors, result.engine_params, result.analytic_params)
+
+
+# launcher.plan with the planner's per-rank count made 1% too high, run as the CLI runs.
+WRONG_PLANNER = """
+import dataclasses, runpy, sys
+import launcher.plan.dry_run as dry_run
+real = dry_run.rank_params
+def wrong(*args, **kwargs):
+    held = real(*args, **kwargs)
+    return dataclasses.replace(held, dense=held.dense * 1.01, experts=held.experts * 1.01)
+dry_run.rank_params = wrong
+sys.argv = ["launcher.plan", *sys.argv[1:]]
+runpy.run_module("launcher.plan", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_dry_run_mismatch_fails_the_cli():
+    """A planner more than 0.1% from the engine's shards exits 1 (the planner's failure, not
+    a usage error) and says how far apart they are."""
+    import subprocess
+    import sys
+
+    args = [*H100, *LAYOUTS["mixtral_8x7b fsdp 128"], "plan.dry_run=true"]
+    result = subprocess.run(
+        [sys.executable, "-c", WRONG_PLANNER, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 1, (result.stdout[-2000:], result.stderr[-2000:])
+    assert "(1.000% apart)" in result.stdout and "Traceback" not in result.stderr

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import io
+import random
+from dataclasses import replace
 
 import pytest
 from conftest import compose_config, run_cli
 from rich.console import Console
 
+from launcher.layout import AXES, SCHEDULES
 from launcher.plan import make_plan
 from launcher.plan.report import print_plan
-from launcher.plan.rules import engine_problems
+from launcher.plan.rules import LAYOUT_RULES, engine_problems
 
 H100 = ["hardware=h100_80g"]
 
@@ -489,3 +492,31 @@ def test_a_recipes_recompute_every_under_recompute_none_is_a_warning():
     print_plan(plan, console)
     row = next(line for line in console.file.getvalue().splitlines() if "│ recompute " in line)
     assert "blocks" not in row and "none" in row
+
+
+@pytest.mark.parametrize("model", ["llama3_8b", "mixtral_8x7b", "deepseek_debug", "gpt_debug"])
+def test_each_layout_rule_reads_only_the_degrees_it_declares(model):
+    """make_plan skips the rules that read an unresolved degree by what each declares: a
+    degree it does not declare, changed, changes none of its messages (random layouts)."""
+    rng = random.Random(0)
+    cfg = compose_config([f"model={model}", "train.seq_len=96", "train.global_batch_size=24"])
+    base = make_plan(cfg).layout
+    degrees = (1, 2, 3, 4, 8)
+    for _ in range(300):
+        lay = replace(
+            base,
+            **{a: rng.choice(degrees) for a in AXES},
+            schedule=rng.choice(SCHEDULES),
+            stages_per_rank=rng.choice((1, 2, 3)),
+            microbatches=rng.choice((1, 2, 4, 8)),
+            micro_batch_size=rng.choice((1, 2)),
+            reshard_each_microbatch=rng.random() < 0.2,
+            sequence_parallel=rng.random() < 0.5,
+        )
+        for r in LAYOUT_RULES:
+            unread = [a for a in AXES if a not in r.reads]
+            if not unread:
+                continue
+            axis = rng.choice(unread)
+            moved = replace(lay, **{axis: rng.choice(degrees)})
+            assert list(r.check(cfg, lay)) == list(r.check(cfg, moved)), (r.name, axis, lay)
