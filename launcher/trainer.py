@@ -97,7 +97,7 @@ class Trainer:
         micro = 1 if self.schedule else self.layout.microbatches
         for part in self.parts:
             for _, moe in moe_layers(part):
-                moe.aux_grad_scale = 1.0 / (micro * self.layout.tp)
+                moe.parallelize(aux_grad_scale=1.0 / (micro * self.layout.tp))
         self.optimizers = build_optimizers(self.parts, self.layout, t, d, cfg.precision)
         self.params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
         self.copies = []  # parameters whose gradient another one holds too (clipping)

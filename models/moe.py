@@ -5,8 +5,9 @@ Each token goes to its top_k routed experts; their SwiGLU outputs are summed wit
 weights. The experts are stacked weights (E, ...) run by one grouped matmul over the tokens
 sorted by expert, so that expert parallelism can wrap `MoE.experts` (dispatch the sorted tokens
 to the ranks that hold their experts, compute, send them back) without touching this file.
-Plain torch, no distributed import: what the engine needs from a router (summing statistics
-over ranks that split a batch, the load seen since it last looked) are attributes it sets/reads.
+Plain torch, no distributed import: how the engine distributes a layer (tensor, expert and
+context parallelism, pipeline stages) it sets through one interface, `MoE.parallelize` (the
+fields of `MoEParallel`), and it reads the load each router saw since it last looked.
 
 Shapes: T tokens of this forward (B x S), D dim, E routed experts, k top_k, F expert FFN width,
 N = T x k token copies.
@@ -15,6 +16,7 @@ N = T x k token copies.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -61,16 +63,20 @@ def grouped_swiglu(
 
 
 class GroupedExperts(nn.Module):
-    """E SwiGLU experts as stacked weights; forward takes the token copies sorted by expert."""
+    """E SwiGLU experts as stacked weights; forward takes the token copies sorted by expert.
+    `dispatch` (set by MoE.parallelize) runs them instead where they live on other ranks."""
 
     def __init__(self, n_experts: int, dim: int, ffn_dim: int):
         super().__init__()
         self.w1 = nn.Parameter(torch.empty(n_experts, ffn_dim, dim))
         self.w2 = nn.Parameter(torch.empty(n_experts, dim, ffn_dim))
         self.w3 = nn.Parameter(torch.empty(n_experts, ffn_dim, dim))
+        self.dispatch: Callable | None = None
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """x (N, D) sorted by expert, counts (E,) copies per expert -> (N, D) in the same order."""
+        if self.dispatch is not None:
+            return self.dispatch(x, counts, self)
         return grouped_swiglu(x, counts, self.w1, self.w2, self.w3)
 
 
@@ -180,13 +186,34 @@ def _no_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@dataclass(frozen=True)
+class MoEParallel:
+    """How the engine runs one MoE layer, set only through `MoE.parallelize`; every field's
+    default is one process's behaviour."""
+
+    # Sums a tensor over the ranks that hold other tokens of the same batch (context and
+    # tensor parallelism), with gradient: the balance losses' statistics.
+    reduce_split: Callable[[torch.Tensor], torch.Tensor] = _no_reduce
+    # Tensor parallelism without SP: this rank's share (B, S / tp, D) of the (B, S, D) tokens
+    # every tp rank holds, routed here, and the routed output of every share gathered back.
+    split_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None
+    gather_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None
+    # Expert parallelism: (x, counts, experts) -> the experts' output where they live on other
+    # ranks (dispatch, compute, combine); the experts' module calls it.
+    dispatch: Callable | None = None
+    # The balance losses' gradient scale (the trainer: 1 / micro-batches it averages over).
+    aux_grad_scale: float = 1.0
+    # Whether a training forward counts in the router's load and the balance losses' sum (off
+    # for a pipeline stage's shape inference).
+    count_steps: bool = True
+
+
 class MoE(nn.Module):
     """Routed experts (plus shared ones) in place of a dense MLP; x (B, S, D) -> (B, S, D).
 
     Balance losses: `aux_loss_coef` per forward's tokens (Mixtral, Switch), `seq_aux_loss_coef`
     per sequence (DeepSeek-V3's sequence-wise loss). Their gradient is attached in backward,
-    scaled by `aux_grad_scale` (the trainer sets 1 / micro-batches when it averages them);
-    their sum over forwards accumulates in `aux_loss_sum`.
+    scaled by `parallel.aux_grad_scale`; their sum over forwards accumulates in `aux_loss_sum`.
     """
 
     def __init__(
@@ -204,17 +231,20 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(n_experts, dim, ffn_dim)
         self.shared = FeedForward(dim, n_shared * ffn_dim) if n_shared else None
         self.aux_loss_coef, self.seq_aux_loss_coef = aux_loss_coef, seq_aux_loss_coef
-        self.aux_grad_scale = 1.0
-        # Set by the engine when the tokens of one batch are split over ranks (context or
-        # tensor parallelism): sums a tensor over those ranks, with gradient.
-        self.reduce_split: Callable[[torch.Tensor], torch.Tensor] = _no_reduce
-        # The balance losses' sum over training forwards since the engine last read it, and
-        # whether a forward counts towards it and the router's load.
+        self.parallel = MoEParallel()
+        # The balance losses' sum over training forwards since the engine last read it.
         self.aux_loss_sum = torch.zeros(())
-        self.count_steps = True
+
+    def parallelize(self, **settings) -> None:
+        """Change how the engine runs this layer: fields of MoEParallel (an unknown name is a
+        TypeError); the others keep their values."""
+        self.parallel = replace(self.parallel, **settings)
+        self.experts.dispatch = self.parallel.dispatch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.routed(x)
+        p = self.parallel
+        routed = self.routed(x if p.split_tokens is None else p.split_tokens(x))
+        out = routed if p.gather_tokens is None else p.gather_tokens(routed)
         return out if self.shared is None else out + self.shared(x)
 
     def routed(self, x: torch.Tensor) -> torch.Tensor:
@@ -233,7 +263,9 @@ class MoE(nn.Module):
         # Counted in a training forward only: not in a recomputing backward (activation
         # checkpointing runs this again), nor where the engine says the forward is not a
         # training step (count_steps off: a pipeline stage's shape inference).
-        counting = self.training and self.count_steps and torch._C._current_graph_task_id() == -1
+        counting = (
+            self.training and self.parallel.count_steps and torch._C._current_graph_task_id() == -1
+        )
         if counting:
             self.router.load += counts.detach().to(self.router.load.dtype)
         y = self.experts(flat[token], counts)  # (N, D) sorted by expert
@@ -248,14 +280,17 @@ class MoE(nn.Module):
     def _attach_balance_loss(self, out, chosen, probs, shape, counting) -> torch.Tensor:
         n, loss = self.router.n_experts, torch.zeros((), device=out.device)
         if self.aux_loss_coef:
-            batch = balance_loss(chosen[None], probs[None], n, self.reduce_split)
+            batch = balance_loss(chosen[None], probs[None], n, self.parallel.reduce_split)
             loss = loss + self.aux_loss_coef * batch
         if self.seq_aux_loss_coef and len(shape) == 3:
             b = shape[0]
             per_seq = balance_loss(
-                chosen.view(b, -1, chosen.shape[-1]), probs.view(b, -1, n), n, self.reduce_split
+                chosen.view(b, -1, chosen.shape[-1]),
+                probs.view(b, -1, n),
+                n,
+                self.parallel.reduce_split,
             )
             loss = loss + self.seq_aux_loss_coef * per_seq
         if counting:
             self.aux_loss_sum = self.aux_loss_sum.to(loss.device) + loss.detach()
-        return _AttachLoss.apply(out, loss, self.aux_grad_scale)
+        return _AttachLoss.apply(out, loss, self.parallel.aux_grad_scale)

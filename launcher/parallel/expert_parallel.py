@@ -2,7 +2,8 @@
 
 `apply_ep` shards each MoE layer's stacked experts along the expert dimension over the ep mesh
 (DTensors, Shard(0): a checkpoint holds the whole (E, ...) stack and reshards to any ep) and
-replaces the experts' forward with dispatch -> local grouped experts -> combine:
+gives the layer an `ExpertDispatch` (MoE.parallelize): dispatch -> local grouped experts ->
+combine:
 
   x (N, D) this rank's token copies sorted by global expert, counts (E,)
     -> exchange counts (all-to-all): how many copies each rank sends to each of my L = E / ep
@@ -20,8 +21,6 @@ and tensor-parallel ranks), which the balance losses need to equal one process's
 """
 
 from __future__ import annotations
-
-import types
 
 import torch
 import torch.distributed as dist
@@ -89,24 +88,38 @@ class _ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def _ep_forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    group, ep = self.ep_group, self.ep_size
-    experts = (self.w1, self.w2, self.w3)
-    weights = (_ScaleGrad.apply(local_tensor(w), self.grad_scale) for w in experts)
-    if ep == 1:  # every expert here (tensor parallelism alone): nothing to send
-        return grouped_swiglu(x, counts, *weights)
-    send, recv, received = dispatch_plan(counts, ep, group)
-    mine = _AllToAll.apply(x, recv, send, group)  # (M, D) by (source, expert)
-    local = received.shape[1]
-    # Sort the received blocks by (local expert, source): key l x ep + src for block (src, l).
-    block_key = (
-        torch.arange(local, device=x.device) * ep + torch.arange(ep, device=x.device)[:, None]
-    )
-    row_key = block_key.flatten().repeat_interleave(received.flatten())
-    order = row_key.argsort(stable=True)
-    y = grouped_swiglu(mine[order], received.sum(0), *weights)
-    y = torch.empty_like(y).index_copy(0, order, y)  # back to (source, expert) order
-    return _AllToAll.apply(y, send, recv, group)
+class ExpertDispatch:
+    """An MoE layer's experts sharded over the ep ranks of `group`: runs them on this rank's
+    token copies (see the module's docstring). grad_scale: their gradient's correction (see
+    apply_ep); reduce_group: where their gradients are averaged without FSDP (None: FSDP)."""
+
+    def __init__(self, group, ep: int, grad_scale: float, reduce_group=None):
+        self.group, self.ep, self.grad_scale, self.reduce_group = (
+            group,
+            ep,
+            grad_scale,
+            reduce_group,
+        )
+
+    def __call__(self, x: torch.Tensor, counts: torch.Tensor, experts: nn.Module) -> torch.Tensor:
+        group, ep = self.group, self.ep
+        weights = (experts.w1, experts.w2, experts.w3)
+        weights = [_ScaleGrad.apply(local_tensor(w), self.grad_scale) for w in weights]
+        if ep == 1:  # every expert here (tensor parallelism alone): nothing to send
+            return grouped_swiglu(x, counts, *weights)
+        send, recv, received = dispatch_plan(counts, ep, group)
+        mine = _AllToAll.apply(x, recv, send, group)  # (M, D) by (source, expert)
+        local = received.shape[1]
+        # Sort the received blocks by (local expert, source): key l x ep + src for block
+        # (src, l).
+        block_key = (
+            torch.arange(local, device=x.device) * ep + torch.arange(ep, device=x.device)[:, None]
+        )
+        row_key = block_key.flatten().repeat_interleave(received.flatten())
+        order = row_key.argsort(stable=True)
+        y = grouped_swiglu(mine[order], received.sum(0), *weights)
+        y = torch.empty_like(y).index_copy(0, order, y)  # back to (source, expert) order
+        return _AllToAll.apply(y, send, recv, group)
 
 
 def expert_params(model: nn.Module) -> list[nn.Parameter]:
@@ -114,7 +127,7 @@ def expert_params(model: nn.Module) -> list[nn.Parameter]:
     return [
         p
         for _, moe in moe_layers(model)
-        if hasattr(moe.experts, "ep_group")
+        if moe.parallel.dispatch is not None
         for p in moe.experts.parameters()
     ]
 
@@ -140,20 +153,20 @@ def apply_ep(model: nn.Module, ep_mesh: DeviceMesh, grad_scale: float, reduce_gr
         for name, p in list(experts.named_parameters(recurse=False)):
             shard = distribute_tensor(p.data, ep_mesh, [Shard(0)])
             experts.register_parameter(name, nn.Parameter(shard, requires_grad=p.requires_grad))
-        experts.ep_group, experts.ep_size = ep_mesh.get_group(), ep
-        experts.grad_scale, experts.reduce_group = grad_scale, reduce_group
-        experts.forward = types.MethodType(_ep_forward, experts)
+        moe.parallelize(dispatch=ExpertDispatch(ep_mesh.get_group(), ep, grad_scale, reduce_group))
 
 
 def sync_expert_grads(parts: list[nn.Module]) -> None:
     """Average the experts' gradients over the ranks holding the same experts, where no FSDP
     does it (DDP, ZeRO-1, or no data parallelism beside tp)."""
-    experts = [moe.experts for part in parts for _, moe in moe_layers(part)]
-    group = getattr(experts[0], "reduce_group", None) if experts else None
+    moes = [moe for part in parts for _, moe in moe_layers(part) if moe.parallel.dispatch]
+    group = moes[0].parallel.dispatch.reduce_group if moes else None
     if group is None or dist.get_world_size(group) == 1:
         return
     # Every layer's experts share the group: one all-reduce for them all (local shards).
-    grads = [local_tensor(p.grad) for e in experts for p in e.parameters() if p.grad is not None]
+    grads = [
+        local_tensor(p.grad) for m in moes for p in m.experts.parameters() if p.grad is not None
+    ]
     average_grads(grads, group)
 
 
@@ -163,7 +176,7 @@ def apply_moe_hooks(model: nn.Module, split_group) -> None:
     if split_group is None:
         return
     for _, moe in moe_layers(model):
-        moe.reduce_split = lambda t, g=split_group: dist_fn.all_reduce(t, group=g)
+        moe.parallelize(reduce_split=lambda t, g=split_group: dist_fn.all_reduce(t, group=g))
 
 
 def balance_step(

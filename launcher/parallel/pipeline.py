@@ -144,12 +144,12 @@ class Stage(PipelineStage):
     def _forward_metadata_inference(self, *args, **kwargs):
         moes = [m for m in self.submod.modules() if isinstance(m, MoE)]
         for moe in moes:
-            moe.count_steps = False
+            moe.parallelize(count_steps=False)
         try:
             return super()._forward_metadata_inference(*args, **kwargs)
         finally:
             for moe in moes:
-                moe.count_steps = True
+                moe.parallelize(count_steps=True)
 
 
 class ReshardingStage(Stage):

@@ -15,7 +15,6 @@ backward (Korthikanti et al. 2022), so a block keeps what their table counts.
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -323,15 +322,14 @@ def _gather_sequence(x: torch.Tensor, group) -> torch.Tensor:
     return torch.cat(parts, dim=1)
 
 
-def _tp_moe_forward(self, x: torch.Tensor) -> torch.Tensor:
-    # x: (B, S / tp, D) under sequence parallelism, else (B, S, D) on every tp rank.
-    routed = self.routed(x if self.tp_sp else _SplitSequence.apply(x, self.tp_group))
-    out = routed if self.tp_sp else _GatherSequence.apply(routed, self.tp_group)
-    return out if self.shared is None else out + self.shared(x)
-
-
 def split_routed_tokens(moe: MoE, mesh: DeviceMesh, sp: bool) -> None:
     """Each tp rank routes and computes a tp-th of the layer's tokens (its sequence shard)
-    instead of all ranks repeating the whole: dropless MoE has no weights to split by tp."""
-    moe.tp_group, moe.tp_sp = mesh.get_group(), sp
-    moe.forward = types.MethodType(_tp_moe_forward, moe)
+    instead of all ranks repeating the whole: dropless MoE has no weights to split by tp.
+    Under sequence parallelism the layer's input already is that shard."""
+    if sp:
+        return
+    group = mesh.get_group()
+    moe.parallelize(
+        split_tokens=lambda x: _SplitSequence.apply(x, group),
+        gather_tokens=lambda y: _GatherSequence.apply(y, group),
+    )
