@@ -27,47 +27,35 @@ class Feature:
     kind: str = ""  # features of one kind exclude each other (one data parallelism, ...)
 
 
+def _zero(label: str, name: str, stage: int, axis: str) -> Feature:
+    """A data parallelism of ZeRO `stage` over 2 ranks of `axis`."""
+    values = (f"data_parallel.name={name}", f"data_parallel.zero_stage={stage}")
+    return Feature(label, (f"parallel.{axis}=2", *values), "dp")
+
+
+def _schedule(label: str, schedule: str, stages_per_rank: int = 2) -> Feature:
+    """pp=2 under `schedule`."""
+    v = (f"pipeline.stages_per_rank={stages_per_rank}",) if stages_per_rank != 1 else ()
+    return Feature(label, ("parallel.pp=2", f"pipeline.schedule={schedule}", *v), "pp")
+
+
 # Each feature as overrides of single values (not config groups, except the model), so that
 # a pair is the base model's composed config with them merged in: one Hydra composition per
 # model instead of one per pair. They are valid `launcher.train` overrides as they are.
 FEATURES: tuple[Feature, ...] = (
     Feature("FSDP", ("parallel.dp_shard=2",), "dp"),
     Feature("HSDP", ("parallel.dp_replicate=2", "parallel.dp_shard=2"), "dp"),
-    Feature(
-        "ZeRO-2",
-        ("parallel.dp_shard=2", "data_parallel.name=zero2", "data_parallel.zero_stage=2"),
-        "dp",
-    ),
-    Feature(
-        "ZeRO-1",
-        ("parallel.dp_shard=2", "data_parallel.name=zero1", "data_parallel.zero_stage=1"),
-        "dp",
-    ),
-    Feature(
-        "DDP",
-        ("parallel.dp_replicate=2", "data_parallel.name=ddp", "data_parallel.zero_stage=0"),
-        "dp",
-    ),
+    _zero("ZeRO-2", "zero2", 2, "dp_shard"),
+    _zero("ZeRO-1", "zero1", 1, "dp_shard"),
+    _zero("DDP", "ddp", 0, "dp_replicate"),
     Feature("TP + SP", ("parallel.tp=2", "tensor.sequence_parallel=true")),
     Feature("CP", ("parallel.cp=2",)),
     Feature("EP", ("parallel.ep=2",)),
-    Feature("1F1B", ("parallel.pp=2", "pipeline.schedule=1f1b"), "pp"),
-    Feature(
-        "interleaved 1F1B",
-        ("parallel.pp=2", "pipeline.schedule=interleaved_1f1b", "pipeline.stages_per_rank=2"),
-        "pp",
-    ),
-    Feature(
-        "interleaved ZB",
-        ("parallel.pp=2", "pipeline.schedule=interleaved_zb", "pipeline.stages_per_rank=2"),
-        "pp",
-    ),
-    Feature("ZBV", ("parallel.pp=2", "pipeline.schedule=zbv", "pipeline.stages_per_rank=2"), "pp"),
-    Feature(
-        "DualPipeV",
-        ("parallel.pp=2", "pipeline.schedule=dualpipev", "pipeline.stages_per_rank=2"),
-        "pp",
-    ),
+    _schedule("1F1B", "1f1b", stages_per_rank=1),
+    _schedule("interleaved 1F1B", "interleaved_1f1b"),
+    _schedule("interleaved ZB", "interleaved_zb"),
+    _schedule("ZBV", "zbv"),
+    _schedule("DualPipeV", "dualpipev"),
     Feature("recompute=op", ("recompute.mode=op",), "recompute"),
     Feature("recompute=full", ("recompute.mode=full",), "recompute"),
     Feature("compile", ("train.compile=true",)),

@@ -324,16 +324,25 @@ def _finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return final.copy_(out)
 
 
+def _sub_block(q, q_pos, k_pos, bound, drop, block: int):
+    """The part of a block to compute, from `bound` (_block_bounds): (rows, keys, mask, the
+    dropout's scaled keep-mask), or None when causality skips the block."""
+    rows, keys, masked = bound
+    if rows >= q.shape[2] or keys == 0:
+        return None
+    mask = (q_pos[rows:, None] >= k_pos[None, :keys]) if masked else None
+    shape = (q.shape[0], q.shape[1], q.shape[2] - rows, keys)
+    return rows, keys, mask, dropout_scale(drop, shape, q.device, block)
+
+
 def _attend(out, lse, q, k, v, q_pos, k_pos, bound, own: bool, drop, block: int) -> None:
     """Attend q (B, H, Sq, E) to the block k (B, K, Sk, E), v (B, K, Sk, V) at positions k_pos
     (Sk,) and merge into (out, lse); `bound` from _block_bounds says which part of the block to
     compute; drop: (p, seed) of attention dropout or None; block: query rank x cp + key rank."""
-    rows, keys, masked = bound
-    if rows >= q.shape[2] or keys == 0:
+    part = _sub_block(q, q_pos, k_pos, bound, drop, block)
+    if part is None:
         return
-    mask = (q_pos[rows:, None] >= k_pos[None, :keys]) if masked else None
-    shape = (q.shape[0], q.shape[1], q.shape[2] - rows, keys)
-    scale = dropout_scale(drop, shape, q.device, block)
+    rows, keys, mask, scale = part
     blk_out, blk_lse = _block_forward(
         q[:, :, rows:], k[:, :, :keys], v[:, :, :keys], mask, own, scale
     )
@@ -344,12 +353,10 @@ def _attend_backward(dq, q, k, v, do, out, lse, q_pos, k_pos, bound, own: bool, 
     """Backward of _attend: adds the block's part of dq into `dq` (fp32) and returns its
     (dk, dv) for the block's first `keys` keys (fp32, (B, K, keys, E) and (B, K, keys, V)), or
     None if skipped."""
-    rows, keys, masked = bound
-    if rows >= q.shape[2] or keys == 0:
+    part = _sub_block(q, q_pos, k_pos, bound, drop, block)
+    if part is None:
         return None
-    mask = (q_pos[rows:, None] >= k_pos[None, :keys]) if masked else None
-    shape = (q.shape[0], q.shape[1], q.shape[2] - rows, keys)
-    scale = dropout_scale(drop, shape, q.device, block)
+    rows, keys, mask, scale = part
     dq_b, dk_b, dv_b = _block_backward(
         q[:, :, rows:], k[:, :, :keys], v[:, :, :keys], do[:, :, rows:], out[:, :, rows:],
         lse[:, :, rows:], mask, own, scale,

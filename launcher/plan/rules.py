@@ -493,22 +493,18 @@ def batch(cfg, lay):
 
 
 # Warnings: placement and efficiency.
-@rule("tp_node", ("tp",), warning=True)
-def tp_node(cfg, lay):
-    if lay.tp > cfg.hardware.devices_per_node:
-        yield (
-            f"tp={lay.tp} spans more than one node of {cfg.hardware.devices_per_node} "
-            "devices: TP traffic crosses the network"
-        )
+def _spans_nodes(axis: str, traffic: str) -> None:
+    """Warn when `axis`'s groups are wider than a node: their `traffic` crosses the network."""
+
+    @rule(f"{axis}_node", (axis,), warning=True)
+    def check(cfg, lay):
+        n, per_node = getattr(lay, axis), cfg.hardware.devices_per_node
+        if n > per_node:
+            yield f"{axis}={n} spans more than one node of {per_node} devices: {traffic}"
 
 
-@rule("ep_node", ("ep",), warning=True)
-def ep_node(cfg, lay):
-    if lay.ep > cfg.hardware.devices_per_node:
-        yield (
-            f"ep={lay.ep} spans more than one node of {cfg.hardware.devices_per_node} "
-            "devices: all-to-alls cross the network"
-        )
+_spans_nodes("tp", "TP traffic crosses the network")
+_spans_nodes("ep", "all-to-alls cross the network")
 
 
 @rule("bubble", ("pp", *DP), warning=True)
