@@ -22,7 +22,7 @@ from launcher.trainer import Stopped, Trainer
 def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
     """Train the planned layout; every rank calls this."""
     # From the first moment: a stop signal during start-up stops after the first step.
-    stop = StopRequest()
+    stop = StopRequest(cfg.train.timeout_s)
     d = distributed.init(cfg.hardware.device_type.value, plan.layout, cfg.train.timeout_s)
     try:
         Trainer(cfg, plan, run_dir, dcfg, d).train(stop)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -29,17 +31,38 @@ STOPPED_FILE = "stopped.json"
 
 
 class StopRequest:
-    """Remembers the first stop signal; `agreed()` tells every rank whether any rank got one."""
+    """Remembers the first stop signal; `agreed()` tells every rank whether any rank got one.
 
-    def __init__(self) -> None:
+    A stop (the current step and its checkpoint) has `deadline_s` (train.timeout_s): a rank
+    still running that long after its first stop signal is stuck (a hung peer, a hang of its
+    own) and exits by itself, saying so, rather than waiting for torchrun's SIGKILL 30 s after
+    its SIGTERM, or for ever under a launcher that sends none."""
+
+    def __init__(self, deadline_s: float | None = None) -> None:
         self.signum = 0
+        self.deadline_s = deadline_s
         for s in STOP_SIGNALS:  # for the rest of the process's life
             signal.signal(s, self._handle)
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum and signum == signal.SIGINT:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        if not self.signum and self.deadline_s:
+            watchdog = threading.Timer(self.deadline_s, self._overdue, (signum,))
+            watchdog.daemon = True  # a rank that stops in time exits without waiting for it
+            watchdog.start()
         self.signum = self.signum or signum
+
+    def _overdue(self, signum: int) -> None:
+        rank = os.environ.get("RANK", "0")
+        name = signal.Signals(signum).name
+        print(
+            f"rank {rank}: still running {self.deadline_s:g} s after {name} "
+            "(train.timeout_s): exiting without finishing its step or checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        os._exit(1)
 
     def agreed(self) -> int:
         """The largest signal number any rank received (0: none); a collective."""

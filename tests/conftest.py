@@ -10,11 +10,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-from group import Group, Job
-from hypothesis import settings
+# One thread per process in the whole session, before anything imports torch: the groups run
+# two to eight ranks on the machine's cores beside this process and the CLI runs it starts, and
+# an OpenMP pool per process that waits spinning for cores it shares slows everyone (measured:
+# tests/e2e/test_own_data.py 15 s alone, 100 s beside the groups with torch's default pool).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from launcher.cli import compose
+import pytest  # noqa: E402
+from group import Group, Job  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+from launcher.cli import compose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

@@ -28,9 +28,10 @@ def devices(overrides: list[str] | tuple[str, ...]) -> int:
     return int(found[-1]) if found else 2
 
 
-def train_job(overrides: list[str], label: str = "") -> Job:
-    """The job that trains these overrides on as many processes as they ask for."""
-    return Job("jobs:train", devices(overrides), tuple(overrides), label)
+def train_job(overrides: list[str], label: str = "", nproc: int = 0) -> Job:
+    """The job that trains these overrides on as many processes as they ask for (`nproc` where
+    they ask through a recipe)."""
+    return Job("jobs:train", nproc or devices(overrides), tuple(overrides), label)
 
 
 class _NoSignals:

@@ -55,8 +55,12 @@ class Row:
     label: str
     model: tuple[str, ...]
     layout: tuple[str, ...]
-    param_atol: float = 1e-4
+    param_atol: float | None = None  # None: `default_param_atol(layout)`
     grad_rtol: float = 5e-4
+
+    @property
+    def atol(self) -> float:
+        return default_param_atol(self.layout) if self.param_atol is None else self.param_atol
 
     @property
     def reference(self) -> Job:
@@ -69,6 +73,17 @@ class Row:
     @property
     def jobs(self) -> tuple[Job, Job]:
         return (self.reference, self.job)
+
+
+def default_param_atol(layout) -> float:
+    """1e-4 for the final parameters; 2e-4 with CP, whose blockwise attention (per-block
+    softmax merged by log-sum-exp) rounds other than one process's kernel and Adam carries that
+    into elements whose gradients are near its eps. Measured on gpt_debug over the 4 parity
+    steps (GELU's tails give fc2 such elements): cp=2 ring 1.03e-4 to 1.07e-4 with or without
+    FSDP / DDP over dp_shard=2, against 1.9e-6 for ddp 2 and 1.1e-5 for one process
+    accumulating 8 micro-batches instead of 4."""
+    cp = [int(o.split("=", 1)[1]) for o in layout if o.startswith("parallel.cp=")]
+    return 2e-4 if cp and cp[-1] > 1 else 1e-4
 
 
 def rows(table: dict, **kw) -> list:
@@ -122,7 +137,7 @@ def assert_params_match(ref_dir: Path, run_dir: Path, rtol: float, atol: float, 
 def assert_row(group: Group, row: Row) -> None:
     """Hold a row's run to its reference: losses within 1e-5 relative, gradient norms within
     `grad_rtol` (5e-4: a vocab-parallel loss sums its softmax in another order, and the norm
-    squares and adds every gradient), final parameters within 1e-4 relative + `param_atol`
+    squares and adds every gradient), final parameters within 1e-4 relative + `Row.atol`
     (Adam divides by each gradient's running RMS, so near-zero gradients carry rounding into
     the update at the scale of lr)."""
     ref_dir, ref_losses = reference(group, row.reference)
@@ -134,4 +149,4 @@ def assert_row(group: Group, row: Row) -> None:
         rtol=row.grad_rtol,
         label=f"{row.label} grad_norm",
     )
-    assert_params_match(ref_dir, run_dir, rtol=1e-4, atol=row.param_atol, label=row.label)
+    assert_params_match(ref_dir, run_dir, rtol=1e-4, atol=row.atol, label=row.label)

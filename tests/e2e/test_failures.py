@@ -133,6 +133,8 @@ def test_kill_during_a_save_leaves_the_previous_checkpoint(reference, tmp_path):
 
 
 def test_a_hung_rank_fails_the_run_within_the_timeout(tmp_path):
+    """Rank 1 hangs at step 3: rank 0's collective gives up after train.timeout_s, naming
+    itself and the step; torchrun ends the group and nothing is left running."""
     start = time.monotonic()
     result = train(
         tmp_path, "train.timeout_s=10", env={"LAUNCHER_FAULT_INJECT": "1:3:hang"}, timeout=240
@@ -141,5 +143,8 @@ def test_a_hung_rank_fails_the_run_within_the_timeout(tmp_path):
     assert "rank 0: forward/backward of step 3 waited longer than train.timeout_s=10" in (
         result.stderr
     )
+    # The hung rank exits by itself train.timeout_s after torchrun's SIGTERM, not at its
+    # SIGKILL 30 s later.
+    assert "rank 1: still running 10 s after SIGTERM (train.timeout_s)" in result.stderr
     assert time.monotonic() - start < 120
     assert not survivors(tmp_path)

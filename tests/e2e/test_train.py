@@ -7,6 +7,7 @@ import time
 
 import pytest
 from conftest import read_metrics, run_cli
+from jobs import train_job
 from wandb_log import history, records
 
 pytestmark = pytest.mark.e2e
@@ -46,21 +47,24 @@ def test_loss_falls_clearly(default_run):
     assert sum(losses[-5:]) / 5 < losses[0] - 1.0, losses
 
 
-def test_deepseek_loss_falls_on_one_process(tmp_path):
-    """deepseek_debug (MLA with YaRN, a dense first layer, sigmoid group-limited routing with
-    a shared expert and the sequence balance loss) trains in one process: 5.77 -> 4.95 in 6
-    steps when written."""
-    result = run_cli(
-        "launcher.train",
+DEEPSEEK_ONE = train_job(
+    [
         "model=deepseek_debug",
         "hardware.devices_per_node=1",
         "train.steps=6",
         "train.eval_interval=0",
         "logging.wandb.mode=disabled",
-        f"hydra.run.dir={tmp_path}",
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    losses = [r["loss"] for r in read_metrics(tmp_path)]
+    ],
+    "deepseek_debug one process",
+)
+
+
+@pytest.mark.jobs(DEEPSEEK_ONE)
+def test_deepseek_loss_falls_on_one_process(group):
+    """deepseek_debug (MLA with YaRN, a dense first layer, sigmoid group-limited routing with
+    a shared expert and the sequence balance loss) trains in one process: 5.77 -> 4.95 in 6
+    steps when written. (A job of tests/group.py: the engine's Trainer as the CLI runs it.)"""
+    losses = [r["loss"] for r in read_metrics(group.result(DEEPSEEK_ONE))]
     assert len(losses) == 6 and losses[-1] < losses[0] - 0.5, losses
 
 
