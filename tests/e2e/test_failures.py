@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, read_metrics, run_cli
+from jobs import train_job
 from wandb_log import history
 
 pytestmark = pytest.mark.e2e
@@ -44,12 +45,14 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in rows}
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("reference")
-    result = train(run_dir)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return losses(run_dir)
+# The uninterrupted run, as a job of tests/group.py (the engine's Trainer on 2 processes, as
+# launcher.train runs it; tests/e2e/test_train.py holds the two bitwise equal).
+REFERENCE = train_job(ARGS, "uninterrupted run of tests/e2e/test_failures.py")
+
+
+@pytest.fixture
+def reference(group) -> dict[int, float]:
+    return losses(group.result(REFERENCE))
 
 
 def survivors(run_dir: Path) -> list[str]:
@@ -65,6 +68,7 @@ def survivors(run_dir: Path) -> list[str]:
     return found
 
 
+@pytest.mark.jobs(REFERENCE)
 def test_killed_rank_is_restarted_and_resumes(reference, tmp_path):
     """SIGKILL of rank 1 at step 7 (its own real SIGKILL, first attempt only): torchrun
     restarts both ranks, they resume from step 6, and the run ends as if nothing happened.
@@ -86,6 +90,7 @@ def test_killed_rank_is_restarted_and_resumes(reference, tmp_path):
     assert sorted(sent) == list(range(1, STEPS + 1))
 
 
+@pytest.mark.jobs(REFERENCE)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_to_the_launcher_stops_saves_and_resumes(sig, reference, tmp_path):
     cmd = [sys.executable, "-m", "launcher.train", *ARGS, f"hydra.run.dir={tmp_path}"]
@@ -113,6 +118,7 @@ def test_signal_to_the_launcher_stops_saves_and_resumes(sig, reference, tmp_path
     assert losses(tmp_path) == reference
 
 
+@pytest.mark.jobs(REFERENCE)
 def test_kill_during_a_save_leaves_the_previous_checkpoint(reference, tmp_path):
     """Rank 0 is SIGKILLed after writing its shards of step 4, before the checkpoint is
     complete: step 4 stays partial, is listed as incomplete and refused by path; the rerun

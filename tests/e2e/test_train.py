@@ -8,6 +8,7 @@ import time
 import pytest
 from conftest import read_metrics, run_cli
 from jobs import train_job
+from parity import BASE, ONE, reference_job, run_job
 from wandb_log import history, records
 
 pytestmark = pytest.mark.e2e
@@ -84,6 +85,7 @@ def test_wandb_offline_run_holds_the_logged_loss(default_run):
 def test_wandb_disabled_writes_nothing(tmp_path):
     result = run_cli(
         "launcher.train",
+        "hardware.devices_per_node=1",  # only global rank 0 ever writes wandb's files
         "train.steps=2",
         "train.eval_interval=0",
         "logging.wandb.mode=disabled",
@@ -112,19 +114,23 @@ def test_crash_in_one_rank_stops_all_with_its_error(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path)] in ([1], [1, 2])
 
 
-def test_same_seed_same_losses(tmp_path):
-    """Seeded: two runs of the same config log identical losses; another seed does not."""
-    args = [
-        "hardware.devices_per_node=1",
-        "train.steps=3",
-        "train.eval_interval=0",
-        "logging.wandb.mode=disabled",
-    ]
-    losses = []
-    for name, seed in (("a", 0), ("b", 0), ("c", 1)):
-        result = run_cli(
-            "launcher.train", *args, f"train.seed={seed}", f"hydra.run.dir={tmp_path / name}"
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        losses.append([r["loss"] for r in read_metrics(tmp_path / name)])
-    assert losses[0] == losses[1] and losses[0] != losses[2]
+# The parity files' single-process reference (one job for all of them), and another seed.
+SEEDED = reference_job(["model=llama3_debug"])
+OTHER_SEED = run_job(["model=llama3_debug", ONE, "train.seed=1"], "llama3_debug seed 1")
+
+
+@pytest.mark.jobs(SEEDED, OTHER_SEED)
+def test_same_seed_same_losses(group, tmp_path):
+    """Seeded: `launcher.train` logs bit for bit the losses and gradient norms that the engine
+    logged for the same config inside a test group (so the parity harness trains what the
+    command trains), and another seed does not."""
+    result = run_cli(
+        "launcher.train", *BASE, "model=llama3_debug", ONE, f"hydra.run.dir={tmp_path}"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    def logged(run_dir):
+        return [(r["loss"], r["grad_norm"]) for r in read_metrics(run_dir)]
+
+    assert logged(tmp_path) == logged(group.result(SEEDED))
+    assert logged(tmp_path) != logged(group.result(OTHER_SEED))

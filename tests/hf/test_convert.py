@@ -45,6 +45,15 @@ def convert(*args) -> str:
     return result.stdout
 
 
+def convert_here(*args) -> None:
+    """launcher.convert's `main` in this process: the round trips below test the conversion,
+    and spare a Python, torch and transformers start-up per call; the tests after them run the
+    command itself."""
+    from launcher.convert import main
+
+    assert main([str(a) for a in args]) == 0
+
+
 @pytest.mark.parametrize(
     ("kind", "dtype"),
     [
@@ -63,10 +72,10 @@ def test_round_trip_is_bitwise(tmp_path, kind, dtype):
     if dtype is not None:
         model = model.to(dtype)
     src = hf_models.save(model, tmp_path / "hf")
-    convert("from-hf", src, tmp_path / "ours")
+    convert_here("from-hf", src, tmp_path / "ours")
     meta = json.loads((tmp_path / "ours" / "meta.json").read_text())
     assert meta["weights_only"] and meta["config"]["model"]["family"] == family
-    convert("to-hf", tmp_path / "ours", tmp_path / "back", "--max-shard-size", "200KB")
+    convert_here("to-hf", tmp_path / "ours", tmp_path / "back", "--max-shard-size", "200KB")
     before, after = tensors(src), tensors(tmp_path / "back")
     assert before.keys() == after.keys()
     for name, t in before.items():
