@@ -1,29 +1,19 @@
-"""Plain-torch model families. Each entry maps a family name to (model class, args dataclass)."""
+"""Plain-torch model families; `families.py` describes each (classes, TP plan, shape, HF).
+
+Importing this package imports no torch: the planner reads `models.families` before any
+process starts, and a model module is imported when a model of its family is built.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
-from torch import nn
-
-from models.deepseek import DeepSeek, DeepSeekArgs
-from models.gpt import GPT, GPTArgs
-from models.llama import LlamaArgs, Transformer
-from models.mixtral import Mixtral, MixtralArgs
-
-MODELS = {
-    "llama": (Transformer, LlamaArgs),
-    "gpt": (GPT, GPTArgs),
-    "mixtral": (Mixtral, MixtralArgs),
-    "deepseek": (DeepSeek, DeepSeekArgs),
-}
+from models.families import family
 
 
-def build(family: str, fields: dict) -> nn.Module:
-    """The family's model, uninitialised, from config fields (ones it does not use are ignored).
-
-    Build under `torch.device("meta")` to get shapes without memory.
-    """
-    model_cls, args_cls = MODELS[family]
+def build(name: str, fields: dict):
+    """Family `name`'s model, uninitialised, from config fields (ones it does not use are
+    ignored). Build under `torch.device("meta")` to get shapes without memory."""
+    model_cls, args_cls = family(name).classes()
     names = {f.name for f in dataclasses.fields(args_cls)}
     return model_cls(args_cls(**{k: v for k, v in fields.items() if k in names}))

@@ -20,15 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.llama import (
-    AttentionCore,
-    LlamaArgs,
-    RMSNorm,
-    Transformer,
-    TransformerBlock,
-    apply_rope,
-    rope_table,
-)
+from models.layers import AttentionCore, RMSNorm, apply_rope, rope_table
+from models.llama import LlamaArgs, Transformer, TransformerBlock
 from models.moe import MoE, Router
 
 # The latent norms' epsilon: DeepSeek's reference code and transformers' both build them with

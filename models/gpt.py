@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.llama import AttentionCore, dropout
+from models.layers import AttentionCore, dropout
 
 
 @dataclass

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.llama import FeedForward, swiglu
+from models.layers import FeedForward, swiglu
 
 
 def _grouped_mm_runs(x: torch.Tensor, *ws: torch.Tensor) -> bool:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-# transformers' model_type -> (our family, architecture, our router's score function).
+from models import families
+
+# transformers' model_type -> (our family, architecture, our router's score function), from
+# the family records (models/families.py).
 MODEL_TYPES = {
-    "llama": ("llama", "LlamaForCausalLM", None),
-    "mixtral": ("mixtral", "MixtralForCausalLM", None),
-    "deepseek_v3": ("deepseek", "DeepseekV3ForCausalLM", "sigmoid"),
-    "deepseek_v2": ("deepseek", "DeepseekV2ForCausalLM", "softmax"),
+    model_type: (f.name, architecture, score)
+    for f in families.FAMILIES.values()
+    for model_type, architecture, score in f.hf
 }
 FAMILIES = tuple(dict.fromkeys(family for family, _, _ in MODEL_TYPES.values()))
 # (config.json key, model config field) shared by every family.
@@ -175,6 +177,7 @@ def _deepseek_unsupported(hf: dict) -> list[str]:
 def model_fields(hf: dict) -> dict:
     """The model config fields this config.json describes (family included)."""
     family = family_of(hf)
+    fam = families.family(family)
     fields: dict = {"family": family}
     if family == "deepseek":
         hf = {**DEEPSEEK_DEFAULTS[hf["model_type"]], **hf}
@@ -183,13 +186,14 @@ def model_fields(hf: dict) -> dict:
             fields[field] = hf[hf_key] if hf[hf_key] is not None else NULL_MEANS.get(hf_key)
     # Absent in older configs, meaning their defaults: as many kv heads as heads, untied.
     fields.setdefault("n_kv_heads", fields.get("n_heads"))
-    if family == "deepseek":
+    if fam.mla:
         fields["head_dim"] = None  # MLA's head widths are their own fields
-        fields["score_func"] = MODEL_TYPES[hf["model_type"]][2]
     elif fields.get("head_dim") is None:
         fields["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
+    if MODEL_TYPES[hf["model_type"]][2] is not None:  # the router tells the model types apart
+        fields["score_func"] = MODEL_TYPES[hf["model_type"]][2]
     fields.setdefault("tie_embeddings", False)
-    if family == "mixtral":
+    if fam.moe and not fam.first_dense_layers:
         fields["ffn_dim"] = fields["moe_ffn_dim"]  # as the presets write it; no dense layer
     fields["max_seq_len"] = hf.get("max_position_embeddings", 2048)
     rope, _ = _rope(hf)
@@ -199,7 +203,7 @@ def model_fields(hf: dict) -> dict:
         fields.update({field: rope[key] for key, field in ROPE_LLAMA3})
     else:
         fields["rope_scaling_factor"] = 1.0
-    if family == "deepseek":
+    if fam.yarn:
         fields.update(_yarn_fields(rope if kind == "yarn" else {}, fields["max_seq_len"]))
     return fields
 
@@ -228,7 +232,7 @@ def mismatches(hf: dict, model: dict) -> list[str]:
     if model.get("family") != family:
         return [f"model_type={hf.get('model_type')} but model.family={model.get('family')}"]
     ours = dict(model)
-    if ours.get("head_dim") is None and family != "deepseek":
+    if ours.get("head_dim") is None and not families.family(family).mla:
         ours["head_dim"] = ours["dim"] // ours["n_heads"]
     theirs = model_fields(hf)
     for hf_key, field in _pairs(family):
@@ -244,7 +248,7 @@ def mismatches(hf: dict, model: dict) -> list[str]:
     scaled = theirs["rope_scaling_factor"] != 1.0 or ours.get("rope_scaling_factor", 1.0) != 1.0
     if scaled:
         pairs += ROPE_LLAMA3
-    if family == "deepseek" and (
+    if families.family(family).yarn and (
         _yarn_on(theirs.get("rope_yarn_factor")) or _yarn_on(ours.get("rope_yarn_factor"))
     ):
         pairs += [(hf_key, field) for hf_key, field, _ in ROPE_YARN]

@@ -15,7 +15,16 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.hf.config import HFConfigError, mismatches, read_config, unsupported
+from launcher.hf.config import (
+    FAMILIES as HF_FAMILIES,
+)
+from launcher.hf.config import (
+    HFConfigError,
+    mismatches,
+    read_config,
+    unsupported,
+)
+from models import families
 
 INDEX = "model.safetensors.index.json"
 
@@ -123,7 +132,7 @@ def _attention(model: dict) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]
 def _feed_forward(model: dict, i: int) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
     """(our feed-forward tensor -> Hugging Face name, -> shape) of layer i."""
     family, d = model["family"], model["dim"]
-    moe = family == "mixtral" or (family == "deepseek" and i >= model["n_dense_layers"])
+    moe = model.get("n_routed_experts", 0) > 0 and i >= model.get("n_dense_layers", 0)
     if not moe:
         return DENSE_MLP, _swiglu("feed_forward", d, model["ffn_dim"])
     f, e = model["moe_ffn_dim"], model["n_routed_experts"]
@@ -141,9 +150,9 @@ def sources(model: dict) -> dict[str, Source]:
     """Our parameter (and persistent buffer) name -> its Source, for the whole model the
     config fields describe."""
     family = model["family"]
-    if family not in ("llama", "mixtral", "deepseek"):
+    if family not in HF_FAMILIES:
         raise HFConfigError(
-            f"model.family={family} has no Hugging Face mapping (llama, mixtral, deepseek)"
+            f"model.family={family} has no Hugging Face mapping ({', '.join(HF_FAMILIES)})"
         )
     d, v = model["dim"], model["vocab_size"]
     out = {
@@ -153,7 +162,7 @@ def sources(model: dict) -> dict[str, Source]:
     if model.get("tie_embeddings"):
         del out["output.weight"]  # the embedding is the output projection: no lm_head
     attention, heads = _attention(model)
-    hf_attention = MLA if family == "deepseek" else ATTENTION
+    hf_attention = MLA if families.family(family).mla else ATTENTION
     for i in range(model["n_layers"]):
         hf_ff, feed_forward = _feed_forward(model, i)
         names = {**NORMS, **hf_attention, **hf_ff}

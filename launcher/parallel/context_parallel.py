@@ -75,7 +75,7 @@ def shard_sequence(
 
 class ContextAttention(nn.Module):
     """The attention core of a block under context parallelism: the same (q, k, v, positions)
-    call as the model's own core (models.llama.AttentionCore), attending over every cp rank.
+    call as the model's own core (models.layers.AttentionCore), attending over every cp rank.
 
     q, k, v belong to this rank's tokens, so the query and key positions are the same;
     `positions` (S_local,) or (B, S_local), every row the same (chunk_positions of this rank).

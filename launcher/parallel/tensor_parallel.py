@@ -33,6 +33,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from models import families
+from models.families import COLUMN, ROW
 from models.moe import MoE
 
 
@@ -51,19 +53,23 @@ def apply_tp(
     checkpointed or compiled block, whose recompute or partitioner decides what is kept).
     compiled: the blocks will be compiled (see `waited_output`)."""
     sp = sequence_parallel
+    fam = families.family(family)
     gathered_inputs = []  # (module name in a block, whether it takes a local tensor)
     residual = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
+    styles = {COLUMN: ColwiseParallel, ROW: lambda: RowwiseParallel(output_layouts=residual)}
     root: dict[str, object] = {}
-    if family == "gpt":
+    if fam.tp_embedding_sum:
         # Token and position embeddings are summed, so the vocab-parallel lookup hands back a
         # replicated tensor and the sum is then cut along the sequence.
-        root["embed.tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+        root[fam.tp_embedding] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Replicate()
+        )
         if sp:
-            root["embed"] = PrepareModuleOutput(
+            root[fam.tp_embedding_sum] = PrepareModuleOutput(
                 output_layouts=Replicate(), desired_output_layouts=Shard(1)
             )
     else:
-        root["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
+        root[fam.tp_embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
     if sp:
         root["norm"] = SequenceParallel()
     root["output"] = ColwiseParallel(
@@ -76,20 +82,21 @@ def apply_tp(
     # torch 2.13's embedding backward hands the vocab-sharded table a replicated (whole)
     # gradient; each rank keeps its own rows, as the table itself (the memory ledger found
     # it: vocab x dim more per rank until the optimizer step).
-    if family == "gpt":
-        embedding = model.embed.tok if model.embed is not None else None
-    else:
-        embedding = model.tok_embeddings
+    embedding = _find(model, fam.tp_embedding)
     if embedding is not None:  # a pipeline stage after the first has none
         table = embedding.weight
         table.register_hook(lambda g: g.redistribute(table.device_mesh, table.placements))
         if compiled:
-            waited_output(model.embed if family == "gpt" else embedding)
+            waited_output(_find(model, fam.tp_embedding_sum or fam.tp_embedding))
 
     group = mesh.get_group()
     for index, block in model.layers.items():
-        plan = attention_plan(block.attention, family, residual)
-        if family == "deepseek":
+        plan = {
+            name: styles[style]()
+            for name, style in fam.tp_block.items()
+            if _find(block, name) is not None
+        }
+        if fam.mla:
             # MLA's rotated key is shared by all heads: each rank's backward adds only its own
             # heads' share of its gradient (Megatron's "copy to tensor-parallel region").
             block.attention.shared_key.register_forward_hook(
@@ -102,18 +109,12 @@ def apply_tp(
             # input as a local tensor. Its gradient is still whole: every path from it into
             # the heads passes a column-parallel layer, whose backward all-reduces, or the
             # shared key's hook above.
-            gathered_inputs.append(("attention", family == "deepseek"))
+            gathered_inputs.append(("attention", fam.mla))
         if isinstance(block.feed_forward, MoE):
             plan.update(moe_plan(block.feed_forward, sp, residual))
             split_routed_tokens(block.feed_forward, mesh, sp)
-        else:
-            up, down = ("fc1", "fc2") if family == "gpt" else ("w1", "w2")
-            plan[f"feed_forward.{up}"] = ColwiseParallel()
-            plan[f"feed_forward.{down}"] = RowwiseParallel(output_layouts=residual)
-            if family != "gpt":
-                plan["feed_forward.w3"] = ColwiseParallel()
-            if sp:
-                gathered_inputs.append(("feed_forward", False))
+        elif sp:
+            gathered_inputs.append(("feed_forward", False))
         parallelize_module(block, mesh, plan)
         if sp and isinstance(block.feed_forward, MoE) and block.feed_forward.shared is not None:
             gathered_inputs.append(("feed_forward.shared", False))
@@ -123,17 +124,14 @@ def apply_tp(
         gathered_inputs.clear()
 
 
-def attention_plan(attention: nn.Module, family: str, residual) -> dict[str, object]:
-    """Heads split over tp: the projections into heads column-parallel, the output projection
-    row-parallel. MLA (deepseek) keeps its latent down-projections and their norms replicated
-    (every rank computes the small latents) and splits the up-projections by head."""
-    if family == "deepseek":
-        into_heads = ["wq_b" if attention.q_latent else "wq", "wkv_b"]
-    else:
-        into_heads = ["wq", "wk", "wv"]
-    plan: dict[str, object] = {f"attention.{name}": ColwiseParallel() for name in into_heads}
-    plan["attention.wo"] = RowwiseParallel(output_layouts=residual)
-    return plan
+def _find(module: nn.Module, path: str) -> nn.Module | None:
+    """The submodule at a dotted path, or None where a part of it is missing or None (a
+    pipeline stage without the embedding, a block without that projection)."""
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if not isinstance(module, nn.Module):
+            return None
+    return module
 
 
 def moe_plan(moe: MoE, sp: bool, residual) -> dict[str, object]:

@@ -20,6 +20,7 @@ from launcher.config import ModelConfig
 from launcher.layout import Layout, last_stage_rank
 from launcher.plan.estimate import Context, layout_ranks
 from launcher.plan.memory import BYTES
+from models import families
 
 # DCP's framing per parameter tensor, measured with torch 2.13 on the debug models (checked by
 # tests/plan/test_checkpoint_size.py): its four tensors (parameter, exp_avg, exp_avg_sq, step)
@@ -55,16 +56,19 @@ class CheckpointSize:
 def block_tensors(m: ModelConfig) -> tuple[int, int, int, int]:
     """Parameter tensors of (a dense block, an MoE block, the embedding, the head) as models/
     builds them: one per weight matrix and norm gain, experts stacked (one w1, w2 and w3 for
-    all of them), and twice that for gpt, whose every projection and LayerNorm has a bias."""
-    gpt = m.family == "gpt"
+    all of them), and twice that for a family whose every projection and LayerNorm has a
+    bias (gpt)."""
+    fam = families.of(m)
+    bias = 2 if fam.biases else 1
     attention = 4  # wq, wk, wv, wo
     if m.kv_lora_rank:  # MLA: wq or (wq_a, q_norm, wq_b); wkv_a, kv_norm, wkv_b; wo
         attention = (3 if m.q_lora_rank else 1) + 4
     block = attention + 2  # the two block norms
-    dense = block + (2 if gpt else 3)  # fc1, fc2 or w1, w2, w3
+    dense = block + (3 if fam.gated_mlp else 2)  # w1, w2, w3 or fc1, fc2
     moe = block + 3 + 1 + (3 if m.n_shared_experts else 0)  # experts, router, shared experts
-    head = (2 if gpt else 1) + (0 if m.tie_embeddings else 1)  # final norm, output projection
-    return dense * (2 if gpt else 1), moe, 2 if gpt else 1, head
+    head = bias + (0 if m.tie_embeddings else 1)  # final norm, output projection
+    embedding = 2 if fam.learned_positions else 1  # tokens' (and positions') table
+    return dense * bias, moe, embedding, head
 
 
 def stage_bytes(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -> float:

@@ -30,6 +30,7 @@ from launcher.plan.memory import (
     state_bytes,
 )
 from launcher.plan.model_size import Shape, active_matmul_params_per_token, flops_per_token, shape
+from models import families
 
 # Fraction of peak a transformer's matmuls sustain on A100: EFFICIENCY_MAX x dim / (dim +
 # EFFICIENCY_DIM), wider layers running closer to the peak. Both fitted to the Megatron-LM table
@@ -133,7 +134,7 @@ class Context:
         routed = m.top_k * 3 * m.dim * m.moe_ffn_dim if self.moe else 0
         self.moe_layer_flops = 6 * (s.attn_params + routed + s.moe_shared_params)
         self.head_flops = 6 * m.vocab_size * m.dim
-        self.dense_mlp_saved = (2 if m.family == "gpt" else 3) * m.ffn_dim
+        self.dense_mlp_saved = (3 if families.of(m).gated_mlp else 2) * m.ffn_dim
         self.shared_mlp_saved = 3 * m.n_shared_experts * m.moe_ffn_dim
         # Each routed copy: its input row, its expert's 3 SwiGLU tensors and output row (kept for
         # the routing weight's gradient). Per token, in bytes: the router's fp32 scores, top-k
@@ -227,7 +228,7 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
             heads_out=s.heads_out_width,
             o=s.o_width,
             latent_out=s.latent_out_width,
-            mlp_out=(m.ffn_dim if m.family == "gpt" else 2 * m.ffn_dim) if dense else 2 * shared,
+            mlp_out=(2 if families.of(m).gated_mlp else 1) * m.ffn_dim if dense else 2 * shared,
             row_parallel=2 if dense or shared else 1,
             routed_out=0 if dense else ctx.routed_out,
             tp=lay.tp,

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.config import ModelConfig
-
-FAMILIES = ("llama", "gpt", "mixtral", "deepseek")
+from models import families
 
 
 def head_dim(m: ModelConfig) -> int:
@@ -110,7 +109,7 @@ def attention_shape(m: ModelConfig) -> dict:
         )
     e = head_dim(m)
     q, kv = m.n_heads * e, m.n_kv_heads * e
-    bias = m.family == "gpt"
+    bias = families.of(m).biases
     return dict(
         # Biases: q, k, v column-parallel (sharded); the output projection's row-parallel
         # bias is added after the reduction, replicated.
@@ -131,14 +130,16 @@ def attention_shape(m: ModelConfig) -> dict:
 
 def shape(m: ModelConfig) -> Shape:
     """Parameter counts and widths of a model config (any family)."""
-    gpt = m.family == "gpt"
-    norm = 2 * m.dim if gpt else m.dim  # LayerNorm has a bias
-    # GeLU MLP with biases, or SwiGLU's w1, w2, w3.
-    # (fc2's bias, replicated over tp, is mlp_replicated.)
-    dense_mlp = 2 * m.dim * m.ffn_dim + m.ffn_dim if gpt else 3 * m.dim * m.ffn_dim
+    fam = families.of(m)
+    norm = 2 * m.dim if fam.biases else m.dim  # LayerNorm has a bias
+    if fam.gated_mlp:  # SwiGLU's w1, w2, w3
+        dense_mlp = 3 * m.dim * m.ffn_dim
+    else:  # GeLU's fc1, fc2 with fc1's bias (fc2's, replicated over tp, is mlp_replicated)
+        dense_mlp = 2 * m.dim * m.ffn_dim + (m.ffn_dim if fam.biases else 0)
     moe = m.n_routed_experts > 0
     expert = 3 * m.dim * m.moe_ffn_dim
-    embedding = m.vocab_size * m.dim + (m.max_seq_len * m.dim if gpt else 0)
+    positions = m.max_seq_len * m.dim if fam.learned_positions else 0
+    embedding = m.vocab_size * m.dim + positions
     return Shape(
         n_layers=m.n_layers,
         n_dense_layers=min(m.n_dense_layers, m.n_layers) if moe else m.n_layers,
@@ -148,8 +149,8 @@ def shape(m: ModelConfig) -> Shape:
         norm_params=2 * norm,
         embedding=embedding,
         head=norm + (0 if m.tie_embeddings else m.vocab_size * m.dim),
-        mlp_replicated=m.dim if gpt else 0,
-        positions=m.max_seq_len * m.dim if gpt else 0,
+        mlp_replicated=m.dim if fam.biases else 0,
+        positions=positions,
         **attention_shape(m),
     )
 

@@ -24,6 +24,7 @@ from launcher.layout import (
 )
 from launcher.limitations import refusals
 from launcher.plan import pipeline as pl
+from models import families
 
 
 @dataclass(frozen=True)
@@ -78,20 +79,27 @@ def config_problems(cfg: Config) -> list[Problem]:
     err = lambda rule, msg: errors.append(Problem(rule, msg))
     m, t, hw, prec = cfg.model, cfg.train, cfg.hardware, cfg.precision
     name = f"model={m.name}"
-    from launcher.plan.model_size import FAMILIES
-
-    if m.family not in FAMILIES:
-        err("model", f"model.family={m.family} is not one of {', '.join(FAMILIES)}")
+    if m.family not in families.FAMILIES:
+        err("model", f"model.family={m.family} is not one of {', '.join(families.FAMILIES)}")
     for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len"):
         if getattr(m, key) < 1:
             err("model", f"model.{key}={getattr(m, key)} must be >= 1 ({name})")
     if errors:
         return errors
+    fam = families.of(m)
     if m.head_dim is None and m.dim % m.n_heads:
         err("model", f"model.dim={m.dim} must be divisible by n_heads={m.n_heads} ({name})")
     if m.n_heads % m.n_kv_heads:
         err(
             "model", f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads} ({name})"
+        )
+    if bool(m.n_routed_experts) != fam.moe:
+        moe = ", ".join(f.name for f in families.FAMILIES.values() if f.moe)
+        err(
+            "model",
+            f"model.n_routed_experts={m.n_routed_experts}: a {m.family} model "
+            + ("needs routed experts (>= 1)" if fam.moe else "has no routed experts")
+            + f" (the MoE families: {moe}; {name})",
         )
     if m.n_routed_experts and (not 1 <= m.top_k <= m.n_routed_experts or m.moe_ffn_dim < 1):
         err(
@@ -99,20 +107,31 @@ def config_problems(cfg: Config) -> list[Problem]:
             f"an MoE needs 1 <= top_k={m.top_k} <= n_routed_experts="
             f"{m.n_routed_experts} and moe_ffn_dim={m.moe_ffn_dim} >= 1 ({name})",
         )
-    if m.n_routed_experts and not 0 <= m.n_dense_layers < m.n_layers:
+    if m.n_routed_experts and m.n_dense_layers and not fam.first_dense_layers:
+        err(
+            "model",
+            f"model.n_dense_layers={m.n_dense_layers}: every layer of a {m.family} model is an "
+            f"MoE one (dense first layers: "
+            f"{', '.join(f.name for f in families.FAMILIES.values() if f.first_dense_layers)})",
+        )
+    elif m.n_routed_experts and not 0 <= m.n_dense_layers < m.n_layers:
         err(
             "model",
             f"model.n_dense_layers={m.n_dense_layers} must be in [0, n_layers={m.n_layers}): "
             f"the layers after the first n_dense_layers are the MoE ones ({name})",
         )
-    if m.family == "deepseek" and not (m.kv_lora_rank and m.qk_rope_head_dim and m.v_head_dim):
-        err("model", f"deepseek (MLA) needs kv_lora_rank, qk_rope_head_dim and v_head_dim ({name})")
-    if m.n_routed_experts:
-        errors.extend(_routing_problems(m, name))
-    if m.rope_yarn_factor > 1 and m.family != "deepseek":
+    if fam.mla and not (m.kv_lora_rank and m.qk_rope_head_dim and m.v_head_dim):
         err(
             "model",
-            f"model.rope_yarn_factor={m.rope_yarn_factor:g}: YaRN RoPE is deepseek's "
+            f"{m.family} (MLA) needs kv_lora_rank, qk_rope_head_dim and v_head_dim ({name})",
+        )
+    if m.n_routed_experts:
+        errors.extend(_routing_problems(m, name))
+    if m.rope_yarn_factor > 1 and not fam.yarn:
+        yarn = ", ".join(f.name for f in families.FAMILIES.values() if f.yarn)
+        err(
+            "model",
+            f"model.rope_yarn_factor={m.rope_yarn_factor:g}: YaRN RoPE is {yarn}'s "
             f"({name} is {m.family}; Llama 3 scaling is rope_scaling_factor)",
         )
     if not 0 <= m.dropout < 1:

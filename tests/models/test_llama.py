@@ -90,7 +90,7 @@ def test_initial_loss_is_near_uniform():
 
 
 def test_rmsnorm_matches_the_elementwise_definition_and_its_gradients():
-    from models.llama import RMSNorm
+    from models.layers import RMSNorm
 
     torch.manual_seed(0)
     norm = RMSNorm(16, 1e-5).double()

@@ -423,10 +423,30 @@ def test_configured_split_must_cover_the_layers():
             "ep=4 must divide dp_shard x cp x tp = 2 x 1 x 1 = 2",
         ),
         (["model.top_k=5"], "1 <= top_k=5 <= n_routed_experts=4"),
-        (["model.n_dense_layers=4"], "model.n_dense_layers=4 must be in [0, n_layers=4)"),
+        (
+            ["model.n_dense_layers=1"],
+            "model.n_dense_layers=1: every layer of a mixtral model is an MoE one (dense first "
+            "layers: deepseek)",
+        ),
+        (
+            ["model=deepseek_debug", "model.n_dense_layers=4"],
+            "model.n_dense_layers=4 must be in [0, n_layers=4)",
+        ),
+        (
+            ["model.n_routed_experts=0"],
+            "model.n_routed_experts=0: a mixtral model needs routed experts (>= 1)",
+        ),
+        (
+            ["model=llama3_debug", "model.n_routed_experts=4"],
+            "model.n_routed_experts=4: a llama model has no routed experts (the MoE families: "
+            "mixtral, deepseek; model=llama3_debug)",
+        ),
     ],
 )
 def test_moe_mistakes_are_named(overrides, expected):
+    """What a family's record says it has (models/families.py): routed experts, dense first
+    layers. Before the records, a llama with n_routed_experts=4 planned as an MoE (674,944
+    parameters) and trained as a dense model (869,504)."""
     _, _, msg = rules(["model=mixtral_debug", *overrides])
     assert expected in msg, msg
 

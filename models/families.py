@@ -1,0 +1,134 @@
+"""One description per model family: where its model and args classes live, how tensor
+parallelism shards it (as data), its shape for the planner, and its Hugging Face model types.
+
+Pure Python (no torch): the planner and the Hugging Face config checks read it before any
+process starts. A new family is one record here plus its model module; the engine's tensor
+parallelism, the planner's parameter and activation counts, the config rules and the Hugging
+Face mapping read what differs from the records, never the family's name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+
+# Tensor-parallel styles (Megatron's layout; launcher/parallel/tensor_parallel.py maps them
+# onto torch's): output features split over tp ranks, or input features split with the output
+# reduced into the residual stream's layout.
+COLUMN, ROW = "column", "row"
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    model: str  # "module:Class", imported when a model is built
+    args: str  # its args dataclass, "module:Class"
+    # Tensor parallelism. `tp_embedding`: the vocab-parallel token table. `tp_embedding_sum`:
+    # the module adding learned positions to it (its output is cut along the sequence under
+    # SP), or "" where the table's output is the residual stream. `tp_block`: module inside a
+    # block -> style; names a block does not have are skipped (MLA's wq_b without a q latent,
+    # the dense MLP of an MoE layer).
+    tp_embedding: str
+    tp_block: dict[str, str]
+    tp_embedding_sum: str = ""
+    # Shape, for the planner and the rules.
+    gated_mlp: bool = True  # SwiGLU (w1, w2, w3) or a GELU MLP (fc1, fc2)
+    biases: bool = False  # every projection has a bias, the norms are LayerNorms with one
+    learned_positions: bool = False  # a (max_seq_len, dim) position table beside the tokens'
+    mla: bool = False  # multi-head latent attention (needs kv_lora_rank, ...)
+    yarn: bool = False  # YaRN RoPE scaling (model.rope_yarn_factor)
+    moe: bool = False  # routed experts (model.n_routed_experts >= 1) in place of the MLP
+    first_dense_layers: bool = False  # an MoE model's first n_dense_layers keep a dense MLP
+    # transformers' model types: (model_type, architecture, router score function or None).
+    hf: tuple[tuple[str, str, str | None], ...] = field(default=())
+
+    def classes(self) -> tuple[type, type]:
+        """(model class, args class), imported now."""
+        return tuple(_load(path) for path in (self.model, self.args))  # type: ignore[return-value]
+
+
+def _load(path: str):
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# Attention heads split over tp (GQA's kv heads too; gpt's names are the same), and a SwiGLU
+# MLP's hidden features.
+_GQA = {
+    "attention.wq": COLUMN,
+    "attention.wk": COLUMN,
+    "attention.wv": COLUMN,
+    "attention.wo": ROW,
+}
+_SWIGLU = {"feed_forward.w1": COLUMN, "feed_forward.w3": COLUMN, "feed_forward.w2": ROW}
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in (
+        Family(
+            "llama",
+            "models.llama:Transformer",
+            "models.llama:LlamaArgs",
+            tp_embedding="tok_embeddings",
+            tp_block={**_GQA, **_SWIGLU},
+            hf=(("llama", "LlamaForCausalLM", None),),
+        ),
+        Family(
+            "gpt",
+            "models.gpt:GPT",
+            "models.gpt:GPTArgs",
+            tp_embedding="embed.tok",
+            tp_embedding_sum="embed",
+            tp_block={**_GQA, "feed_forward.fc1": COLUMN, "feed_forward.fc2": ROW},
+            gated_mlp=False,
+            biases=True,
+            learned_positions=True,
+        ),
+        Family(
+            "mixtral",
+            "models.mixtral:Mixtral",
+            "models.mixtral:MixtralArgs",
+            tp_embedding="tok_embeddings",
+            tp_block=_GQA,  # every layer is an MoE one (tensor_parallel.moe_plan)
+            moe=True,
+            hf=(("mixtral", "MixtralForCausalLM", None),),
+        ),
+        Family(
+            "deepseek",
+            "models.deepseek:DeepSeek",
+            "models.deepseek:DeepSeekArgs",
+            tp_embedding="tok_embeddings",
+            # MLA: the latent down-projections and their norms stay replicated (every rank
+            # computes the small latents); the up-projections into heads split by head.
+            tp_block={
+                "attention.wq": COLUMN,
+                "attention.wq_b": COLUMN,
+                "attention.wkv_b": COLUMN,
+                "attention.wo": ROW,
+                **_SWIGLU,  # the first n_dense_layers
+            },
+            mla=True,
+            yarn=True,
+            moe=True,
+            first_dense_layers=True,
+            hf=(
+                ("deepseek_v3", "DeepseekV3ForCausalLM", "sigmoid"),
+                ("deepseek_v2", "DeepseekV2ForCausalLM", "softmax"),
+            ),
+        ),
+    )
+}
+
+
+def of(model) -> Family:
+    """The record of a model config's family. An unknown family is refused by the config rules
+    (launcher/plan/rules.py) before any count is used; until then it counts as llama."""
+    return FAMILIES.get(model.family, FAMILIES["llama"])
+
+
+def family(name: str) -> Family:
+    """The record of `name`; a KeyError names the families there are."""
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise KeyError(f"model.family={name} is not one of {', '.join(FAMILIES)}") from None

@@ -1,0 +1,81 @@
+"""The family records (models/families.py) against the models they describe.
+
+Tensor parallelism skips a record's block entry that a block does not have (MLA's wq_b without
+a q latent, the dense MLP of an MoE layer), so a misspelt name would leave a projection
+replicated without a word: every name must be found in some block of some variant of the
+family, and every projection with an output wider than a head must be named.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import compose_config
+from torch import nn
+
+import models
+from launcher.parallel.tensor_parallel import _find
+from models.families import FAMILIES, family
+
+# The debug presets, and what else a family's blocks may hold (MLA without a q latent).
+VARIANTS = {
+    "llama": [["model=llama3_debug"]],
+    "gpt": [["model=gpt_debug"]],
+    "mixtral": [["model=mixtral_debug"]],
+    "deepseek": [["model=deepseek_debug"], ["model=deepseek_debug", "model.q_lora_rank=0"]],
+}
+# Replicated on purpose: MLA's latent down-projections (every rank computes the small latents,
+# tensor_parallel.py), routers' gates and experts (expert parallelism's, not tp's), and the
+# layers the record's embedding and the head are.
+REPLICATED = ("wq_a", "wkv_a", "router.gate")
+
+
+def built(overrides: list[str]) -> nn.Module:
+    cfg = compose_config(overrides)
+    with torch.device("meta"):
+        return models.build(cfg.model.family, vars(cfg.model))
+
+
+def test_every_family_has_variants_here():
+    assert VARIANTS.keys() == FAMILIES.keys()
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_tp_plan_names_modules_the_model_has(name):
+    fam = family(name)
+    variants = [built(o) for o in VARIANTS[name]]
+    assert all(v.__class__ is fam.classes()[0] for v in variants)
+    for model in variants:
+        assert isinstance(_find(model, fam.tp_embedding), nn.Embedding)
+        if fam.tp_embedding_sum:
+            assert _find(model, fam.tp_embedding_sum) is not None
+    blocks = [b for m in variants for b in m.layers.values()]
+    missing = [n for n in fam.tp_block if not any(_find(b, n) is not None for b in blocks)]
+    assert not missing, f"{name}: tp_block names no module of any block: {missing}"
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_dense_projection_of_a_block_is_in_the_tp_plan(name):
+    fam = family(name)
+    for model in (built(o) for o in VARIANTS[name]):
+        for index, block in model.layers.items():
+            for path, module in block.named_modules():
+                if not isinstance(module, nn.Linear) or path.endswith(REPLICATED):
+                    continue
+                if path.startswith("feed_forward.shared."):
+                    continue  # an MoE's shared experts: tensor_parallel.moe_plan
+                assert path in fam.tp_block, f"{name} layer {index}: {path} is not in tp_block"
+
+
+def test_planner_shape_follows_the_records():
+    """The planner's parameter count of each debug preset equals the built model's: the
+    record's gated_mlp, biases and learned_positions are what the model has."""
+    from launcher.plan.model_size import shape
+
+    for name, variants in VARIANTS.items():
+        for overrides in variants:
+            cfg = compose_config(overrides)
+            model = built(overrides)
+            counted = shape(cfg.model).total
+            params = sum(p.numel() for p in model.parameters())
+            assert counted == params, f"{name} {overrides}: planner {counted:,}, model {params:,}"
