@@ -39,8 +39,11 @@ class Family:
     yarn: bool = False  # YaRN RoPE scaling (model.rope_yarn_factor)
     moe: bool = False  # routed experts (model.n_routed_experts >= 1) in place of the MLP
     first_dense_layers: bool = False  # an MoE model's first n_dense_layers keep a dense MLP
-    # transformers' model types: (model_type, architecture, router score function or None).
+    # transformers' model types: (model_type, architecture, router score function or None),
+    # and the attention's and MoE layer's parameter names there (launcher/hf/names.py).
     hf: tuple[tuple[str, str, str | None], ...] = field(default=())
+    hf_attention: dict[str, str] = field(default_factory=dict)
+    hf_moe: dict[str, str] = field(default_factory=dict)
 
     def classes(self) -> tuple[type, type]:
         """(model class, args class), imported now."""
@@ -62,6 +65,47 @@ _GQA = {
 }
 _SWIGLU = {"feed_forward.w1": COLUMN, "feed_forward.w3": COLUMN, "feed_forward.w2": ROW}
 
+# Hugging Face parameter names: ours (under layers.{i}) -> theirs (under model.layers.{i});
+# "{e}" numbers the experts. The names every family shares (embedding, norms, dense MLP) are in
+# launcher/hf/names.py.
+_HF_ATTENTION = {
+    "attention.wq.weight": "self_attn.q_proj.weight",
+    "attention.wk.weight": "self_attn.k_proj.weight",
+    "attention.wv.weight": "self_attn.v_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+}
+# Multi-head latent attention. DeepSeek's checkpoints keep the rope rows of q and of the
+# shared key (the last qk_rope_head_dim rows of each q head and of kv_a_proj_with_mqa) in
+# interleaved pairs, as ours: transformers' DeepseekV2 rotates them as complex pairs and its
+# DeepseekV3 (rope_interleave=true) de-interleaves q and k alike. No permutation.
+_HF_MLA = {
+    "attention.wq.weight": "self_attn.q_proj.weight",  # q_lora_rank = 0
+    "attention.wq_a.weight": "self_attn.q_a_proj.weight",
+    "attention.q_norm.weight": "self_attn.q_a_layernorm.weight",
+    "attention.wq_b.weight": "self_attn.q_b_proj.weight",
+    "attention.wkv_a.weight": "self_attn.kv_a_proj_with_mqa.weight",
+    "attention.kv_norm.weight": "self_attn.kv_a_layernorm.weight",
+    "attention.wkv_b.weight": "self_attn.kv_b_proj.weight",
+    "attention.wo.weight": "self_attn.o_proj.weight",
+}
+_HF_MIXTRAL_MOE = {
+    "feed_forward.router.gate.weight": "block_sparse_moe.gate.weight",
+    "feed_forward.experts.w1": "block_sparse_moe.experts.{e}.w1.weight",
+    "feed_forward.experts.w2": "block_sparse_moe.experts.{e}.w2.weight",
+    "feed_forward.experts.w3": "block_sparse_moe.experts.{e}.w3.weight",
+}
+# transformers holds DeepSeek's experts fused (gate_up_proj, down_proj) but save_pretrained
+# writes them one per expert, under these names, as DeepSeek's own checkpoints do.
+_HF_DEEPSEEK_MOE = {
+    "feed_forward.router.gate.weight": "mlp.gate.weight",
+    "feed_forward.router.expert_bias": "mlp.gate.e_score_correction_bias",  # a buffer
+    "feed_forward.experts.w1": "mlp.experts.{e}.gate_proj.weight",
+    "feed_forward.experts.w2": "mlp.experts.{e}.down_proj.weight",
+    "feed_forward.experts.w3": "mlp.experts.{e}.up_proj.weight",
+    "feed_forward.shared.w1.weight": "mlp.shared_experts.gate_proj.weight",
+    "feed_forward.shared.w2.weight": "mlp.shared_experts.down_proj.weight",
+    "feed_forward.shared.w3.weight": "mlp.shared_experts.up_proj.weight",
+}
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -72,6 +116,7 @@ FAMILIES: dict[str, Family] = {
             tp_embedding="tok_embeddings",
             tp_block={**_GQA, **_SWIGLU},
             hf=(("llama", "LlamaForCausalLM", None),),
+            hf_attention=_HF_ATTENTION,
         ),
         Family(
             "gpt",
@@ -92,6 +137,8 @@ FAMILIES: dict[str, Family] = {
             tp_block=_GQA,  # every layer is an MoE one (tensor_parallel.moe_plan)
             moe=True,
             hf=(("mixtral", "MixtralForCausalLM", None),),
+            hf_attention=_HF_ATTENTION,
+            hf_moe=_HF_MIXTRAL_MOE,
         ),
         Family(
             "deepseek",
@@ -115,6 +162,8 @@ FAMILIES: dict[str, Family] = {
                 ("deepseek_v3", "DeepseekV3ForCausalLM", "sigmoid"),
                 ("deepseek_v2", "DeepseekV2ForCausalLM", "softmax"),
             ),
+            hf_attention=_HF_MLA,
+            hf_moe=_HF_DEEPSEEK_MOE,
         ),
     )
 }

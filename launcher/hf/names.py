@@ -4,8 +4,8 @@ Pure Python (no torch): the pre-launch check compares these names and shapes wit
 safetensors headers of a directory before any process starts. Our q/k projections rotate
 interleaved pairs (Meta's layout) while transformers' Llama rotates halves: their rows are
 permuted per head (`Source.heads`, applied by launcher/hf/weights.py both ways); DeepSeek's
-need none (see MLA). Stacked expert weights (E, ...) are E tensors there, one per expert
-(`Source.names`).
+need none (see models/families.py, _HF_MLA). Stacked expert weights (E, ...) are E tensors
+there, one per expert (`Source.names`).
 """
 
 from __future__ import annotations
@@ -41,48 +41,10 @@ NORMS = {
     "attention_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
 }
-ATTENTION = {
-    "attention.wq.weight": "self_attn.q_proj.weight",
-    "attention.wk.weight": "self_attn.k_proj.weight",
-    "attention.wv.weight": "self_attn.v_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-}
-# Multi-head latent attention. DeepSeek's checkpoints keep the rope rows of q and of the
-# shared key (the last qk_rope_head_dim rows of each q head and of kv_a_proj_with_mqa) in
-# interleaved pairs, as ours: transformers' DeepseekV2 rotates them as complex pairs and its
-# DeepseekV3 (rope_interleave=true) de-interleaves q and k alike. No permutation.
-MLA = {
-    "attention.wq.weight": "self_attn.q_proj.weight",  # q_lora_rank = 0
-    "attention.wq_a.weight": "self_attn.q_a_proj.weight",
-    "attention.q_norm.weight": "self_attn.q_a_layernorm.weight",
-    "attention.wq_b.weight": "self_attn.q_b_proj.weight",
-    "attention.wkv_a.weight": "self_attn.kv_a_proj_with_mqa.weight",
-    "attention.kv_norm.weight": "self_attn.kv_a_layernorm.weight",
-    "attention.wkv_b.weight": "self_attn.kv_b_proj.weight",
-    "attention.wo.weight": "self_attn.o_proj.weight",
-}
 DENSE_MLP = {
     "feed_forward.w1.weight": "mlp.gate_proj.weight",
     "feed_forward.w2.weight": "mlp.down_proj.weight",
     "feed_forward.w3.weight": "mlp.up_proj.weight",
-}
-MIXTRAL_MOE = {
-    "feed_forward.router.gate.weight": "block_sparse_moe.gate.weight",
-    "feed_forward.experts.w1": "block_sparse_moe.experts.{e}.w1.weight",
-    "feed_forward.experts.w2": "block_sparse_moe.experts.{e}.w2.weight",
-    "feed_forward.experts.w3": "block_sparse_moe.experts.{e}.w3.weight",
-}
-# transformers holds DeepSeek's experts fused (gate_up_proj, down_proj) but save_pretrained
-# writes them one per expert, under these names, as DeepSeek's own checkpoints do.
-DEEPSEEK_MOE = {
-    "feed_forward.router.gate.weight": "mlp.gate.weight",
-    "feed_forward.router.expert_bias": "mlp.gate.e_score_correction_bias",  # a buffer
-    "feed_forward.experts.w1": "mlp.experts.{e}.gate_proj.weight",
-    "feed_forward.experts.w2": "mlp.experts.{e}.down_proj.weight",
-    "feed_forward.experts.w3": "mlp.experts.{e}.up_proj.weight",
-    "feed_forward.shared.w1.weight": "mlp.shared_experts.gate_proj.weight",
-    "feed_forward.shared.w2.weight": "mlp.shared_experts.down_proj.weight",
-    "feed_forward.shared.w3.weight": "mlp.shared_experts.up_proj.weight",
 }
 TOP = {
     "tok_embeddings.weight": "model.embed_tokens.weight",
@@ -137,13 +99,11 @@ def _feed_forward(model: dict, i: int) -> tuple[dict[str, str], dict[str, tuple[
         return DENSE_MLP, _swiglu("feed_forward", d, model["ffn_dim"])
     f, e = model["moe_ffn_dim"], model["n_routed_experts"]
     shapes = {"feed_forward.router.gate.weight": (e, d), **_swiglu("feed_forward.experts", d, f)}
-    if family == "mixtral":
-        return MIXTRAL_MOE, shapes
     if model.get("score_func") == "sigmoid":  # DeepSeek-V3's correction bias
         shapes["feed_forward.router.expert_bias"] = (e,)
     if model.get("n_shared_experts"):
         shapes |= _swiglu("feed_forward.shared", d, model["n_shared_experts"] * f)
-    return DEEPSEEK_MOE, shapes
+    return families.family(family).hf_moe, shapes
 
 
 def sources(model: dict) -> dict[str, Source]:
@@ -162,7 +122,7 @@ def sources(model: dict) -> dict[str, Source]:
     if model.get("tie_embeddings"):
         del out["output.weight"]  # the embedding is the output projection: no lm_head
     attention, heads = _attention(model)
-    hf_attention = MLA if families.family(family).mla else ATTENTION
+    hf_attention = families.family(family).hf_attention
     for i in range(model["n_layers"]):
         hf_ff, feed_forward = _feed_forward(model, i)
         names = {**NORMS, **hf_attention, **hf_ff}
