@@ -31,6 +31,17 @@ def test_every_group_option_composes(group, option):
         assert getattr(cfg, group).name == option
 
 
+@pytest.mark.parametrize("group", ["data_parallel", "recompute", "context"])
+def test_help_lists_every_option_of_a_group_it_names(group):
+    """`launcher.train --help`'s "GROUP=a|b|c" lines (conf/config.yaml) name exactly the
+    group's options (it once listed recompute=none|selective|full, without op)."""
+    import re
+
+    help_text = (CONF / "config.yaml").read_text()
+    (listed,) = re.findall(rf"\b{group}=([a-z0-9_|]+)", help_text)
+    assert sorted(listed.split("|")) == sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
 def test_the_slurm_launcher_config_composes():
     from hydra import compose, initialize_config_dir
 
