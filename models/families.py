@@ -175,6 +175,11 @@ def of(model) -> Family:
     return FAMILIES.get(model.family, FAMILIES["llama"])
 
 
+def named_with(flag: str) -> str:
+    """ "mixtral, deepseek": the families whose record has `flag` set (for messages)."""
+    return ", ".join(f.name for f in FAMILIES.values() if getattr(f, flag))
+
+
 def family(name: str) -> Family:
     """The record of `name`; a KeyError names the families there are."""
     try:

@@ -22,10 +22,15 @@ from pathlib import Path
 from group import Job
 
 
+def last_value(overrides, key: str, default: str) -> str:
+    """What the last `key=` among overrides sets (later overrides win), else `default`."""
+    found = [o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")]
+    return found[-1] if found else default
+
+
 def devices(overrides: list[str] | tuple[str, ...]) -> int:
     """Processes a layout asks for: its last hardware.devices_per_node (cpu's default 2)."""
-    found = [o.split("=", 1)[1] for o in overrides if o.startswith("hardware.devices_per_node=")]
-    return int(found[-1]) if found else 2
+    return int(last_value(overrides, "hardware.devices_per_node", "2"))
 
 
 def train_job(overrides: list[str], label: str = "", nproc: int = 0) -> Job:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import read_metrics
 from group import Group, Job
-from jobs import train_job
+from jobs import last_value, train_job
 
 # Same seed, data and global batch for every layout; fp32 so that only summation order differs.
 # Four steps: two of warmup, then the cosine from lr to min_lr, so every update the optimizer
@@ -55,12 +55,11 @@ class Row:
     label: str
     model: tuple[str, ...]
     layout: tuple[str, ...]
-    param_atol: float | None = None  # None: `default_param_atol(layout)`
     grad_rtol: float = 5e-4
 
     @property
     def atol(self) -> float:
-        return default_param_atol(self.layout) if self.param_atol is None else self.param_atol
+        return default_param_atol(self.layout)
 
     @property
     def reference(self) -> Job:
@@ -82,8 +81,7 @@ def default_param_atol(layout) -> float:
     steps (GELU's tails give fc2 such elements): cp=2 ring 1.03e-4 to 1.07e-4 with or without
     FSDP / DDP over dp_shard=2, against 1.9e-6 for ddp 2 and 1.1e-5 for one process
     accumulating 8 micro-batches instead of 4."""
-    cp = [int(o.split("=", 1)[1]) for o in layout if o.startswith("parallel.cp=")]
-    return 2e-4 if cp and cp[-1] > 1 else 1e-4
+    return 2e-4 if int(last_value(layout, "parallel.cp", "1")) > 1 else 1e-4
 
 
 def rows(table: dict, **kw) -> list:

@@ -190,8 +190,9 @@ def model_fields(hf: dict) -> dict:
         fields["head_dim"] = None  # MLA's head widths are their own fields
     elif fields.get("head_dim") is None:
         fields["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
-    if MODEL_TYPES[hf["model_type"]][2] is not None:  # the router tells the model types apart
-        fields["score_func"] = MODEL_TYPES[hf["model_type"]][2]
+    score = MODEL_TYPES[hf["model_type"]][2]
+    if score is not None:  # the router tells the model types apart
+        fields["score_func"] = score
     fields.setdefault("tie_embeddings", False)
     if fam.moe and not fam.first_dense_layers:
         fields["ffn_dim"] = fields["moe_ffn_dim"]  # as the presets write it; no dense layer

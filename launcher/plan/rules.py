@@ -94,12 +94,11 @@ def config_problems(cfg: Config) -> list[Problem]:
             "model", f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads} ({name})"
         )
     if bool(m.n_routed_experts) != fam.moe:
-        moe = ", ".join(f.name for f in families.FAMILIES.values() if f.moe)
         err(
             "model",
             f"model.n_routed_experts={m.n_routed_experts}: a {m.family} model "
             + ("needs routed experts (>= 1)" if fam.moe else "has no routed experts")
-            + f" (the MoE families: {moe}; {name})",
+            + f" (the MoE families: {families.named_with('moe')}; {name})",
         )
     if m.n_routed_experts and (not 1 <= m.top_k <= m.n_routed_experts or m.moe_ffn_dim < 1):
         err(
@@ -111,8 +110,7 @@ def config_problems(cfg: Config) -> list[Problem]:
         err(
             "model",
             f"model.n_dense_layers={m.n_dense_layers}: every layer of a {m.family} model is an "
-            f"MoE one (dense first layers: "
-            f"{', '.join(f.name for f in families.FAMILIES.values() if f.first_dense_layers)})",
+            f"MoE one (dense first layers: {families.named_with('first_dense_layers')})",
         )
     elif m.n_routed_experts and not 0 <= m.n_dense_layers < m.n_layers:
         err(
@@ -128,10 +126,10 @@ def config_problems(cfg: Config) -> list[Problem]:
     if m.n_routed_experts:
         errors.extend(_routing_problems(m, name))
     if m.rope_yarn_factor > 1 and not fam.yarn:
-        yarn = ", ".join(f.name for f in families.FAMILIES.values() if f.yarn)
         err(
             "model",
-            f"model.rope_yarn_factor={m.rope_yarn_factor:g}: YaRN RoPE is {yarn}'s "
+            f"model.rope_yarn_factor={m.rope_yarn_factor:g}: YaRN RoPE is "
+            f"{families.named_with('yarn')}'s "
             f"({name} is {m.family}; Llama 3 scaling is rope_scaling_factor)",
         )
     if not 0 <= m.dropout < 1:
