@@ -231,6 +231,10 @@ class TrainConfig:
     # Local launches: torchrun restarts every rank this many times after one fails; each
     # restart resumes from the newest complete checkpoint.
     max_restarts: int = 0
+    # A step whose loss or gradient norm is not finite is never applied. 0: the run stops
+    # there (exit status 3, naming the step); N: up to N such steps in a row are skipped and
+    # logged, the N+1-th stops the run.
+    max_skipped_steps: int = 0
     # Seconds a collective (or a stop: the current step plus its checkpoint) may wait for the
     # other ranks before the run fails, naming the rank and what it was doing.
     timeout_s: float = 600.0

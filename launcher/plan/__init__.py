@@ -121,7 +121,8 @@ def configured_split(cfg: Config, pp: int) -> tuple[int, ...]:
 
 
 # Errors after which the estimate would crash or mean nothing: it reads the model, the batch
-# and sequence sizes, the hardware's speeds and sizes, the schedule, the ZeRO stage, a stage
+# and sequence sizes, the hardware's speeds and sizes, the schedule, the ZeRO stage, the
+# checkpoint interval (ranges.py names these by group), a stage
 # split that gives every stage its layers, and which blocks recompute.
 UNESTIMABLE = frozenset(
     {
@@ -130,6 +131,9 @@ UNESTIMABLE = frozenset(
         "hardware",
         "schedule",
         "zero_stage",
+        "data_parallel",
+        "pipeline",
+        "checkpoint",
         "pp_stages",
         "pp_split",
         "pp_layers",

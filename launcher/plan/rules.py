@@ -24,6 +24,7 @@ from launcher.layout import (
 )
 from launcher.limitations import refusals
 from launcher.plan import pipeline as pl
+from launcher.plan.ranges import range_problems
 from models import families
 
 
@@ -77,13 +78,13 @@ def config_problems(cfg: Config) -> list[Problem]:
     """Rules on model, training, data, precision and hardware that no layout changes."""
     errors: list[Problem] = []
     err = lambda rule, msg: errors.append(Problem(rule, msg))
-    m, t, hw, prec = cfg.model, cfg.train, cfg.hardware, cfg.precision
+    m, t, prec = cfg.model, cfg.train, cfg.precision
     name = f"model={m.name}"
     if m.family not in families.FAMILIES:
         err("model", f"model.family={m.family} is not one of {', '.join(families.FAMILIES)}")
-    for key in ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "vocab_size", "max_seq_len"):
-        if getattr(m, key) < 1:
-            err("model", f"model.{key}={getattr(m, key)} must be >= 1 ({name})")
+    # Every value in its range first: the rules below divide by and compare these.
+    for group, message in range_problems(cfg):
+        err(group, message)
     if errors:
         return errors
     fam = families.of(m)
@@ -132,28 +133,11 @@ def config_problems(cfg: Config) -> list[Problem]:
             f"{families.named_with('yarn')}'s "
             f"({name} is {m.family}; Llama 3 scaling is rope_scaling_factor)",
         )
-    if not 0 <= m.dropout < 1:
-        err("model", f"model.dropout={m.dropout} must be in [0, 1)")
 
-    for key in ("global_batch_size", "micro_batch_size", "seq_len", "steps"):
-        if getattr(t, key) < 1:
-            err("train", f"train.{key}={getattr(t, key)} must be >= 1")
     if t.seq_len > m.max_seq_len:
         err("seq_len", f"train.seq_len={t.seq_len} exceeds max_seq_len={m.max_seq_len} ({name})")
-    if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
-        err("lr", f"need 0 <= train.min_lr={t.min_lr} <= train.lr={t.lr} and lr > 0")
-    if t.warmup_steps < 0:
-        err("schedule", f"train.warmup_steps={t.warmup_steps} must be >= 0")
-    for key in ("eval_interval", "grad_clip", "weight_decay"):
-        if getattr(t, key) < 0:
-            err("train", f"train.{key}={getattr(t, key)} must be >= 0")
-    if t.max_restarts < 0:
-        err("train", f"train.max_restarts={t.max_restarts} must be >= 0")
-    if t.timeout_s <= 0:
-        err("train", f"train.timeout_s={t.timeout_s} must be > 0")
-    for key in ("interval", "keep"):
-        if getattr(cfg.checkpoint, key) < 0:
-            err("checkpoint", f"checkpoint.{key}={getattr(cfg.checkpoint, key)} must be >= 0")
+    if t.min_lr > t.lr:
+        err("lr", f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
     ck = cfg.checkpoint
     if ck.initial_load_weights_only and not ck.initial_load_path:
         err("checkpoint", "checkpoint.initial_load_weights_only=true needs initial_load_path")
@@ -170,15 +154,11 @@ def config_problems(cfg: Config) -> list[Problem]:
             f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of {source}, "
             f"{data[1]:,} tokens ({name}): set model.vocab_size >= {data[1]}",
         )
-    if not 0 < val_fraction < 1:
-        err("data", f"data.val_fraction={val_fraction} must be in (0, 1)")
-    elif data is not None and t.seq_len >= 1:
+    if data is not None:
         try:
             split_sizes(data[0], t.seq_len, val_fraction)
         except ValueError as e:
             err("data_size", f"{source}: {e}")
-    if cfg.data_parallel.zero_stage not in (0, 1, 2, 3):
-        err("zero_stage", f"data_parallel.zero_stage={cfg.data_parallel.zero_stage} must be 0-3")
     if cfg.pipeline.schedule not in SCHEDULES:
         err(
             "schedule",
@@ -207,27 +187,6 @@ def config_problems(cfg: Config) -> list[Problem]:
             "precision",
             f"precision.compute_dtype={prec.compute_dtype.value} must equal "
             f"param_dtype={prec.param_dtype.value}: forward runs in the parameters' dtype",
-        )
-    for key in ("nodes", "devices_per_node"):
-        if getattr(hw, key) < 1:
-            err("hardware", f"hardware.{key}={getattr(hw, key)} must be >= 1")
-    for key in ("memory_gib", "peak_tflops", "intra_node_gbps", "inter_node_gbps", "storage_gbps"):
-        if getattr(hw, key) <= 0:
-            err("hardware", f"hardware.{key}={getattr(hw, key)} must be > 0")
-    if hw.efficiency_scale <= 0:
-        err(
-            "hardware",
-            f"hardware.efficiency_scale={hw.efficiency_scale} must be > 0 (this generation's "
-            "compute efficiency relative to the A100 fit)",
-        )
-    rc = cfg.recompute
-    if rc.every < 1:
-        err("recompute", f"recompute.every={rc.every} must be >= 1 (1: every block)")
-    if not 0 <= hw.efficiency <= 1:
-        err(
-            "hardware",
-            f"hardware.efficiency={hw.efficiency} must be in [0, 1] (a fraction of "
-            "peak_tflops; 0: the Megatron-LM fit)",
         )
     return errors
 

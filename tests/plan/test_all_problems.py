@@ -89,7 +89,8 @@ def test_unknown_schedule_and_zero_stage_are_reported_not_raised():
     plan, found, _ = rules(["pipeline.schedule=bogus", "parallel.pp=2", "parallel.dp_shard=1"])
     assert "schedule" in found and plan.estimate is None and "bogus" in text_of(plan)
     plan, found, _ = rules(["data_parallel.zero_stage=5"])
-    assert found == {"zero_stage"} and "zero_stage=5" in text_of(plan)
+    assert found == {"data_parallel"} and "zero_stage=5 must be in [0, 3]" in text_of(plan)
+    assert plan.estimate is None
 
 
 def test_search_entries_carry_valid_and_fits(capsys):
