@@ -145,14 +145,16 @@ def to_hf_command(
         fail(str(e))
 
     import torch
-    import torch.distributed.checkpoint as dcp
     from rich.progress import track
-    from torch.distributed.checkpoint import FileSystemReader
 
+    from launcher.checkpoint import reader
     from launcher.hf.weights import shard_plan, to_hf, write_index, write_shard
     from launcher.parallel.data_parallel import DTYPES
 
-    metadata = FileSystemReader(str(entry.path)).read_metadata().state_dict_metadata
+    damaged = reader.checkpoint_damage(entry)  # files, checksums, the metadata's allow-list
+    if damaged:
+        fail(f"{entry.path} is damaged: {'; '.join(damaged)}")
+    metadata = reader.read_metadata_file(entry.path / ".metadata").state_dict_metadata
     saved = metadata[f"model.{next(iter(table))}"].properties.dtype
     target = DTYPES[dtype] if dtype else saved
     config = to_hf_config(model, str(target).removeprefix("torch."))
@@ -163,7 +165,7 @@ def to_hf_command(
     for i, names in enumerate(track(groups, description="writing safetensors", transient=True)):
         # One file's parameters at a time: memory stays at one shard, whatever the model.
         state = {n: torch.empty(metadata[f"model.{n}"].size, dtype=saved) for n in names}
-        dcp.load({"model": state}, checkpoint_id=str(entry.path), no_dist=True)
+        reader.load({"model": state}, entry.path, no_dist=True)
         tensors = {
             # The routers' correction biases stay fp32, as transformers keeps them.
             hf_name: t.float() if name.endswith("expert_bias") else t.to(target)

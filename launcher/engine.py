@@ -2,7 +2,8 @@
 
 Receives a validated Plan. The trainer (launcher/trainer.py) builds the model identically on
 every rank, applies the layout and trains; a stop signal ends the process with
-failures.EXIT_STOPPED once a checkpoint of the current step is complete.
+failures.EXIT_STOPPED once a checkpoint of the current step is complete; an end the ranks agree
+on (a non-finite step, a damaged checkpoint given by path) with its own status (RunEnded).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from launcher import distributed, launch
-from launcher.failures import EXIT_STOPPED, StopRequest, stopped_message
+from launcher.failures import EXIT_STOPPED, RunEnded, StopRequest, ended, stopped_message
 from launcher.plan import Plan
 from launcher.trainer import Stopped, Trainer
 
@@ -35,6 +36,11 @@ def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
         if d.rank == 0:
             print(stopped_message(e.signum, e.step, e.checkpoint), file=sys.stderr, flush=True)
         sys.exit(EXIT_STOPPED)
+    except RunEnded as e:  # every rank agreed: a non-finite step, no usable checkpoint
+        distributed.shutdown()
+        if d.rank == 0:
+            ended(e, run_dir, report=not launch.is_child())
+        sys.exit(0 if launch.is_child() else e.status)  # as above: the launcher reports it
     # Only after a clean finish: the model (DDP's reducer, FSDP's hooks) is gone by now, and
     # every rank leaves together. After a crash the launcher ends the other ranks instead.
     distributed.shutdown()

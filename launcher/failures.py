@@ -4,22 +4,27 @@
   before a time limit or a preemption; submitit asks for USR2) only sets a flag; every rank
   finishes its current step, the ranks agree that one of them was signalled, save a
   checkpoint together and exit with EXIT_STOPPED. A second SIGINT stops at once.
+- A step whose loss or gradient norm is not finite is not applied; past
+  `train.max_skipped_steps` such steps in a row the run stops with EXIT_NONFINITE.
 - Every collective gives up after `train.timeout_s`; the error names the rank and what it was
   doing (`timed`).
 - LAUNCHER_FAULT_INJECT="RANK:STEP[:KIND]" makes one rank fail at one step, on the first
   attempt only (a torchrun restart runs clean): KIND raise (default), kill (SIGKILL itself),
   hang (sleep forever), kill_in_save (SIGKILL after writing its shards of that step's
-  checkpoint, before the checkpoint is complete). Tests use it; users never need it.
+  checkpoint, before the checkpoint is complete), nan (a NaN in that rank's gradients after
+  its backward). Tests use it; users never need it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
 import threading
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 # EX_TEMPFAIL (sysexits.h): stopped by a signal after saving a checkpoint of the current
 # step; running the same command again resumes from it. A scheduler can requeue on it.
@@ -28,6 +33,70 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 FAULT_ENV = "LAUNCHER_FAULT_INJECT"
 # Written into the run directory by global rank 0 once the stop checkpoint is complete.
 STOPPED_FILE = "stopped.json"
+# A step's loss or gradient norm was not finite more than train.max_skipped_steps times in a
+# row: the step was not applied, nothing was saved after it, and the run stopped. Its newest
+# checkpoint holds finite training; running the same command again repeats the same steps.
+EXIT_NONFINITE = 3
+# Written into the run directory by global rank 0 when the ranks agree to end the run with a
+# status of their own (RunEnded), for the launcher process to report: under torchrun the ranks
+# exit 0, so that it neither restarts them into the same end nor reports a crash.
+EXIT_FILE = "exit.json"
+
+
+class RunEnded(Exception):
+    """Every rank agreed to end the run: exit `status`, rank 0 says `message`."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class NonFinite(RunEnded):
+    """Training stopped at a step whose loss or gradient norm was not finite (or, checked
+    before a save, whose parameters were not)."""
+
+    def __init__(self, step: int, what: str, skipped: int, allowed: int, checkpoint: str | None):
+        self.step, self.what, self.checkpoint = step, what, checkpoint
+        self.skipped, self.allowed = skipped, allowed
+        super().__init__(EXIT_NONFINITE, nonfinite_message(self.record()))
+
+    def record(self) -> dict:
+        return {
+            "step": self.step,
+            "what": self.what,
+            "skipped": self.skipped,
+            "allowed": self.allowed,
+            "checkpoint": self.checkpoint,
+        }
+
+
+def ended(e: RunEnded, run_dir: str, report: bool) -> None:
+    """On global rank 0: record the end for the launcher process (EXIT_FILE), or say it."""
+    if report:
+        print(e.message, file=sys.stderr, flush=True)
+    else:
+        record = {"status": e.status, "message": e.message}
+        Path(run_dir, EXIT_FILE).write_text(json.dumps(record) + "\n")
+
+
+def nonfinite_message(record: dict) -> str:
+    """What the launcher says when a run stopped on a non-finite step."""
+    where = (
+        f"the newest checkpoint, {record['checkpoint']}, holds finite training"
+        if record["checkpoint"]
+        else "no checkpoint was saved before it"
+    )
+    row = (
+        f"{record['skipped']} such steps in a row, train.max_skipped_steps={record['allowed']}; "
+        if record["skipped"]
+        else ""
+    )
+    return (
+        f"stopped at step {record['step']}: {record['what']} is not finite; the step was not "
+        f"applied and nothing after it was saved ({row}{where}). Running the same command again "
+        "repeats the same steps: lower train.lr, raise train.warmup_steps or "
+        f"train.max_skipped_steps, or check the data (exit status {EXIT_NONFINITE})"
+    )
 
 
 class StopRequest:

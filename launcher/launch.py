@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from launcher.cli import fail
-from launcher.failures import EXIT_STOPPED, STOPPED_FILE, stopped_message
+from launcher.failures import EXIT_FILE, EXIT_STOPPED, STOPPED_FILE, stopped_message
 
 # Set by relaunch() in the children, so that they do not print the plan a second time.
 CHILD_ENV = "LAUNCHER_CHILD"
@@ -113,8 +113,9 @@ def relaunch(
         f"hydra.run.dir='{run_dir}'",
         "hydra.output_subdir=null",
     ]
-    stopped = Path(run_dir) / STOPPED_FILE
+    stopped, ended = Path(run_dir) / STOPPED_FILE, Path(run_dir) / EXIT_FILE
     stopped.unlink(missing_ok=True)
+    ended.unlink(missing_ok=True)
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
     received: list[tuple[int, float]] = []
 
@@ -141,6 +142,10 @@ def relaunch(
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if ended.exists():  # the ranks agreed on an end of their own (failures.RunEnded)
+        record = json.loads(ended.read_text())
+        print(record["message"], file=sys.stderr)
+        return record["status"]
     if stopped.exists():
         record = json.loads(stopped.read_text())
         message = stopped_message(record["signal"], record["step"], record["checkpoint"])

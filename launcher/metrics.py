@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import netrc
 import os
 import sys
@@ -28,16 +29,51 @@ def wandb_mode(requested: WandbMode) -> str:
 
 
 def keep_steps_up_to(path: Path, step: int) -> int:
-    """Drop the rows of metrics.jsonl after `step` (a resumed run logs those steps again);
-    returns the last step the file held before."""
+    """Drop the rows of metrics.jsonl after `step` (a resumed run logs those steps again) by
+    truncating the file in place, never by swapping in a new one; a last line cut short (a
+    full disk, a kill mid-write) is dropped with a warning. Returns the last step the file
+    held before."""
     if not path.exists():
         return 0
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    kept = [r for r in rows if r["step"] <= step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    os.replace(tmp, path)
-    return max((r["step"] for r in rows), default=0)
+    last, keep_bytes, offset = 0, None, 0
+    with open(path, "rb") as f:
+        for line in f:
+            row = parse_row(line)
+            if row is None and (not line.endswith(b"\n") or not f.peek(1)):
+                print(
+                    f"warning: {path}: dropping a last line cut short ({len(line)} bytes: "
+                    f"{line[:60]!r}...)",
+                    file=sys.stderr,
+                )
+                keep_bytes = offset if keep_bytes is None else keep_bytes
+                break
+            if row is not None:
+                last = max(last, row["step"])
+                if row["step"] > step and keep_bytes is None:
+                    keep_bytes = offset
+            offset += len(line)
+    if keep_bytes is not None:
+        os.truncate(path, keep_bytes)
+    with open(path, "rb+") as f:  # a whole last row written without its newline keeps it
+        if f.seek(0, os.SEEK_END) and (f.seek(-1, os.SEEK_END), f.read(1))[1] != b"\n":
+            f.write(b"\n")
+    return last
+
+
+def parse_row(line: bytes) -> dict | None:
+    """One metrics.jsonl row, or None for a line that is not one."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
+
+
+def json_safe(record: dict) -> dict:
+    """Non-finite numbers as null: metrics.jsonl stays JSON (a bare NaN is not)."""
+    return {
+        k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()
+    }
 
 
 def wandb_run_id(run_dir: Path) -> str:
@@ -98,12 +134,22 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"step": step, **metrics}
-        self.file.write(json.dumps(record) + "\n")
+        self.file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self.file.flush()
         if self.wandb_run is not None and step > self.wandb_done:
             self.wandb_run.log(metrics, step=step)
         if step % self.interval == 0 or step == self.total or "eval_loss" in metrics:
             self._progress(step, metrics)
+
+    def skipped(self, step: int, in_a_row: int, allowed: int) -> None:
+        """Say that a non-finite step was not applied (train.max_skipped_steps allows it)."""
+        if self.enabled:
+            print(
+                f"step {step} skipped: its loss or gradient norm is not finite ({in_a_row} in a "
+                f"row of train.max_skipped_steps={allowed})",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _progress(self, step: int, m: dict) -> None:
         elapsed = time.perf_counter() - self.start

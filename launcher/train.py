@@ -15,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launcher import launch, sweep
+from launcher import launch, rundir, sweep
 from launcher.checkpoint.store import checkpoint_dir, start_problems
 from launcher.cli import fail, hydra_app, to_config
 from launcher.failures import resume_mode
@@ -88,6 +88,13 @@ def task(dcfg: DictConfig) -> None:
     problems = checkpoint_problems(cfg, str(run_dir))
     if problems:
         fail("; ".join(problems))
+    if first:  # the process in charge of the run: one run per directory, and it can write
+        try:
+            rundir.writable(run_dir, "hydra.run.dir")
+            rundir.writable(checkpoint_dir(cfg.checkpoint.dir, run_dir), "checkpoint.dir")
+            rundir.lock(run_dir)
+        except rundir.DirectoryProblem as e:
+            fail(str(e))
     if launch.in_distributed_env() and launch.world_size() != plan.world_size:
         fail(
             f"this process group has WORLD_SIZE={launch.world_size()} but the plan needs "

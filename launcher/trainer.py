@@ -11,8 +11,10 @@ from the plan's Layout.
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict
@@ -29,11 +31,22 @@ from torch.distributed.tensor.parallel import loss_parallel
 import models
 from launcher import distributed
 from launcher.checkpoint.saver import Checkpointer, ModelState, RngState, TrainState
-from launcher.checkpoint.store import checkpoint_dir, starting_checkpoint, step_dir
+from launcher.checkpoint.store import (
+    Entry,
+    checkpoint_dir,
+    complete_newest_first,
+    newest_complete,
+    starting_checkpoint,
+    step_dir,
+)
+from launcher.cli import USAGE_ERROR
 from launcher.data import Batches, load_tokens, split
 from launcher.failures import (
     STOPPED_FILE,
+    NonFinite,
+    RunEnded,
     StopRequest,
+    fault,
     inject,
     resume_mode,
     timed,
@@ -227,17 +240,33 @@ class Trainer:
             self.schedule.step(*args, **kwargs)
         return torch.stack([local(x.detach()) for x in losses]).mean() if self.last else None
 
-    def optimizer_step(self, step: int) -> tuple[float, torch.Tensor]:
-        """Clip the global gradient norm and step every part's optimizer at step's lr."""
+    def optimizer_step(
+        self, step: int, loss: torch.Tensor | None
+    ) -> tuple[float, torch.Tensor, bool]:
+        """Clip the global gradient norm and step every part's optimizer at step's lr, unless
+        a rank's loss or the gradient norm is not finite; (lr, norm, whether it was applied)."""
         lr = lr_at(step - 1, self.cfg.train)
         self.optimizers.set_lr(lr)
         self.reduce_gradients()
         grad_norm = clip_grad_norm(
             self.params, self.cfg.train.grad_clip, self.d.group("pp"), self.copies
         )
-        self.optimizers.step()
+        applied = self.all_finite([grad_norm, loss])
+        if applied:
+            self.optimizers.step()
         self.optimizers.zero_grad()
-        return lr, grad_norm
+        return lr, grad_norm, applied
+
+    def all_finite(self, tensors: list) -> bool:
+        """Whether every rank's tensors (None: none here) are finite everywhere; a collective
+        over the world, so that every rank takes the same branch. Reads one flag on the host."""
+        bad = torch.zeros((), dtype=torch.float32, device=self.d.device)
+        for t in tensors:
+            if t is not None:
+                bad = torch.maximum(bad, (~torch.isfinite(local_tensor(t))).any().float())
+        if dist.is_initialized():
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        return not bad.item()
 
     def reduce_gradients(self) -> None:
         """Where no FSDP or DDP hook did it: average the experts' gradients over the ranks
@@ -252,8 +281,9 @@ class Trainer:
         if self.tied is not None:
             self.tied.sync_grads()
 
-    def balance_step(self) -> dict:
-        """MoE models: the expert loads of the step, the bias update, their metrics."""
+    def balance_step(self, applied: bool) -> dict:
+        """MoE models: the expert loads of the step, the bias update (on an applied step),
+        their metrics."""
         if not self.moe:
             return {}
         m = self.cfg.model
@@ -262,7 +292,7 @@ class Trainer:
             m.n_layers,
             m.n_routed_experts,
             self.layout.microbatches,
-            m.bias_update_speed,
+            m.bias_update_speed if applied else 0.0,
         )
 
     @torch.no_grad()
@@ -311,13 +341,17 @@ class Trainer:
         inject(d.rank, step)
         with timed(f"forward/backward of step {step}", d.rank, t.timeout_s):
             loss = self.forward_backward(self.prepare(self.train_batches.at(s.samples)))
+        if fault(d.rank, step) == "nan":  # this rank's share of a gradient only
+            local_tensor(next(p for p in self.params if p.grad is not None).grad).fill_(math.nan)
         with timed(f"optimizer step {step}", d.rank, t.timeout_s):
-            lr, grad_norm = self.optimizer_step(step)
-            balance = self.balance_step()
+            lr, grad_norm, applied = self.optimizer_step(step, loss)
+            balance = self.balance_step(applied)
             step_loss = self.global_mean([loss])
+        # A skipped step still consumes its batch: the data order stays a function of the step.
         s.step, s.samples = step, s.samples + t.global_batch_size
         elapsed = time.perf_counter() - start
         tps = t.global_batch_size * t.seq_len / elapsed / d.world_size
+        skipped = {} if applied else {"skipped": True}
         return {
             "loss": step_loss,
             "lr": lr,
@@ -327,6 +361,7 @@ class Trainer:
             "step_time_s": elapsed,
             "peak_memory_gib": peak_memory_gib(d.device),
             **balance,
+            **skipped,
         }
 
     # -- checkpoints ---------------------------------------------------------------------
@@ -367,7 +402,7 @@ class Trainer:
             choice = [starting_checkpoint(directory, resume_mode(ck.resume.value), dcp_path)]
         if dist.is_initialized():
             dist.broadcast_object_list(choice, src=0)
-        entry, initial = choice[0]
+        entry, initial = self.intact(*choice[0])
         if entry is None:
             if hf and ck.initial_load_path:
                 self.load_hf(ck.initial_load_path)
@@ -390,6 +425,38 @@ class Trainer:
             return 0
         return self.train_state.step
 
+    def intact(self, entry: Entry | None, initial: bool) -> tuple[Entry | None, bool]:
+        """The starting checkpoint once the ranks have checked its files (each rank its share
+        of the checksums, rank 0 the metadata's allow-list). A damaged one in the run's own
+        directory is passed over, with one warning line, for the next older complete one; a
+        damaged checkpoint given by path, or a directory of nothing but damaged ones, ends the
+        run (exit 2) rather than starting over."""
+        d = self.d
+        if entry is not None:  # torch.distributed.checkpoint: only where there is one to load
+            from launcher.checkpoint.reader import checkpoint_damage
+        while entry is not None:
+            found = [checkpoint_damage(entry, (d.rank, d.world_size))]
+            if dist.is_initialized():
+                found = [None] * d.world_size
+                dist.all_gather_object(found, checkpoint_damage(entry, (d.rank, d.world_size)))
+            problems = sorted({p for f in found for p in f})
+            if not problems:
+                return entry, initial
+            what = f"{entry.path} is damaged ({'; '.join(problems)})"
+            if initial:
+                raise RunEnded(USAGE_ERROR, f"error: checkpoint.initial_load_path: {what}")
+            older = [e for e in complete_newest_first(entry.path.parent) if e.step < entry.step]
+            if not older:
+                raise RunEnded(
+                    USAGE_ERROR,
+                    f"error: {what}, and no older intact checkpoint is left in "
+                    f"{entry.path.parent}: move the damaged ones aside to start over",
+                )
+            if d.rank == 0:
+                print(f"warning: {what}: resuming from {older[0].path}", file=sys.stderr)
+            entry = older[0]
+        return None, initial
+
     def load_hf(self, path: str) -> int:
         """The model's weights from a Hugging Face directory; each rank reads its shards.
         Returns the number of values this rank read."""
@@ -408,8 +475,18 @@ class Trainer:
         return read
 
     def save(self, step: int, wait: bool = False) -> None:
+        """A checkpoint of the state after `step`; never of a non-finite one (NonFinite)."""
+        if not self.all_finite([*self.params, *self.copies]):
+            raise self.nonfinite(step, "a parameter", 0)
         with timed(f"checkpoint of step {step}", self.d.rank, self.cfg.train.timeout_s):
             self.checkpointer.save(step, self.state(), wait=wait)
+
+    def nonfinite(self, step: int, what: str, skipped: int) -> NonFinite:
+        """The stop at a non-finite step, naming the newest checkpoint (all finite)."""
+        self.checkpointer.wait()
+        newest = newest_complete(self.checkpointer.directory)
+        allowed = self.cfg.train.max_skipped_steps
+        return NonFinite(step, what, skipped, allowed, str(newest.path) if newest else None)
 
     # -- the loop ------------------------------------------------------------------------
 
@@ -439,7 +516,7 @@ class Trainer:
             start_step=start,
         )
         interval = self.cfg.checkpoint.interval
-        ok = False
+        ok, skipped = False, 0
         try:
             for step in range(start + 1, t.steps + 1):
                 metrics = self.train_step(step)
@@ -447,6 +524,13 @@ class Trainer:
                     with timed(f"evaluation at step {step}", d.rank, t.timeout_s):
                         metrics["eval_loss"] = self.evaluate()
                 logger.log(step, metrics)
+                skipped = skipped + 1 if metrics.get("skipped") else 0
+                if skipped > t.max_skipped_steps:
+                    norm = metrics["grad_norm"]
+                    what = f"the gradient norm ({norm})" if not math.isfinite(norm) else "the loss"
+                    raise self.nonfinite(step, what, skipped)
+                if skipped:
+                    logger.skipped(step, skipped, t.max_skipped_steps)
                 with timed(f"the stop check after step {step}", d.rank, t.timeout_s):
                     signum = stop.agreed()
                 if signum and step < t.steps:  # on the last step the run just finishes

@@ -113,5 +113,15 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 6
     )
 
 
+def strict_json(text: str):
+    """json.loads that refuses NaN and Infinity, which Python writes but JSON has not."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    """metrics.jsonl's rows, each held to be strict JSON."""
+    return [strict_json(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -68,18 +68,21 @@ def export_command(path: Path, out: Path) -> int:
     except CheckpointError as e:
         fail(str(e))
     import torch
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    metadata = FileSystemReader(str(entry.path)).read_metadata().state_dict_metadata
+    from launcher.checkpoint import reader
+
+    damaged = reader.checkpoint_damage(entry)  # files, checksums, the metadata's allow-list
+    if damaged:
+        fail(f"{entry.path} is damaged: {'; '.join(damaged)}")
+    metadata = reader.read_metadata_file(entry.path / ".metadata").state_dict_metadata
     prefix = "model."
     model = {
         key[len(prefix) :]: torch.empty(meta.size, dtype=meta.properties.dtype)
         for key, meta in metadata.items()
         if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
     }
-    dcp.load({"model": model}, checkpoint_id=str(entry.path), no_dist=True)
+    reader.load({"model": model}, entry.path, no_dist=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model, out)
     n = sum(t.numel() for t in model.values())

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 import warnings
@@ -28,8 +27,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.checkpoint.store import PARTIAL, Entry, prune, publish, step_dir, write_meta
-from launcher.failures import fault
+from launcher.checkpoint.store import (
+    PARTIAL,
+    Entry,
+    file_sums,
+    newest_complete,
+    prune,
+    publish,
+    rank_files,
+    step_dir,
+    write_meta,
+)
+from launcher.failures import RunEnded, fault
 
 # One process (no process group) is a supported way to save and load, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -86,6 +95,45 @@ class RngState:
             torch.cuda.set_rng_state(state["cuda"])
 
 
+def reason(error: BaseException, directory: Path) -> str:
+    """Why a save failed, in words: an OS error inside DCP's exception (rank -> (exception,
+    traceback)), else what the directory says (torch.save reports a full disk as "unexpected
+    pos"), else the first rank's error."""
+    inner = [error]
+    for v in getattr(error, "failures", {}).values():
+        inner.append(v[0] if isinstance(v, tuple) else getattr(v, "exception", v))
+    for e in inner:
+        if isinstance(e, OSError):
+            return f"{e.strerror or e} ({e.filename or directory})"
+    try:
+        free = shutil.disk_usage(directory).free
+        probe = directory / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"\0" * 65536)
+        probe.unlink()
+    except OSError as e:
+        return f"{e.strerror or e} ({directory})"
+    if free < 2**20:
+        return f"no space left on the device of {directory} ({free:,} bytes free)"
+    return str(inner[-1]).splitlines()[0][:300]
+
+
+class SaveFailed(RunEnded):
+    """A checkpoint could not be written; the run stops with the previous one intact."""
+
+    def __init__(self, step: int, why: str, previous: str | None):
+        kept = (
+            f"the previous checkpoint, {previous}, is intact"
+            if previous
+            else "no earlier checkpoint"
+        )
+        super().__init__(
+            1,
+            f"error: the checkpoint of step {step} could not be written: {why}; its partial "
+            f"directory was removed and {kept}. Free space (or make checkpoint.dir writable) "
+            "and run the same command again to resume",
+        )
+
+
 class Checkpointer:
     """Saves into DIR/step_N.partial, then global rank 0 writes meta.json and renames it to
     DIR/step_N once DCP has every rank's shards: complete or invisible.
@@ -140,23 +188,43 @@ class Checkpointer:
             # Future.result() may return before callbacks ran: wait() waits for `done` too.
             future.add_done_callback(finish)
             self.pending = (future, done)
+            self.pending_step, self.pending_partial = step, partial
             if wait:
                 self.wait()
         else:
-            dcp.save(state, checkpoint_id=str(partial), no_dist=not dist.is_initialized())
+            from torch.distributed.checkpoint.api import CheckpointException
+
+            try:
+                dcp.save(state, checkpoint_id=str(partial), no_dist=not dist.is_initialized())
+            except (CheckpointException, OSError) as e:  # DCP raises it on every rank
+                raise self.failed(step, partial, e) from None
             self._finish(None, step, partial, final, meta)
+
+    def failed(self, step: int, partial: Path, error: BaseException) -> SaveFailed:
+        """A save that could not be written (a full disk, a read-only mount): its partial
+        directory removed, the previous checkpoint named."""
+        if self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+        newest = newest_complete(self.directory)
+        return SaveFailed(step, reason(error, self.directory), str(newest.path) if newest else None)
 
     def _finish(self, future: Future | None, step: int, partial: Path, final: Path, meta: dict):
         """On every rank once its save returned; on rank 0 DCP has by then written .metadata,
-        which it does only after gathering every rank's write results."""
-        if future is not None and future.exception() is not None:
-            print(f"checkpoint step {step} failed: {future.exception()}", file=sys.stderr)
-            return
+        which it does only after gathering every rank's write results. Each rank sums the
+        files it wrote; rank 0 gathers the sums into meta.json (a collective: on the save's
+        own group when asynchronous)."""
+        failed = future is not None and future.exception() is not None  # wait() reports it
         if fault(self.rank, step) == "kill_in_save":
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.rank != 0:
+        sums = None if failed else file_sums(partial, rank_files(partial, self.rank))
+        gathered = [sums]
+        if dist.is_initialized():
+            gathered = [None] * dist.get_world_size() if self.rank == 0 else None
+            dist.gather_object(sums, gathered, dst=0, group=self.group)
+        if self.rank != 0 or any(g is None for g in gathered):
             return
-        write_meta(partial, meta)
+        files = {name: s for g in gathered for name, s in g.items()}
+        write_meta(partial, {**meta, "files": files})
         publish(partial, final)
         prune(self.directory, self.keep)
 
@@ -165,11 +233,18 @@ class Checkpointer:
         if self.pending is not None:
             future, done = self.pending
             self.pending = None
-            future.result()
+            try:
+                future.result()
+            except BaseException as e:  # DCP's CheckpointException is a BaseException
+                if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                    raise
+                done.wait()
+                raise self.failed(self.pending_step, self.pending_partial, e) from None
             done.wait()
 
     def load(self, entry: Entry, state: dict) -> None:
-        """Fill `state` (a subset of what was saved is fine) from a complete checkpoint."""
-        import torch.distributed.checkpoint as dcp
+        """Fill `state` (a subset of what was saved is fine) from a complete checkpoint,
+        running none of its code (reader.py)."""
+        from launcher.checkpoint import reader
 
-        dcp.load(state, checkpoint_id=str(entry.path), no_dist=not dist.is_initialized())
+        reader.load(state, entry.path, no_dist=not dist.is_initialized())

@@ -5,6 +5,10 @@ CHECKPOINT_DIR/step_00000120/ is complete: DCP's shards and `.metadata`, plus `m
 step_00000120.partial/ and becomes step_00000120/ by one atomic rename, done by global rank 0
 once DCP has reported every rank's shards written and meta.json is on disk. A crash mid-save
 leaves a `.partial` directory, which resuming skips and loading by path refuses.
+
+meta.json's `files` records every file's size and CRC-32 (each rank sums the shards it wrote);
+`damage` finds a missing, truncated or changed file, and resuming falls back past a damaged
+checkpoint to the newest intact one.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,16 +81,71 @@ def list_checkpoints(directory: str | Path) -> list[Entry]:
     return sorted(out, key=lambda e: (e.step, e.complete))
 
 
+def complete_newest_first(directory: str | Path) -> list[Entry]:
+    return [e for e in reversed(list_checkpoints(directory)) if e.complete]
+
+
 def newest_complete(directory: str | Path) -> Entry | None:
     complete = [e for e in list_checkpoints(directory) if e.complete]
     return complete[-1] if complete else None
 
 
 def read_json(path: Path) -> dict | None:
+    """A JSON object from `path`; None when it is missing, unreadable or not an object."""
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    return value if isinstance(value, dict) else None
+
+
+METADATA = ".metadata"  # DCP's index of every tensor's file, offset and length
+CHUNK = 16 * 2**20
+
+
+def crc32(path: Path) -> str:
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(CHUNK):
+            crc = zlib.crc32(block, crc)
+    return f"{crc:08x}"
+
+
+def file_sums(directory: Path, names: list[str]) -> dict[str, dict]:
+    """{name: {"bytes", "crc32"}} of these files of a checkpoint directory."""
+    return {
+        n: {"bytes": (directory / n).stat().st_size, "crc32": crc32(directory / n)} for n in names
+    }
+
+
+def rank_files(directory: Path, rank: int) -> list[str]:
+    """The shard files DCP's FileSystemWriter wrote for `rank` (__RANK_I.distcp), plus, on
+    rank 0, DCP's .metadata."""
+    names = sorted(p.name for p in directory.glob(f"__{rank}_*.distcp"))
+    return names + ([METADATA] if rank == 0 and (directory / METADATA).is_file() else [])
+
+
+def damage(entry: Entry, share: tuple[int, int] | None = (0, 1)) -> list[str]:
+    """What is wrong with a complete checkpoint's files: DCP's .metadata missing, a recorded
+    file missing or of another size (every file), or another CRC-32 (the files at positions
+    rank, rank + world, ... of (rank, world) = `share`, so that ranks split the reading;
+    None: sizes only).
+    Checkpoints from before sums were recorded are checked for .metadata only."""
+    path, recorded = entry.path, (entry.meta or {}).get("files") or {}
+    if not (path / METADATA).is_file():
+        return [f"{path / METADATA} is missing"]
+    out = []
+    for i, (name, want) in enumerate(sorted(recorded.items())):
+        f = path / name
+        if not f.is_file():
+            out.append(f"{f} is missing")
+        elif f.stat().st_size != want["bytes"]:
+            out.append(f"{f} has {f.stat().st_size:,} bytes, {want['bytes']:,} when saved")
+        elif share and i % share[1] == share[0] and crc32(f) != want["crc32"]:
+            out.append(
+                f"{f} has changed since it was saved (CRC-32 {crc32(f)}, saved {want['crc32']})"
+            )
+    return out
 
 
 def open_checkpoint(path: str | Path) -> Entry:
@@ -165,9 +225,12 @@ def start_problems(
         ]
     hf = load_format == "hf"
     try:
-        entry, _ = starting_checkpoint(directory, resume, None if hf else load_path)
+        entry, initial = starting_checkpoint(directory, resume, None if hf else load_path)
     except CheckpointError as e:
         return [f"checkpoint.initial_load_path: {e}"]
+    damaged = damage(entry, None) if initial else []  # checksums: the ranks (Trainer.intact)
+    if damaged:
+        return [f"checkpoint.initial_load_path: {entry.path} is damaged ({'; '.join(damaged)})"]
     if entry is None:
         if hf and load_path:
             from launcher.hf.names import check

@@ -30,6 +30,7 @@ ARGS = [
     "logging.wandb.mode=disabled",
 ]
 EXIT_STOPPED = 75
+EXIT_NONFINITE = 3
 
 
 def train(run_dir: Path, *extra: str, env: dict | None = None, timeout: float = 300):
@@ -154,3 +155,47 @@ def test_a_hung_rank_fails_the_run_within_the_timeout(tmp_path):
     assert "rank 1: still running 10 s after SIGTERM (train.timeout_s)" in result.stderr
     assert time.monotonic() - start < 120
     assert not survivors(tmp_path)
+
+
+def test_a_nonfinite_run_stops_at_its_first_nonfinite_step_and_keeps_a_finite_checkpoint(
+    tmp_path,
+):
+    """lr=1e6 trains into NaN within a few steps. The first non-finite step is not applied,
+    the run stops there with exit 3 (no torchrun restart replays it), every checkpoint is from
+    before it and finite (checkpoint.keep=1 would have pruned the finite one for NaN ones),
+    and metrics.jsonl is strict JSON with the non-finite values as null."""
+    lr = ["train.lr=1e6", "train.warmup_steps=0", "checkpoint.keep=1", "train.max_restarts=1"]
+    result = train(tmp_path, *lr)
+    assert result.returncode == EXIT_NONFINITE, result.stderr[-3000:]
+    rows = read_metrics(tmp_path)
+    bad = [r["step"] for r in rows if r["loss"] is None or r["grad_norm"] is None]
+    assert bad and bad[0] > 2 and rows[-1]["step"] == bad[0], rows
+    assert rows[-1]["skipped"] is True
+    assert f"stopped at step {bad[0]}: the gradient norm (nan) is not finite" in result.stderr
+    assert "starting from" not in result.stdout  # not restarted into the same NaN
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert saved == [f"step_{(bad[0] - 1) // 2 * 2:08d}"], saved
+    out = tmp_path / "model.pt"
+    exported = run_cli(
+        "launcher.checkpoint", "export", str(tmp_path / "checkpoints" / saved[0]), str(out)
+    )
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    import torch
+
+    assert all(torch.isfinite(t).all() for t in torch.load(out).values())
+
+
+@pytest.mark.jobs(REFERENCE)
+def test_nonfinite_steps_are_skipped_up_to_max_skipped_steps(reference, tmp_path):
+    """A NaN in one rank's gradient shard at step 3: every rank agrees to skip the step
+    (train.max_skipped_steps=1), it is logged as skipped and training goes on to the end from
+    the same parameters as before it (steps 1-3's losses are the reference's)."""
+    result = train(tmp_path, "train.max_skipped_steps=1", env={"LAUNCHER_FAULT_INJECT": "1:3:nan"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 3 skipped: its loss or gradient norm is not finite" in result.stderr
+    rows = {r["step"]: r for r in read_metrics(tmp_path)}
+    assert sorted(rows) == list(range(1, STEPS + 1))
+    assert rows[3]["skipped"] is True and rows[3]["grad_norm"] is None
+    assert not any(r.get("skipped") for s, r in rows.items() if s != 3)
+    assert [rows[s]["loss"] for s in (1, 2, 3)] == [reference[s] for s in (1, 2, 3)]
+    assert rows[4]["loss"] != reference[4]  # step 3 was not applied

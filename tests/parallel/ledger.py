@@ -79,9 +79,9 @@ def ledger(trainer: Trainer) -> dict[str, list[float]]:
     recorders = record_first_forward(trainer)
     params = [p for part in trainer.parts for p in part.parameters()]
     batch = trainer.prepare(trainer.train_batches.at(0))
-    trainer.forward_backward(batch)
+    loss = trainer.forward_backward(batch)
     grads = sum(nbytes(p.grad) for p in params if p.grad is not None)
-    trainer.optimizer_step(1)
+    trainer.optimizer_step(1, loss)
     optimizer = sum(
         nbytes(v)
         for opt in trainer.optimizers.optimizers

@@ -1,0 +1,47 @@
+"""metrics.jsonl: strict JSON, appended in place, a cut-short last line dropped on resume."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import strict_json
+
+from launcher.metrics import json_safe, keep_steps_up_to
+
+
+def rows(n: int) -> str:
+    return "".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, n + 1))
+
+
+def test_resume_truncates_later_rows_in_place(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(rows(6))
+    inode = path.stat().st_ino
+    assert keep_steps_up_to(path, 4) == 6
+    assert path.stat().st_ino == inode  # the same file: another writer's rows are not swapped out
+    assert [strict_json(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_a_last_line_cut_short_is_dropped_with_a_warning(tmp_path, capsys):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(rows(3) + '{"step": 4, "lo')
+    assert keep_steps_up_to(path, 3) == 3
+    assert path.read_text() == rows(3)
+    assert "dropping a last line cut short" in capsys.readouterr().err
+
+
+def test_a_whole_last_row_without_its_newline_is_kept_and_ended(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(rows(3).rstrip("\n"))
+    assert keep_steps_up_to(path, 3) == 3
+    assert path.read_text() == rows(3)
+
+
+def test_non_finite_values_are_written_as_null():
+    record = json_safe({"step": 4, "loss": float("nan"), "grad_norm": float("inf"), "lr": 0.1})
+    assert strict_json(json.dumps(record, allow_nan=False)) == {
+        "step": 4,
+        "loss": None,
+        "grad_norm": None,
+        "lr": 0.1,
+    }
