@@ -63,18 +63,54 @@ def embedded_n_tokens() -> int:
         return len(f.read()) + 1
 
 
+TOKEN_DTYPES = ("uint16", "uint32")  # what write_tokens writes, and all a header may say
+
+
 def read_header(path: str) -> dict:
+    """A token file's header, its fields checked (a ValueError names the wrong one): the .bin
+    is read as the dtype it names, so nothing but the two prepare writes is accepted."""
     header_path = Path(path).with_suffix(".json")
     with open(header_path) as f:
         header = json.load(f)
-    if header.get("format") != FORMAT:
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ValueError(f"{header_path} is not an {FORMAT} header")
     if header.get("version") not in VERSIONS:
         raise ValueError(
             f"{header_path} has version {header.get('version')}; this launcher reads "
             f"versions {', '.join(map(str, VERSIONS))}"
         )
+    for key, low in (("n_tokens", 0), ("vocab_size", 1), ("eos_id", 0)):
+        v = header.get(key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise ValueError(f"{header_path}: {key}={v!r} must be an integer >= {low}")
+    dtype = header.get("dtype")
+    if dtype not in TOKEN_DTYPES:
+        raise ValueError(f"{header_path}: dtype={dtype!r} must be one of {', '.join(TOKEN_DTYPES)}")
+    if header["eos_id"] >= header["vocab_size"]:
+        raise ValueError(
+            f"{header_path}: eos_id={header['eos_id']} is outside vocab_size={header['vocab_size']}"
+        )
+    if header["vocab_size"] > np.iinfo(dtype).max + 1:
+        raise ValueError(
+            f"{header_path}: vocab_size={header['vocab_size']:,} does not fit in dtype={dtype}"
+        )
     return header
+
+
+def id_problem(path: str, chunk: int = 1 << 26) -> str | None:
+    """Where the token file holds an id outside its header's vocabulary (an embedding lookup
+    would crash a rank mid-run), or None; reads the whole .bin, a chunk at a time."""
+    tokens, vocab = load_tokens(path)
+    for start in range(0, len(tokens), chunk):
+        part = np.asarray(tokens[start : start + chunk])
+        if part.size and int(part.max()) >= vocab:
+            at = start + int(np.argmax(part >= vocab))
+            return (
+                f"data.path={path} holds token id {int(tokens[at])} at position {at:,}, outside "
+                f"its header's vocab_size={vocab:,}: the file is damaged or its header is not "
+                "its own; prepare it again"
+            )
+    return None
 
 
 def load_tokens(path: str | None) -> tuple[np.ndarray, int]:

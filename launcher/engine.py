@@ -14,7 +14,14 @@ from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from launcher import distributed, launch
-from launcher.failures import EXIT_STOPPED, RunEnded, StopRequest, ended, stopped_message
+from launcher.failures import (
+    EXIT_STOPPED,
+    RunEnded,
+    StopRequest,
+    ended,
+    stopped_message,
+    watch_parent,
+)
 from launcher.plan import Plan
 from launcher.trainer import Stopped, Trainer
 
@@ -24,6 +31,8 @@ def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
     """Train the planned layout; every rank calls this."""
     # From the first moment: a stop signal during start-up stops after the first step.
     stop = StopRequest(cfg.train.timeout_s)
+    if launch.in_distributed_env():
+        watch_parent()
     d = distributed.init(cfg.hardware.device_type.value, plan.layout, cfg.train.timeout_s)
     try:
         Trainer(cfg, plan, run_dir, dcfg, d).train(stop)

@@ -152,6 +152,22 @@ def stopped_message(signum: int, step: int, checkpoint: str) -> str:
     )
 
 
+def watch_parent(period_s: float = 1.0) -> None:
+    """Exit this rank when the process that started it (torchrun, srun's step) is gone: a
+    SIGKILLed torchrun cannot stop its ranks, and they would go on training under PID 1,
+    writing checkpoints nobody waits for. A daemon thread polls the parent PID."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(period_s)
+        rank = os.environ.get("RANK", "0")
+        print(f"rank {rank}: its launcher (PID {parent}) is gone: exiting", file=sys.stderr)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
 class CollectiveTimeout(RuntimeError):
     pass
 

@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -110,7 +111,7 @@ def relaunch(
         "-m",
         "launcher.train",
         *overrides,
-        f"hydra.run.dir='{run_dir}'",
+        f"hydra.run.dir={hydra_quoted(run_dir)}",
         "hydra.output_subdir=null",
     ]
     stopped, ended = Path(run_dir) / STOPPED_FILE, Path(run_dir) / EXIT_FILE
@@ -156,6 +157,13 @@ def relaunch(
         print(f"stopped by {name} before a checkpoint was complete", file=sys.stderr)
         return status or 1
     return status
+
+
+def hydra_quoted(value: str) -> str:
+    """`value` as one quoted string of Hydra's override grammar: a quote is escaped, and so
+    are backslashes that precede a quote or end the string (the only ones Hydra reads)."""
+    out = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, value)
+    return "'" + out.replace("'", "\\'") + "'"
 
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)

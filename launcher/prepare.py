@@ -145,20 +145,41 @@ def documents(
         if path.suffix != ".jsonl":
             raw = path.read_bytes()
             read(len(raw), 1)
-            yield raw.decode("utf-8", errors="replace")
+            yield text_of(raw, str(path))
             continue
+        found = 0
         with open(path, "rb") as f:
             for lineno, line in enumerate(f, 1):
                 blank = not line.strip()
                 read(len(line), 0 if blank else 1)
                 if not blank:
+                    found += 1
                     yield jsonl_text(line, text_field, f"{path}:{lineno}")
+        if not found:
+            raise InputError(f"{path} holds no JSON-lines records: nothing to tokenize")
+
+
+def text_of(raw: bytes, where: str) -> str:
+    """The UTF-8 text of an input file: refused when it is empty, or binary (a NUL byte, or
+    bytes that are not UTF-8), which would tokenize into noise."""
+    if not raw.strip():
+        raise InputError(f"{where} is empty: nothing to tokenize")
+    nul = raw.find(b"\0", 0, 1 << 20)
+    if nul >= 0:
+        raise InputError(f"{where} is binary (a NUL byte at offset {nul:,}), not text")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InputError(
+            f"{where} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start:,}); "
+            "prepare reads UTF-8 text and JSON lines"
+        ) from None
 
 
 def jsonl_text(line: bytes, text_field: str, where: str) -> str:
     """The text of one JSON-lines record; `where` (FILE:LINE) names it in an error."""
     try:
-        record = json.loads(line.rstrip(b"\r\n").decode("utf-8", errors="replace"))
+        record = json.loads(text_of(line.rstrip(b"\r\n"), where))
     except json.JSONDecodeError as e:
         raise InputError(f"{where}: not valid JSON ({e.msg} at column {e.pos + 1})") from None
     if not isinstance(record, dict):

@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from launcher import launch, rundir, sweep
 from launcher.checkpoint.store import checkpoint_dir, start_problems
 from launcher.cli import fail, hydra_app, to_config
+from launcher.data import id_problem
 from launcher.failures import resume_mode
 from launcher.plan import engine_plan
 from launcher.plan.report import plan_json, print_plan, problems_message
@@ -65,6 +66,11 @@ def task(dcfg: DictConfig) -> None:
     launch.slurm_env()  # a SLURM task learns its rank before anything asks for it
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
+    if hc.mode == RunMode.RUN and not str(hc.run.dir).strip():
+        fail(
+            "hydra.run.dir is empty: a run needs a directory of its own (leave it unset for "
+            "outputs/<model>-<hash>)"
+        )
     first = launch.global_rank() == 0 and not launch.is_child()
     if first and hc.mode == RunMode.MULTIRUN:  # the sweep's summary reads these (sweep.py)
         sweep.write_json(run_dir / sweep.OVERRIDES, list(hc.overrides.task))
@@ -89,6 +95,8 @@ def task(dcfg: DictConfig) -> None:
     if problems:
         fail("; ".join(problems))
     if first:  # the process in charge of the run: one run per directory, and it can write
+        if cfg.data.path and (problem := id_problem(cfg.data.path)):
+            fail(problem)
         try:
             rundir.writable(run_dir, "hydra.run.dir")
             rundir.writable(checkpoint_dir(cfg.checkpoint.dir, run_dir), "checkpoint.dir")

@@ -146,9 +146,14 @@ def read_headers(hf_dir: str | Path) -> dict[str, tuple[Path, tuple[int, ...], s
     if index.is_file():  # the files it names, as transformers reads them
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as e:
+            names = set(weight_map.values())
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise HFConfigError(f"{index} is not a safetensors index ({e})") from e
-        files = sorted({hf_dir / f for f in weight_map.values()})
+        # File names only: an index never sends a read outside its directory.
+        outside = sorted(repr(f) for f in names if not plain_file_name(f))
+        if outside:
+            raise HFConfigError(f"{index} names files outside {hf_dir}: {', '.join(outside)}")
+        files = sorted(hf_dir / f for f in names)
     else:
         files = sorted(hf_dir.glob("*.safetensors"))
     if not files:
@@ -158,16 +163,28 @@ def read_headers(hf_dir: str | Path) -> dict[str, tuple[Path, tuple[int, ...], s
         try:
             with open(path, "rb") as f:
                 (n,) = struct.unpack("<Q", f.read(8))
+                if n > path.stat().st_size - 8:
+                    raise ValueError(
+                        f"a header of {n:,} bytes in a file of {path.stat().st_size:,}"
+                    )
                 header = json.loads(f.read(n))
-        except (OSError, ValueError, struct.error) as e:
+            tensors = {
+                name: (path, tuple(int(d) for d in info["shape"]), str(info["dtype"]))
+                for name, info in header.items()
+                if name != "__metadata__"
+            }
+        except (OSError, ValueError, TypeError, KeyError, AttributeError, struct.error) as e:
             raise HFConfigError(f"{path} is not a readable safetensors file ({e})") from e
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
+        for name, entry in tensors.items():
             if name in out:
                 raise HFConfigError(f"{name} is in both {out[name][0].name} and {path.name}")
-            out[name] = (path, tuple(info["shape"]), info["dtype"])
+            out[name] = entry
     return out
+
+
+def plain_file_name(name) -> bool:
+    """A name of a file directly inside a directory: no separator, not . or .."""
+    return isinstance(name, str) and name not in ("", ".", "..") and Path(name).name == name
 
 
 def check(hf_dir: str | Path, model: dict) -> list[str]:

@@ -8,6 +8,7 @@ records of launcher/limitations.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -26,6 +27,8 @@ from launcher.limitations import refusals
 from launcher.plan import pipeline as pl
 from launcher.plan.ranges import range_problems
 from models import families
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,13 @@ def config_problems(cfg: Config) -> list[Problem]:
     name = f"model={m.name}"
     if m.family not in families.FAMILIES:
         err("model", f"model.family={m.family} is not one of {', '.join(families.FAMILIES)}")
+    if not PLAIN_NAME.fullmatch(m.name) or m.name.startswith("."):
+        # The run directory is outputs/<model.name>-<hash>: a name never places it elsewhere.
+        err(
+            "model",
+            f"model.name={m.name!r} must be a plain name (letters, digits, '.', '_', '-'; not "
+            "starting with '.'): it names the run directory outputs/<model.name>-<hash>",
+        )
     # Every value in its range first: the rules below divide by and compare these.
     for group, message in range_problems(cfg):
         err(group, message)
