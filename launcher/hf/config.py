@@ -99,11 +99,14 @@ def read_config(hf_dir: str | Path) -> dict:
     if not Path(hf_dir).is_dir():
         raise HFConfigError(f"{hf_dir} is not a directory")
     try:
-        return json.loads(path.read_text())
+        config = json.loads(path.read_text())
     except OSError as e:
         raise HFConfigError(f"{path} cannot be read ({e.strerror})") from e
     except ValueError as e:
         raise HFConfigError(f"{path} is not JSON ({e})") from e
+    if not isinstance(config, dict):
+        raise HFConfigError(f"{path} holds a JSON {type(config).__name__}, not an object")
+    return config
 
 
 def family_of(hf: dict) -> str:

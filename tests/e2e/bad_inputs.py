@@ -1,0 +1,591 @@
+"""Bad input for every command, as data, and the worker that runs them.
+
+Each case is a command line of `launcher.plan`, `launcher.train`, `launcher.prepare`,
+`launcher.checkpoint` or `launcher.convert` over broken config values, token files, prepare
+input, checkpoints or Hugging Face directories (built under WORK by `build`). Each must end
+with exit 2 and a message naming what is wrong, and no traceback, or, for the few cases
+marked ACCEPTED, exit 0 for the stated reason.
+
+`python tests/e2e/bad_inputs.py WORK OUT.jsonl` runs every case in this one process (the
+commands' own entry points, with stdout and stderr captured at the file descriptors) and
+appends one JSON line per case as it finishes: a crash of the process itself (a segfault)
+leaves the case it was running without a line, which the test reports by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+ACCEPTED = "accepted: "  # a case whose `expect` starts so must exit 0
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    command: str  # plan, train, prepare, checkpoint, convert
+    args: tuple[str, ...]  # "{W}" stands for the work directory
+    expect: str  # a substring of the output, or ACCEPTED + the reason
+
+
+def config(key_value: str, expect: str) -> Case:
+    return Case(f"config {key_value}", "plan", (key_value,), expect)
+
+
+# -- config values (launcher.plan; launcher.train runs the same plan first) ----------------
+CONFIG = [
+    config("train.lr=nan", "train.lr=nan must be > 0"),
+    config("train.lr=inf", "train.lr=inf must be > 0"),
+    config("train.lr=-1", "train.lr=-1.0 must be > 0"),
+    config("train.lr=abc", "train.lr"),
+    config("train.min_lr=nan", "train.min_lr=nan must be >= 0"),
+    config("train.min_lr=1", "train.min_lr=1.0 must be <= train.lr"),
+    config("train.beta1=2.0", "train.beta1=2.0 must be in [0, 1)"),
+    config("train.beta1=-0.5", "train.beta1=-0.5 must be in [0, 1)"),
+    config("train.beta2=1.0", "train.beta2=1.0 must be in [0, 1)"),
+    config("train.beta2=nan", "train.beta2=nan must be in [0, 1)"),
+    config("train.weight_decay=nan", "train.weight_decay=nan must be >= 0"),
+    config("train.weight_decay=-0.1", "train.weight_decay=-0.1 must be >= 0"),
+    config("train.grad_clip=nan", "train.grad_clip=nan must be >= 0"),
+    config("train.grad_clip=-1", "train.grad_clip=-1.0 must be >= 0"),
+    config("train.seed=-1", "train.seed=-1 must be in [0, 9.22337e+18]"),
+    config("train.seed=1.5", "train.seed"),
+    config("train.steps=0", "train.steps=0 must be >= 1"),
+    config("train.steps=-3", "train.steps=-3 must be >= 1"),
+    config("train.warmup_steps=-1", "train.warmup_steps=-1 must be >= 0"),
+    config("train.global_batch_size=0", "train.global_batch_size=0 must be >= 1"),
+    config("train.micro_batch_size=0", "train.micro_batch_size=0 must be >= 1"),
+    config("train.micro_batch_size=3", "micro"),
+    config("train.seq_len=0", "train.seq_len=0 must be >= 1"),
+    config("train.seq_len=100000", "train.seq_len=100000 exceeds max_seq_len"),
+    config("train.timeout_s=inf", "train.timeout_s=inf must be > 0"),
+    config("train.timeout_s=0", "train.timeout_s=0.0 must be > 0"),
+    config("train.eval_interval=-5", "train.eval_interval=-5 must be >= 0"),
+    config("train.eval_batches=0", "train.eval_batches=0 must be >= 1 when evaluating"),
+    config("train.max_restarts=-1", "train.max_restarts=-1 must be >= 0"),
+    config("train.max_skipped_steps=-2", "train.max_skipped_steps=-2 must be >= 0"),
+    config("train.bogus=1", "train.bogus"),
+    config("+train.bogus=1", "unknown config key(s): train.bogus"),
+    config("model.dim=0", "model.dim=0 must be >= 1"),
+    config("model.dim=100", "model.dim=100 must be divisible by n_heads=8"),
+    config("model.n_layers=0", "model.n_layers=0 must be >= 1"),
+    config("model.n_heads=-8", "model.n_heads=-8 must be >= 1"),
+    config("model.n_kv_heads=3", "n_heads=8 must be a multiple of n_kv_heads=3"),
+    config("model.head_dim=0", "model.head_dim=0 must be >= 1"),
+    config("model.ffn_dim=0", "model.ffn_dim=0 must be >= 1"),
+    config("model.vocab_size=0", "model.vocab_size=0 must be >= 1"),
+    config("model.vocab_size=100", "model.vocab_size=100 is smaller than the vocabulary"),
+    config("model.max_seq_len=0", "model.max_seq_len=0 must be >= 1"),
+    config("model.norm_eps=-1", "model.norm_eps=-1.0 must be > 0"),
+    config("model.norm_eps=0", "model.norm_eps=0.0 must be > 0"),
+    config("model.rope_theta=0", "model.rope_theta=0.0 must be > 0"),
+    config("model.rope_theta=nan", "model.rope_theta=nan must be > 0"),
+    config("model.rope_scaling_factor=0.5", "model.rope_scaling_factor=0.5 must be >= 1"),
+    config("model.dropout=1.0", "model.dropout=1.0 must be in [0, 1)"),
+    config("model.dropout=-0.1", "model.dropout=-0.1 must be in [0, 1)"),
+    config("model.aux_loss_coef=nan", "model.aux_loss_coef=nan must be >= 0"),
+    config("model.family=bert", "model.family=bert is not one of"),
+    config("model.name=../../escape", "model.name='../../escape' must be a plain name"),
+    config("model.name=.hidden", "model.name='.hidden' must be a plain name"),
+    config("model.name=a/b", "model.name='a/b' must be a plain name"),
+    config("model.n_routed_experts=4", "model.n_routed_experts=4: a llama model has no routed"),
+    config("model.n_routed_experts=-1", "model.n_routed_experts=-1 must be >= 0"),
+    config("hardware.peak_tflops=inf", "hardware.peak_tflops=inf must be > 0"),
+    config("hardware.peak_tflops=0", "hardware.peak_tflops=0.0 must be > 0"),
+    config("hardware.memory_gib=-1", "hardware.memory_gib=-1.0 must be > 0"),
+    config("hardware.memory_gib=nan", "hardware.memory_gib=nan must be > 0"),
+    config("hardware.efficiency_scale=nan", "hardware.efficiency_scale=nan must be > 0"),
+    config("hardware.efficiency=1.5", "hardware.efficiency=1.5 must be in [0, 1]"),
+    config("hardware.intra_node_gbps=0", "hardware.intra_node_gbps=0.0 must be > 0"),
+    config("hardware.storage_gbps=-2", "hardware.storage_gbps=-2.0 must be > 0"),
+    config("hardware.nodes=0", "hardware.nodes=0 must be >= 1"),
+    config("hardware.devices_per_node=0", "hardware.devices_per_node=0 must be >= 1"),
+    config("hardware.device_type=tpu", "hardware.device_type"),
+    config("parallel.tp=0", "parallel.tp=0 must be a positive integer"),
+    config("parallel.tp=3", "tp=3"),
+    config("parallel.pp=-1", "parallel.pp=-1 must be a positive integer"),
+    config("parallel.dp_shard=5", "the product of the degrees must equal the world size"),
+    config("parallel.cp=2.5", "parallel.cp"),
+    config("data_parallel.zero_stage=5", "data_parallel.zero_stage=5 must be in [0, 3]"),
+    config("data_parallel.zero_stage=-1", "data_parallel.zero_stage=-1 must be in [0, 3]"),
+    config("pipeline.schedule=bogus", "pipeline.schedule=bogus is not one of"),
+    config("pipeline.microbatches=-1", "pipeline.microbatches=-1 must be >= 0"),
+    config("pipeline.stages_per_rank=0", "pipeline.stages_per_rank=0 must be >= 1"),
+    config("recompute.every=0", "recompute.every=0 must be >= 1"),
+    config("recompute=bogus", "recompute"),
+    Case(
+        "config precision fp16",
+        "plan",
+        ("precision.compute_dtype=fp16", "precision.param_dtype=fp16"),
+        "fp16 needs loss scaling",
+    ),
+    config("checkpoint.interval=-1", "checkpoint.interval=-1 must be >= 0"),
+    config("checkpoint.keep=-1", "checkpoint.keep=-1 must be >= 0"),
+    config("checkpoint.resume=sometimes", "checkpoint.resume"),
+    config("checkpoint.initial_load_weights_only=true", "needs initial_load_path"),
+    config("data.val_fraction=0", "data.val_fraction=0.0 must be in (0, 1)"),
+    config("data.val_fraction=1", "data.val_fraction=1.0 must be in (0, 1)"),
+    config("data.val_fraction=nan", "data.val_fraction=nan must be in (0, 1)"),
+    config("data.path={W}/missing.bin", "[data] data.path="),
+    config("logging.log_interval=-5", "logging.log_interval=-5 must be >= 1"),
+    config("logging.log_interval=0", "logging.log_interval=0 must be >= 1"),
+    config("logging.wandb.mode=sometimes", "logging.wandb.mode"),
+    config("plan.top_k=0", "plan.top_k=0 must be >= 1"),
+    config("plan.candidate=-2", "plan.candidate=-2 must be >= -1"),
+    config("plan.draw={W}/plan.txt", "the file must end in one of"),
+    config("train.eval_interval=0", ACCEPTED + "0 turns evaluation off"),
+    config("train.grad_clip=0", ACCEPTED + "0 turns clipping off"),
+    config("checkpoint.keep=0", ACCEPTED + "0 keeps every checkpoint"),
+    config("hardware.efficiency=0", ACCEPTED + "0 means the Megatron-LM fit"),
+    config("train.seed=4294967296", ACCEPTED + "any seed in [0, 2^63) seeds torch and numpy"),
+]
+
+
+def token_case(name: str, expect: str, *extra: str) -> Case:
+    return Case(f"token file {name}", "train", (f"data.path={{W}}/tok/{name}.bin", *extra), expect)
+
+
+# -- token files (launcher.train reads the header in the plan, the ids before starting) --
+TOKENS = [
+    token_case("no_header", "is not a readable token file"),
+    token_case("header_not_json", "is not a readable token file"),
+    token_case("header_list", "is not an llm-launcher-tokens header"),
+    token_case("wrong_format", "is not an llm-launcher-tokens header"),
+    token_case("version_9", "has version 9"),
+    token_case("dtype_object", "dtype='object' must be one of uint16, uint32"),
+    token_case("dtype_float16", "dtype='float16' must be one of uint16, uint32"),
+    token_case("dtype_missing", "dtype=None must be one of uint16, uint32"),
+    token_case("n_tokens_string", "n_tokens='many' must be an integer >= 0"),
+    token_case("n_tokens_negative", "n_tokens=-5 must be an integer >= 0"),
+    token_case("n_tokens_bool", "n_tokens=True must be an integer >= 0"),
+    token_case("n_tokens_float", "n_tokens=100.5 must be an integer >= 0"),
+    token_case("vocab_zero", "vocab_size=0 must be an integer >= 1"),
+    token_case("vocab_too_big_for_uint16", "does not fit in dtype=uint16"),
+    token_case("eos_outside", "eos_id=300 is outside vocab_size=257"),
+    token_case("n_tokens_too_many", "its header promises n_tokens="),
+    token_case("bin_truncated", "its header promises n_tokens="),
+    token_case("no_bin", "is not a readable token file"),
+    token_case("empty", "is too few for train.seq_len"),
+    token_case("ids_outside_vocab", "holds token id 300 at position 1,000, outside"),
+    token_case("vocab_larger_than_model", "model.vocab_size=320 is smaller than the vocabulary"),
+]
+
+
+def prepare_case(name: str, expect: str, *extra: str) -> Case:
+    return Case(f"prepare {name}", "prepare", ("--out", "{W}/out/x", *extra), expect)
+
+
+# -- prepare input --------------------------------------------------------------------------
+PREPARE = [
+    prepare_case("empty file", "empty.txt is empty: nothing to tokenize", "{W}/in/empty.txt"),
+    prepare_case("blank file", "blank.txt is empty: nothing to tokenize", "{W}/in/blank.txt"),
+    prepare_case("random bytes", "random.bin is", "{W}/in/random.bin"),
+    prepare_case("NUL bytes", "is binary (a NUL byte at offset 5)", "{W}/in/nul.txt"),
+    prepare_case("latin-1 text", "is not UTF-8 text (byte 0xe9", "{W}/in/latin1.txt"),
+    prepare_case("missing file", "not a file:", "{W}/in/missing.txt"),
+    prepare_case("a directory", "not a file:", "{W}/in"),
+    prepare_case("jsonl empty", "holds no JSON-lines records", "{W}/in/empty.jsonl"),
+    prepare_case("jsonl not json", "bad.jsonl:2: not valid JSON", "{W}/in/bad.jsonl"),
+    prepare_case("jsonl a list", "list.jsonl:1: a JSON list, not an object", "{W}/in/list.jsonl"),
+    prepare_case("jsonl no field", "nofield.jsonl:1: no field 'text'", "{W}/in/nofield.jsonl"),
+    prepare_case("jsonl number", "field 'text' is not a string (int)", "{W}/in/number.jsonl"),
+    prepare_case("jsonl latin-1", "latin1.jsonl:1 is not UTF-8 text", "{W}/in/latin1.jsonl"),
+    prepare_case(
+        "eos without tokenizer", "--eos needs --tokenizer", "--eos", "</s>", "{W}/in/ok.txt"
+    ),
+    prepare_case(
+        "tokenizer missing", "not a file", "--tokenizer", "{W}/in/none.json", "{W}/in/ok.txt"
+    ),
+    prepare_case(
+        "tokenizer not json",
+        "is not a tokenizer.json",
+        "--tokenizer",
+        "{W}/in/ok.txt",
+        "{W}/in/ok.txt",
+    ),
+    Case("prepare no --out", "prepare", ("{W}/in/ok.txt",), "the following arguments are required"),
+]
+
+CKPT = "{W}/ckpt/checkpoints"
+
+
+def export(name: str, expect: str) -> Case:
+    return Case(
+        f"checkpoint export {name}",
+        "checkpoint",
+        ("export", f"{CKPT}/{name}", "{W}/out/m.pt"),
+        expect,
+    )
+
+
+def load_path(name: str, expect: str) -> Case:
+    path = f"{CKPT}/{name}"
+    return Case(
+        f"train initial_load_path {name}",
+        "train",
+        (f"checkpoint.initial_load_path={path}",),
+        expect,
+    )
+
+
+# -- checkpoints ------------------------------------------------------------------------------
+CHECKPOINTS = [
+    export("crafted_metadata", "refused to load posix.system"),
+    export("flipped_bytes", "has changed since it was saved (CRC-32"),
+    export("truncated_shard", "__0_0.distcp has 1,000 bytes"),
+    export("missing_shard", "__0_0.distcp is missing"),
+    export("missing_metadata", ".metadata is missing"),
+    export("metadata_not_pickle", ".metadata"),
+    export("meta_list", "meta.json is not an llm-launcher-checkpoint file"),
+    export("meta_not_json", "meta.json is not an llm-launcher-checkpoint file"),
+    export("step_00000001.partial", "is incomplete: a save did not finish"),
+    export("no_such_step", "is not a directory"),
+    Case(
+        "convert to-hf crafted_metadata",
+        "convert",
+        ("to-hf", f"{CKPT}/crafted_metadata", "{W}/out/hf1"),
+        "refused to load posix.system",
+    ),
+    Case(
+        "convert to-hf flipped_bytes",
+        "convert",
+        ("to-hf", f"{CKPT}/flipped_bytes", "{W}/out/hf2"),
+        "has changed since it was saved",
+    ),
+    load_path("crafted_metadata", "refused to load posix.system"),
+    load_path("resized_metadata", "resized_metadata/.metadata has"),
+    export("resized_metadata", "resized_metadata/.metadata has"),
+    load_path("truncated_shard", "__0_0.distcp has 1,000 bytes"),
+    load_path("missing_shard", "__0_0.distcp is missing"),
+    load_path("missing_metadata", ".metadata is missing"),
+    load_path("meta_list", "meta.json is not an llm-launcher-checkpoint file"),
+    load_path("step_00000001.partial", "is incomplete: a save did not finish"),
+    load_path("no_such_step", "is not a directory"),
+    Case(
+        "train another model shape",
+        "train",
+        (f"checkpoint.initial_load_path={CKPT}/step_00000002", "model.n_layers=3"),
+        "holds another model: n_layers=1 in the checkpoint but model.n_layers=3",
+    ),
+    Case(
+        "checkpoint list of a file",
+        "checkpoint",
+        ("list", "{W}/in/ok.txt"),
+        "is not a directory",
+    ),
+]
+
+
+def hf(name: str, expect: str) -> Case:
+    return Case(
+        f"hf {name}",
+        "train",
+        (f"checkpoint.initial_load_path={{W}}/hf/{name}", "checkpoint.initial_load_format=hf"),
+        expect,
+    )
+
+
+# -- Hugging Face directories ------------------------------------------------------------------
+HF = [
+    hf("no_config", "config.json"),
+    hf("config_not_json", "config.json"),
+    hf("config_list", "config.json"),
+    hf("unknown_model_type", "model_type"),
+    hf("other_shape", "describes another model"),
+    hf("no_weights", "holds no *.safetensors files"),
+    hf("index_escapes", "names files outside"),
+    hf("index_not_json", "is not a safetensors index"),
+    hf("index_list", "is not a safetensors index"),
+    hf("header_too_long", "is not a readable safetensors file (a header of"),
+    hf("header_not_json", "is not a readable safetensors file"),
+    hf("header_list", "is not a readable safetensors file"),
+    hf("tensor_missing", "lacks tensors"),
+    Case(
+        "hf convert from-hf index_escapes",
+        "convert",
+        ("from-hf", "{W}/hf/index_escapes", "{W}/out/c1"),
+        "names files outside",
+    ),
+    Case(
+        "hf convert from-hf no_config",
+        "convert",
+        ("from-hf", "{W}/hf/no_config", "{W}/out/c2"),
+        "config.json",
+    ),
+]
+
+CASES = CONFIG + TOKENS + PREPARE + CHECKPOINTS + HF
+
+# The tiny model every train case and the checkpoint use (one process, seconds).
+TINY = (
+    "model.dim=32",
+    "model.n_layers=1",
+    "model.n_heads=2",
+    "model.n_kv_heads=1",
+    "model.ffn_dim=64",
+    "train.seq_len=32",
+    "train.global_batch_size=2",
+    "train.micro_batch_size=2",
+    "train.eval_interval=0",
+    "hardware.devices_per_node=1",
+    "logging.wandb.mode=disabled",
+)
+
+
+# -- the files the cases read ----------------------------------------------------------------
+
+
+def build(w: Path) -> None:
+    """Everything under WORK the cases name."""
+    import numpy as np
+
+    from launcher.data import ByteTokenizer, write_tokens
+
+    (w / "in").mkdir(parents=True)
+    (w / "out").mkdir()
+    # token files: a good one, then each broken variant beside it
+    tok = w / "tok"
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 256, 20_000).astype(np.uint32)
+    header = write_tokens(str(tok / "good"), [ids], byte_header(ByteTokenizer), ["random"])
+    good_bin = (tok / "good.bin").read_bytes()
+
+    def variant(name: str, header_text: str | None, data: bytes | None = good_bin) -> None:
+        if header_text is not None:
+            (tok / f"{name}.json").write_text(header_text)
+        if data is not None:
+            (tok / f"{name}.bin").write_bytes(data)
+
+    def changed(**fields) -> str:
+        return json.dumps({**header, **fields})
+
+    variant("no_header", None)
+    variant("header_not_json", "{not json")
+    variant("header_list", "[1, 2]")
+    variant("wrong_format", changed(format="other"))
+    variant("version_9", changed(version=9))
+    variant("dtype_object", changed(dtype="object"))
+    variant("dtype_float16", changed(dtype="float16"))
+    variant("dtype_missing", json.dumps({k: v for k, v in header.items() if k != "dtype"}))
+    variant("n_tokens_string", changed(n_tokens="many"))
+    variant("n_tokens_negative", changed(n_tokens=-5))
+    variant("n_tokens_bool", changed(n_tokens=True))
+    variant("n_tokens_float", changed(n_tokens=100.5))
+    variant("vocab_zero", changed(vocab_size=0))
+    variant("vocab_too_big_for_uint16", changed(vocab_size=70_000))
+    variant("eos_outside", changed(eos_id=300))
+    variant("n_tokens_too_many", changed(n_tokens=30_000))
+    variant("bin_truncated", changed(), good_bin[:1000])
+    variant("no_bin", changed(), None)
+    variant("empty", changed(n_tokens=0), b"")
+    bad = ids.astype(np.uint16)
+    bad[1000] = 300
+    variant("ids_outside_vocab", changed(), bad.tobytes())
+    variant("vocab_larger_than_model", changed(vocab_size=1000, eos_id=999))
+
+    # prepare input
+    inputs = {
+        "empty.txt": b"",
+        "blank.txt": b"  \n\t\n",
+        "random.bin": bytes(rng.integers(0, 256, 200_000, dtype=np.uint8)),
+        "nul.txt": b"hello\0world",
+        "latin1.txt": "café au lait".encode("latin-1"),
+        "ok.txt": b"a fine document\n",
+        "empty.jsonl": b"\n\n",
+        "bad.jsonl": b'{"text": "ok"}\n{"text": \n',
+        "list.jsonl": b"[1, 2]\n",
+        "nofield.jsonl": b'{"body": "x"}\n',
+        "number.jsonl": b'{"text": 5}\n',
+        "latin1.jsonl": '{"text": "café"}\n'.encode("latin-1"),
+    }
+    for name, data in inputs.items():
+        (w / "in" / name).write_bytes(data)
+
+    build_checkpoints(w)
+    build_hf(w)
+
+
+def byte_header(tokenizer) -> dict:
+    return {
+        "vocab_size": tokenizer.vocab_size,
+        "eos_id": tokenizer.eos_id,
+        "eos_token": None,
+        "tokenizer": tokenizer.name,
+        "tokenizer_path": None,
+        "tokenizer_sha256": None,
+    }
+
+
+class Evil:
+    """A pickle that would run a shell command when loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def build_checkpoints(w: Path) -> None:
+    """A real two-step run of the tiny model, then damaged copies of its step 2."""
+    run = w / "ckpt"
+    subprocess.run(
+        [
+            sys.executable, "-m", "launcher.train", *TINY, "train.steps=2",
+            "checkpoint.interval=1", "checkpoint.keep=0", f"hydra.run.dir={run}",
+        ],
+        cwd=ROOT, check=True, capture_output=True, env={**os.environ, "WANDB_SILENT": "true"},
+    )  # fmt: skip
+    ck = run / "checkpoints"
+    good = ck / "step_00000002"
+
+    def copy(name: str) -> Path:
+        shutil.copytree(good, ck / name)
+        return ck / name
+
+    # A crafted .metadata in a checkpoint whose meta.json records no sizes (as before they
+    # were recorded): the allow-list, not a size, must refuse it.
+    crafted = copy("crafted_metadata")
+    (crafted / ".metadata").write_bytes(pickle.dumps(Evil(w / "pwned")))
+    meta = json.loads((crafted / "meta.json").read_text())
+    (crafted / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "files"}))
+    (copy("resized_metadata") / ".metadata").write_bytes(pickle.dumps(Evil(w / "pwned")))
+    shard = copy("flipped_bytes") / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    for i in range(64):
+        data[len(data) // 2 + i] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.truncate(copy("truncated_shard") / "__0_0.distcp", 1000)
+    (copy("missing_shard") / "__0_0.distcp").unlink()
+    (copy("missing_metadata") / ".metadata").unlink()
+    metadata = copy("metadata_not_pickle") / ".metadata"
+    metadata.write_bytes(b"not a pickle at all" + b"\0" * (metadata.stat().st_size - 19))
+    (copy("meta_list") / "meta.json").write_text("[1, 2]")
+    (copy("meta_not_json") / "meta.json").write_text("{oops")
+    shutil.copytree(good, ck / "step_00000001.partial")
+
+
+def build_hf(w: Path) -> None:
+    """A Hugging Face directory of the checkpoint's model, then broken copies of it."""
+    from launcher.convert import main as convert
+
+    good = w / "hf" / "good"
+    assert convert(["to-hf", str(w / "ckpt" / "checkpoints" / "step_00000002"), str(good)]) == 0
+    weights = good / "model.safetensors"
+    config = json.loads((good / "config.json").read_text())
+
+    def copy(name: str) -> Path:
+        shutil.copytree(good, w / "hf" / name)
+        return w / "hf" / name
+
+    (copy("no_config") / "config.json").unlink()
+    (copy("config_not_json") / "config.json").write_text("{nope")
+    (copy("config_list") / "config.json").write_text("[]")
+    (copy("unknown_model_type") / "config.json").write_text(
+        json.dumps({**config, "model_type": "bert"})
+    )
+    (copy("other_shape") / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 3}))
+    (copy("no_weights") / "model.safetensors").unlink()
+    escapes = copy("index_escapes")
+    index = {"metadata": {}, "weight_map": {"lm_head.weight": "../good/model.safetensors"}}
+    (escapes / "model.safetensors.index.json").write_text(json.dumps(index))
+    (copy("index_not_json") / "model.safetensors.index.json").write_text("{")
+    (copy("index_list") / "model.safetensors.index.json").write_text('{"weight_map": [1]}')
+    raw = weights.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    (copy("header_too_long") / "model.safetensors").write_bytes(
+        (2**62).to_bytes(8, "little") + raw[8:]
+    )
+    (copy("header_not_json") / "model.safetensors").write_bytes(raw[:8] + b"{" * n + raw[8 + n :])
+    listed = b"[" + b" " * (n - 2) + b"]"
+    (copy("header_list") / "model.safetensors").write_bytes(raw[:8] + listed + raw[8 + n :])
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    tensors.pop(next(k for k in tensors if "mlp" in k))
+    save_file(tensors, copy("tensor_missing") / "model.safetensors", metadata={"format": "pt"})
+
+
+# -- running the cases ---------------------------------------------------------------------------
+
+
+def entry(command: str):
+    """(the command's entry point, whether it is a Hydra app reading sys.argv)."""
+    if command == "plan":
+        from launcher.plan.__main__ import main
+    elif command == "train":
+        from launcher.train import main
+    elif command == "prepare":
+        from launcher.prepare import main
+    elif command == "checkpoint":
+        from launcher.checkpoint.__main__ import main
+    else:
+        from launcher.convert import main
+    return main, command in ("plan", "train")
+
+
+def run_case(case: Case, w: Path) -> dict:
+    import launcher.cli
+
+    args = [a.replace("{W}", str(w)) for a in case.args]
+    main, hydra = entry(case.command)
+    if hydra:
+        run_dir = w / "runs" / re.sub(r"[^A-Za-z0-9_.-]", "_", case.id)
+        args = [*TINY, "train.steps=1", *args] if case.command == "train" else args
+        args += [f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
+        launcher.cli._task_started = False  # each case is a fresh command
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    crash = None
+    with tempfile.TemporaryFile() as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        try:
+            if hydra:
+                sys.argv = [f"launcher.{case.command}", *args]
+                code = main()
+            else:
+                code = main(args)
+            code = code or 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except BaseException:  # a crash: what the test must not see
+            code, crash = 1, traceback.format_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+        out.seek(0)
+        text = out.read().decode("utf-8", errors="replace")
+    return {"id": case.id, "code": code, "output": text + (crash or ""), "crash": crash is not None}
+
+
+def main(argv: list[str]) -> int:
+    w, results = Path(argv[0]), Path(argv[1])
+    os.chdir(ROOT)
+    sys.path.insert(0, str(ROOT))
+    build(w)
+    with open(results, "a") as f:
+        for case in CASES:
+            print(json.dumps({"started": case.id}), file=f, flush=True)
+            print(json.dumps(run_case(case, w)), file=f, flush=True)
+        print(json.dumps({"pwned": (w / "pwned").exists()}), file=f, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

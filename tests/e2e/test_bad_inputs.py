@@ -1,0 +1,66 @@
+"""Bad input to every command ends with exit 2 and a named message, never a traceback or a
+segfault (tests/e2e/bad_inputs.py holds the cases and runs them in one worker process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from e2e.bad_inputs import ACCEPTED, CASES
+
+pytestmark = pytest.mark.e2e
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """Every case, run once by the worker (a crash of the worker leaves its case unrun)."""
+    base = tmp_path_factory.mktemp("bad_inputs")
+    out = base / "results.jsonl"
+    # Wide enough that no message is wrapped inside the plan's table.
+    env = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT), "COLUMNS": "1000"}
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "bad_inputs.py"), str(base / "work"), str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    return proc, rows
+
+
+def test_there_are_at_least_120_cases_each_named_once():
+    assert len(CASES) >= 120
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_is_refused_by_name(case, results):
+    proc, rows = results
+    done = {r["id"]: r for r in rows if "id" in r}
+    assert case.id in done, (
+        f"the worker died before finishing this case (exit {proc.returncode}, a segfault is "
+        f"-11): {proc.stderr[-2000:]}"
+    )
+    r = done[case.id]
+    assert not r["crash"] and "Traceback" not in r["output"], r["output"][-3000:]
+    if case.expect.startswith(ACCEPTED):
+        assert r["code"] == 0, r["output"][-3000:]
+    else:
+        assert r["code"] == 2, r["output"][-3000:]
+        assert case.expect in r["output"], r["output"][-3000:]
+
+
+def test_no_checkpoint_ran_its_code(results):
+    """The crafted .metadata would have touched WORK/pwned when unpickled."""
+    _, rows = results
+    assert {"pwned": False} in rows
