@@ -7,6 +7,7 @@ the reference each interrupted-then-resumed run must equal, step for step.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,7 +36,7 @@ EXIT_NONFINITE = 3
 
 def train(run_dir: Path, *extra: str, env: dict | None = None, timeout: float = 300):
     return run_cli(
-        "launcher.train", *ARGS, *extra, f"hydra.run.dir={run_dir}", env=env, timeout=timeout
+        "launcher.train", *ARGS, *extra, f'hydra.run.dir="{run_dir}"', env=env, timeout=timeout
     )
 
 
@@ -199,3 +200,131 @@ def test_nonfinite_steps_are_skipped_up_to_max_skipped_steps(reference, tmp_path
     assert not any(r.get("skipped") for s, r in rows.items() if s != 3)
     assert [rows[s]["loss"] for s in (1, 2, 3)] == [reference[s] for s in (1, 2, 3)]
     assert rows[4]["loss"] != reference[4]  # step 3 was not applied
+
+
+def damage_shard(step_dir: Path, kind: str) -> None:
+    """One kind of damage a checkpoint meets on disk."""
+    shard = step_dir / "__1_0.distcp"
+    if kind == "flipped bytes":
+        data = bytearray(shard.read_bytes())
+        for i in range(64):
+            data[len(data) // 2 + i] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    elif kind == "truncated shard":
+        os.truncate(shard, shard.stat().st_size // 3)
+    else:
+        (step_dir / ".metadata").unlink()
+
+
+@pytest.mark.jobs(REFERENCE)
+@pytest.mark.parametrize("kind", ["flipped bytes", "truncated shard", "deleted .metadata"])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(kind, group, tmp_path):
+    """The uninterrupted run's directory with its newest checkpoint (step 16) damaged and its
+    metrics.jsonl cut in the middle of step 15's row, as a crash would leave them. Running the
+    same command again names the damage in one warning line, drops the cut row, resumes from
+    step 14 and ends with the reference's losses. The directory's name holds a quote and a
+    space (the relaunch quotes it for Hydra)."""
+    reference = losses(group.result(REFERENCE))
+    run_dir = tmp_path / "it's a run"
+    shutil.copytree(group.result(REFERENCE), run_dir)
+    damage_shard(run_dir / "checkpoints" / "step_00000016", kind)
+    metrics = run_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join(lines[:14]) + lines[14][:20])  # a last line cut short
+    result = train(run_dir)
+    assert result.returncode == 0, result.stderr[-3000:]
+    warned = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
+    assert any("step_00000016 is damaged" in w and "resuming from" in w for w in warned), warned
+    assert "dropping a last line cut short" in result.stderr
+    assert "starting from step 14 of" in result.stdout
+    assert losses(run_dir) == reference
+
+
+def test_a_second_run_in_the_same_directory_is_refused_and_the_first_loses_nothing(group, tmp_path):
+    cmd = [sys.executable, "-m", "launcher.train", *ARGS, f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    first = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert first.poll() is None, first.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the first run never reached step 2"
+        time.sleep(0.2)
+    second = train(tmp_path)
+    assert second.returncode == 2
+    assert f"hydra.run.dir={tmp_path} is in use by another run (host " in second.stderr
+    assert f"PID {first.pid}" in second.stderr and "Traceback" not in second.stderr
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-3000:]
+    assert losses(tmp_path) == losses(group.result(REFERENCE))
+
+
+def test_sigkill_to_torchrun_leaves_no_rank_running(tmp_path):
+    """torchrun SIGKILLed mid-run cannot stop its ranks: they notice it is gone and exit."""
+    cmd = [sys.executable, "-m", "launcher.train", *ARGS, "train.steps=400"]
+    cmd.append(f"hydra.run.dir={tmp_path}")
+    env = {**os.environ, "WANDB_SILENT": "true"}
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    metrics = tmp_path / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "training never reached step 2"
+        time.sleep(0.2)
+    torchrun = [s for s in survivors(tmp_path) if "torch.distributed.run" in s]
+    assert len(torchrun) == 1, survivors(tmp_path)
+    os.kill(int(torchrun[0].split(":")[0]), signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    deadline = time.monotonic() + 15
+    while survivors(tmp_path) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not survivors(tmp_path), survivors(tmp_path)
+    assert "is gone: exiting" in err
+    assert max(losses(tmp_path)) < 400
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs: room for one checkpoint of the runs here (11.6 MB), not two."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if made.returncode:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.jobs(REFERENCE)
+def test_a_full_disk_and_a_read_only_one_lose_nothing(small_disk, group, tmp_path):
+    """The second save does not fit: one line, its partial removed, step 2 intact. A read-only
+    checkpoint.dir is refused before training. With room again the run resumes from step 2
+    and ends with the reference's losses."""
+    run_dir = tmp_path / "run"
+    full = train(run_dir, f"checkpoint.dir={small_disk}", "checkpoint.keep=0")
+    assert full.returncode == 1, full.stderr[-3000:]
+    assert (
+        "error: the checkpoint of step 4 could not be written: No space left on device"
+        in full.stderr
+    )
+    assert "Traceback" not in full.stderr
+    assert sorted(p.name for p in small_disk.iterdir()) == ["step_00000002"]
+    subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    read_only = train(run_dir, f"checkpoint.dir={small_disk}", "checkpoint.keep=0")
+    assert read_only.returncode == 2
+    assert f"checkpoint.dir={small_disk} is not writable: Read-only file system" in (
+        read_only.stderr
+    )
+    subprocess.run(["mount", "-o", "remount,rw,size=256m", str(small_disk)], check=True)
+    again = train(run_dir, f"checkpoint.dir={small_disk}", "checkpoint.keep=0")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "starting from step 2 of" in again.stdout
+    assert losses(run_dir) == losses(group.result(REFERENCE))
