@@ -8,6 +8,8 @@
   a reader knows what the other ratios can resolve.
 - transformers: LlamaForCausalLM of the same shape (random init, SDPA) in a plain loop at the
   same batch. Goal: the engine at least as fast (a ratio >= 1).
+- Checkpoint integrity: a save with checksums against one without (launcher/bench/checkpoint.py).
+  Goal: at most 1.05.
 - The planner: plans per second, the 405B search; and one CPU thread's fp32 matmul rate (the
   cpu preset's peak_tflops).
 
@@ -30,6 +32,8 @@ from launcher.bench.planner import matmul_tflops, plans_per_second, search_405b
 from launcher.bench.timing import interleaved, least_disturbed
 
 ENGINE, BARE, AGAIN, HF = "engine", "bare loop", "bare loop again", "transformers"
+# A checkpoint of about 1.4 GiB (one layer of Llama 3.2 1B, a 16K vocabulary) for the save table.
+LARGER = ["model=llama3_2_1b", "model.n_layers=1", "model.vocab_size=16384"]
 
 
 def cpu_comparison(
@@ -122,6 +126,26 @@ def planner_table(console: Console) -> Table:
     return table
 
 
+def checkpoint_table(console: Console, overrides: list[str]) -> Table:
+    from launcher.bench.checkpoint import save_cost
+
+    with console.status("") as status:
+        r = save_cost(overrides, progress=status.update)
+    table = Table(title="checkpoint save, 1 process (model + AdamW state)", title_justify="left")
+    for col in ("model", "size", "save with / without checksums", "goal", "ms", "sums, after"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    with_, without = (r["seconds"][k] * 1e3 for k in ("with checksums", "without"))
+    table.add_row(
+        " ".join(overrides) or "default",
+        f"{r['bytes'] / 2**20:,.1f} MiB",
+        f"{r['ratio']:.3f}",
+        "<= 1.05",
+        f"{with_:,.0f} vs {without:,.0f}",
+        f"{r['summing_seconds'] * 1e3:,.0f} ms in the background",
+    )
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = bench_parser("python -m launcher.bench", __doc__, "config overrides of the run")
     parser.add_argument("--rounds", type=int, default=6, help="turns each contender takes")
@@ -146,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    for overrides in ([*args.overrides], [*args.overrides, *LARGER]):
+        console.print(checkpoint_table(console, overrides))
     if not args.no_planner:
         console.print(planner_table(console))
 

@@ -30,13 +30,14 @@ from torch import nn
 from launcher.checkpoint.store import (
     PARTIAL,
     Entry,
-    file_sums,
+    file_sizes,
     newest_complete,
     prune,
     publish,
     rank_files,
     step_dir,
     write_meta,
+    write_sums,
 )
 from launcher.failures import RunEnded, fault
 
@@ -155,12 +156,14 @@ class Checkpointer:
         self.directory, self.keep, self.async_save = Path(directory), keep, async_save
         self.rank, self.meta = rank, meta
         self.pending: tuple[Future, threading.Event] | None = None
+        self.summing: threading.Thread | None = None  # write_sums of the last save
         self.group = None
         if async_save and dist.is_initialized():
             self.group = dist.new_group(backend="gloo")
 
     def save(self, step: int, state: dict, wait: bool = False) -> None:
-        """Save `state` as step `step`; with wait=True return only once it is complete."""
+        """Save `state` as step `step`; with wait=True return only once it is complete and
+        its sums are written."""
         import torch.distributed.checkpoint as dcp
 
         self.wait()  # one save in flight at a time
@@ -189,8 +192,6 @@ class Checkpointer:
             future.add_done_callback(finish)
             self.pending = (future, done)
             self.pending_step, self.pending_partial = step, partial
-            if wait:
-                self.wait()
         else:
             from torch.distributed.checkpoint.api import CheckpointException
 
@@ -199,6 +200,8 @@ class Checkpointer:
             except (CheckpointException, OSError) as e:  # DCP raises it on every rank
                 raise self.failed(step, partial, e) from None
             self._finish(None, step, partial, final, meta)
+        if wait:  # complete, and its sums written (a run's last save, a stop)
+            self.wait()
 
     def failed(self, step: int, partial: Path, error: BaseException) -> SaveFailed:
         """A save that could not be written (a full disk, a read-only mount): its partial
@@ -210,26 +213,31 @@ class Checkpointer:
 
     def _finish(self, future: Future | None, step: int, partial: Path, final: Path, meta: dict):
         """On every rank once its save returned; on rank 0 DCP has by then written .metadata,
-        which it does only after gathering every rank's write results. Each rank sums the
-        files it wrote; rank 0 gathers the sums into meta.json (a collective: on the save's
-        own group when asynchronous)."""
+        which it does only after gathering every rank's write results. Rank 0 gathers the
+        sizes of the files each rank wrote into meta.json (a collective: on the save's own
+        group when asynchronous); then every rank sums its files in the background."""
         failed = future is not None and future.exception() is not None  # wait() reports it
         if fault(self.rank, step) == "kill_in_save":
             os.kill(os.getpid(), signal.SIGKILL)
-        sums = None if failed else file_sums(partial, rank_files(partial, self.rank))
-        gathered = [sums]
+        names = [] if failed else rank_files(partial, self.rank)
+        sizes = None if failed else file_sizes(partial, names)
+        gathered = [sizes]
         if dist.is_initialized():
             gathered = [None] * dist.get_world_size() if self.rank == 0 else None
-            dist.gather_object(sums, gathered, dst=0, group=self.group)
-        if self.rank != 0 or any(g is None for g in gathered):
-            return
-        files = {name: s for g in gathered for name, s in g.items()}
-        write_meta(partial, {**meta, "files": files})
-        publish(partial, final)
-        prune(self.directory, self.keep)
+            dist.gather_object(sizes, gathered, dst=0, group=self.group)
+        if self.rank == 0 and all(g is not None for g in gathered):
+            files = {name: s for g in gathered for name, s in g.items()}
+            write_meta(partial, {**meta, "files": files})
+            publish(partial, final)
+            prune(self.directory, self.keep)
+        if not failed:
+            self.summing = threading.Thread(
+                target=write_sums, args=(partial, final, self.rank, names), daemon=True
+            )
+            self.summing.start()
 
     def wait(self) -> None:
-        """Block until the save in flight (if any) is complete."""
+        """Block until the save in flight (if any) is complete, its sums included."""
         if self.pending is not None:
             future, done = self.pending
             self.pending = None
@@ -241,6 +249,9 @@ class Checkpointer:
                 done.wait()
                 raise self.failed(self.pending_step, self.pending_partial, e) from None
             done.wait()
+        if self.summing is not None:
+            self.summing.join()
+            self.summing = None
 
     def load(self, entry: Entry, state: dict) -> None:
         """Fill `state` (a subset of what was saved is fine) from a complete checkpoint,

@@ -6,9 +6,9 @@ step_00000120.partial/ and becomes step_00000120/ by one atomic rename, done by 
 once DCP has reported every rank's shards written and meta.json is on disk. A crash mid-save
 leaves a `.partial` directory, which resuming skips and loading by path refuses.
 
-meta.json's `files` records every file's size and CRC-32 (each rank sums the shards it wrote);
-`damage` finds a missing, truncated or changed file, and resuming falls back past a damaged
-checkpoint to the newest intact one.
+meta.json's `files` records every file's size; each rank then adds sums.RANK.json, the CRC-32
+of the files it wrote, in the background (write_sums). `damage` finds a missing, truncated or
+changed file, and resuming falls back past a damaged checkpoint to the newest intact one.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shutil
+import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,7 @@ def read_json(path: Path) -> dict | None:
 
 
 METADATA = ".metadata"  # DCP's index of every tensor's file, offset and length
+SUMS = "sums.{rank}.json"  # the CRC-32 of each file a rank wrote, added after the save
 CHUNK = 16 * 2**20
 
 
@@ -107,15 +109,13 @@ def crc32(path: Path) -> str:
     crc = 0
     with open(path, "rb") as f:
         while block := f.read(CHUNK):
-            crc = zlib.crc32(block, crc)
+            crc = zlib.crc32(block, crc)  # releases the GIL: training goes on meanwhile
     return f"{crc:08x}"
 
 
-def file_sums(directory: Path, names: list[str]) -> dict[str, dict]:
-    """{name: {"bytes", "crc32"}} of these files of a checkpoint directory."""
-    return {
-        n: {"bytes": (directory / n).stat().st_size, "crc32": crc32(directory / n)} for n in names
-    }
+def file_sizes(directory: Path, names: list[str]) -> dict[str, dict]:
+    """{name: {"bytes": size}} of these files of a checkpoint directory."""
+    return {n: {"bytes": (directory / n).stat().st_size} for n in names}
 
 
 def rank_files(directory: Path, rank: int) -> list[str]:
@@ -125,15 +125,55 @@ def rank_files(directory: Path, rank: int) -> list[str]:
     return names + ([METADATA] if rank == 0 and (directory / METADATA).is_file() else [])
 
 
+def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: float = 600):
+    """Sum the files this rank wrote and add sums.RANK.json to the checkpoint once it is
+    complete. Runs in the background after a save (training goes on): the save itself costs
+    what it did before checksums. The directory is renamed from `partial` to `final` by rank
+    0 meanwhile; a file open under either name stays open across the rename. A checkpoint
+    pruned before the sums are written simply gets none."""
+    sums = {}
+    for name in names:
+        for attempt in range(100):
+            try:
+                sums[name] = crc32(final / name if final.exists() else partial / name)
+                break
+            except FileNotFoundError:  # renamed between the check and the open: again
+                time.sleep(0.01 * attempt)
+        else:
+            return
+    deadline = time.monotonic() + wait_s
+    while not (final / META).is_file():  # published by rank 0 once every rank's shards are in
+        if time.monotonic() > deadline or not (final.exists() or partial.exists()):
+            return
+        time.sleep(0.05)
+    tmp = final / (SUMS.format(rank=rank) + ".tmp")
+    try:
+        tmp.write_text(json.dumps(sums))
+        os.replace(tmp, final / SUMS.format(rank=rank))
+    except OSError:  # pruned meanwhile, or the disk filled: the sizes still hold
+        tmp.unlink(missing_ok=True)
+
+
+def recorded_sums(entry: Entry) -> dict[str, str]:
+    """name -> CRC-32 of the checkpoint's files, from its sums.*.json (an unreadable one
+    counts as absent: its files keep their size check)."""
+    out = {}
+    for path in entry.path.glob(SUMS.format(rank="*")):
+        sums = read_json(path) or {}
+        out.update({k: v for k, v in sums.items() if isinstance(v, str)})
+    return out
+
+
 def damage(entry: Entry, share: tuple[int, int] | None = (0, 1)) -> list[str]:
     """What is wrong with a complete checkpoint's files: DCP's .metadata missing, a recorded
-    file missing or of another size (every file), or another CRC-32 (the files at positions
-    rank, rank + world, ... of (rank, world) = `share`, so that ranks split the reading;
-    None: sizes only).
-    Checkpoints from before sums were recorded are checked for .metadata only."""
+    file missing or of another size (every file), or another CRC-32 where one was recorded
+    (the files at positions rank, rank + world, ... of (rank, world) = `share`, so that ranks
+    split the reading; None: sizes only). Checkpoints from before sizes were recorded are
+    checked for .metadata only."""
     path, recorded = entry.path, (entry.meta or {}).get("files") or {}
     if not (path / METADATA).is_file():
         return [f"{path / METADATA} is missing"]
+    sums = recorded_sums(entry) if share else {}
     out = []
     for i, (name, want) in enumerate(sorted(recorded.items())):
         f = path / name
@@ -141,9 +181,9 @@ def damage(entry: Entry, share: tuple[int, int] | None = (0, 1)) -> list[str]:
             out.append(f"{f} is missing")
         elif f.stat().st_size != want["bytes"]:
             out.append(f"{f} has {f.stat().st_size:,} bytes, {want['bytes']:,} when saved")
-        elif share and i % share[1] == share[0] and crc32(f) != want["crc32"]:
+        elif share and i % share[1] == share[0] and name in sums and crc32(f) != sums[name]:
             out.append(
-                f"{f} has changed since it was saved (CRC-32 {crc32(f)}, saved {want['crc32']})"
+                f"{f} has changed since it was saved (CRC-32 {crc32(f)}, saved {sums[name]})"
             )
     return out
 
