@@ -125,7 +125,7 @@ def rank_files(directory: Path, rank: int) -> list[str]:
     return names + ([METADATA] if rank == 0 and (directory / METADATA).is_file() else [])
 
 
-def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: float = 600):
+def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: float = 60):
     """Sum the files this rank wrote and add sums.RANK.json to the checkpoint once it is
     complete. Runs in the background after a save (training goes on): the save itself costs
     what it did before checksums. The directory is renamed from `partial` to `final` by rank
@@ -133,12 +133,14 @@ def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: 
     pruned before the sums are written simply gets none."""
     sums = {}
     for name in names:
-        for attempt in range(100):
+        for _ in range(100):
             try:
                 sums[name] = crc32(final / name if final.exists() else partial / name)
                 break
             except FileNotFoundError:  # renamed between the check and the open: again
-                time.sleep(0.01 * attempt)
+                if not (final.exists() or partial.exists()):
+                    return  # pruned
+                time.sleep(0.01)
         else:
             return
     deadline = time.monotonic() + wait_s

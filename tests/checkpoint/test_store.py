@@ -4,20 +4,27 @@ the checks made before any process starts."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
 from launcher.checkpoint.store import (
     CheckpointError,
+    damage,
+    file_sizes,
     list_checkpoints,
     newest_complete,
     open_checkpoint,
     prune,
     publish,
+    rank_files,
+    recorded_sums,
     shape_mismatches,
     start_problems,
     step_dir,
     write_meta,
+    write_sums,
 )
 
 MODEL = {"family": "llama", "dim": 128, "n_layers": 4, "n_heads": 8, "vocab_size": 320}
@@ -110,3 +117,61 @@ def test_meta_is_plain_json(tmp_path):
     final = make(tmp_path, 7)
     meta = json.loads((final / "meta.json").read_text())
     assert meta["format"] == "llm-launcher-checkpoint" and meta["step"] == 7
+
+
+def saved_with_sums(directory, step: int):
+    """A save as the Checkpointer makes one: sizes in meta.json, then each rank's sums added
+    in the background while rank 0 publishes."""
+    final = step_dir(directory, step)
+    partial = final.with_name(final.name + ".partial")
+    partial.mkdir(parents=True)
+    for rank in (0, 1):
+        (partial / f"__{rank}_0.distcp").write_bytes(bytes(range(256)) * (rank + 1))
+    (partial / ".metadata").write_bytes(b"index")
+    names = {rank: rank_files(partial, rank) for rank in (0, 1)}
+    sums = [threading.Thread(target=write_sums, args=(partial, final, r, names[r])) for r in (0, 1)]
+    for t in sums:
+        t.start()
+    files = {n: s for r in (0, 1) for n, s in file_sizes(partial, names[r]).items()}
+    write_meta(partial, {"step": step, "files": files})
+    publish(partial, final)
+    for t in sums:
+        t.join(timeout=30)
+    return open_checkpoint(final)
+
+
+def test_sums_are_added_after_the_rename_and_find_each_kind_of_damage(tmp_path):
+    entry = saved_with_sums(tmp_path, 4)
+    assert sorted(p.name for p in entry.path.glob("sums.*.json")) == [
+        "sums.0.json",
+        "sums.1.json",
+    ]
+    assert sorted(recorded_sums(entry)) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
+    assert damage(entry) == []
+    shard = entry.path / "__1_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert "has changed since it was saved" in " ".join(damage(entry))
+    assert damage(entry, None) == []  # sizes only: the same size
+    # Ranks split the CRC reading: the file at position 2 of 3 is rank 0's of 2.
+    assert damage(entry, (1, 2)) == [] and damage(entry, (0, 2)) != []
+    shard.write_bytes(bytes(data[:100]))
+    assert "has 100 bytes, 512 when saved" in " ".join(damage(entry, None))
+    (entry.path / ".metadata").unlink()
+    assert damage(entry, None) == [f"{entry.path / '.metadata'} is missing"]
+
+
+def test_sums_of_a_checkpoint_pruned_meanwhile_give_up_at_once(tmp_path):
+    partial, final = tmp_path / "step_00000002.partial", tmp_path / "step_00000002"
+    start = time.monotonic()
+    write_sums(partial, final, 0, ["__0_0.distcp"])
+    assert time.monotonic() - start < 1 and not final.exists()
+
+
+def test_a_meta_json_that_is_not_an_object_is_not_complete(tmp_path):
+    final = make(tmp_path, 2)
+    (final / "meta.json").write_text("[1, 2]")
+    assert [e.complete for e in list_checkpoints(tmp_path)] == [False]
+    with pytest.raises(CheckpointError, match="is not an llm-launcher-checkpoint file"):
+        open_checkpoint(final)
