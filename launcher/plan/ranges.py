@@ -29,11 +29,18 @@ class Range:
     why: str = ""
 
     def holds(self, v: float) -> bool:
-        if isinstance(v, float) and not math.isfinite(v):
-            return False
-        if self.low is not None and (v <= self.low if self.open_low else v < self.low):
-            return False
-        return self.high is None or (v < self.high if self.open_high else v <= self.high)
+        """Inside, and finite: NaN fails every comparison, an infinity the open unbounded end."""
+        low, high = self.bounds
+        return (v > low if self.open_low or low == -math.inf else v >= low) and (
+            v < high if self.open_high or high == math.inf else v <= high
+        )
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        return (
+            -math.inf if self.low is None else self.low,
+            math.inf if self.high is None else self.high,
+        )
 
     def __str__(self) -> str:
         if self.low is not None and self.high is not None:
@@ -165,12 +172,24 @@ def value_of(cfg: Config, key: str):
     return node
 
 
+# (key, group, field, range, low, high, strict low, strict high) of every setting: the planner
+# checks them on every plan, so this is worked out once (every numeric setting sits one group
+# deep; an unbounded end is a strict infinite one, which NaN and the infinities fail).
+_CHECKS = [
+    (key, *key.split("."), rng, *rng.bounds, rng.open_low or rng.low is None,
+     rng.open_high or rng.high is None)
+    for key, rng in RANGES.items()
+]  # fmt: skip
+
+
 def range_problems(cfg: Config) -> list[tuple[str, str]]:
     """(group, message) for every setting outside its range (None: unset, always allowed)."""
     out = []
-    for key, rng in RANGES.items():
-        v = value_of(cfg, key)
-        if v is None or isinstance(v, bool) or rng.holds(v):
+    for key, group, name, rng, low, high, strict_low, strict_high in _CHECKS:
+        v = getattr(getattr(cfg, group), name)
+        if v is None or v.__class__ is bool:
             continue
-        out.append((key.split(".")[0], f"{key}={v} must be {rng}"))
+        if (v > low if strict_low else v >= low) and (v < high if strict_high else v <= high):
+            continue
+        out.append((group, f"{key}={v} must be {rng}"))
     return out
