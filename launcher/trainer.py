@@ -435,10 +435,11 @@ class Trainer:
         if entry is not None:  # torch.distributed.checkpoint: only where there is one to load
             from launcher.checkpoint.reader import checkpoint_damage
         while entry is not None:
-            found = [checkpoint_damage(entry, (d.rank, d.world_size))]
+            mine = checkpoint_damage(entry, (d.rank, d.world_size))
+            found = [mine]
             if dist.is_initialized():
                 found = [None] * d.world_size
-                dist.all_gather_object(found, checkpoint_damage(entry, (d.rank, d.world_size)))
+                dist.all_gather_object(found, mine)
             problems = sorted({p for f in found for p in f})
             if not problems:
                 return entry, initial
