@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import hashlib
 import os
+import re
 import sys
 import time
 import typing
@@ -41,6 +42,12 @@ def run_name(model_name: str, overrides: str) -> str:
     """`outputs/${run_name:...}`: the model's name, plus a hash of the command's overrides when
     it has any. The same command gets the same directory, so that running it again resumes
     from its checkpoints; another command gets another one."""
+    items = re.split(r",(?=[+~]*[\w.]+=)", overrides) if overrides else []
+    if "parallel.auto=true" in items:  # the same run on whatever world and layout it gets
+        from launcher.plan.auto import CHOSEN
+
+        kept = [o for o in items if o == "parallel.auto=true" or not o.startswith(CHOSEN)]
+        overrides = ",".join(kept)
     if not overrides:
         return str(model_name)
     return f"{model_name}-{hashlib.sha1(overrides.encode()).hexdigest()[:8]}"

@@ -143,6 +143,10 @@ class HardwareConfig:
 class ParallelConfig:
     """Degrees, one per axis. Their product is the world size."""
 
+    # true: at every start, plan for the world the run actually has (torchrun's or SLURM's,
+    # else hardware.*) and train the fastest layout launcher.train runs; a degree set on the
+    # command line beside it is kept. The model, batch, sequence and optimizer stay the run's.
+    auto: bool = False
     dp_replicate: int = 1
     dp_shard: int = -1  # -1: whatever is left of nodes x devices_per_node
     tp: int = 1

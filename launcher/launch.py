@@ -63,6 +63,18 @@ def in_distributed_env() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
+def actual_world() -> tuple[int, int] | None:
+    """(nodes, processes per node) of the group this process runs in (torchrun, a SLURM
+    step), or None outside one."""
+    if not in_distributed_env():
+        return None
+    world = world_size()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    if not per_node:
+        per_node = max(1, world // int(os.environ.get("SLURM_NNODES", "1")))
+    return max(1, world // per_node), per_node
+
+
 def global_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 

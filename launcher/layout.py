@@ -192,3 +192,17 @@ class Layout:
             if self.reshard_each_microbatch:
                 out.append("pipeline.reshard_each_microbatch=true")
         return out
+
+
+def describe(lay: dict) -> str:
+    """A layout (a Layout's asdict, or a checkpoint's meta.json `layout`) in a few words:
+    `pp=3 1f1b, micro-batch 2`, `dp_shard=4, micro-batch 4`."""
+    degrees = " ".join(f"{a}={lay[a]}" for a in AXES if lay.get(a, 1) > 1) or "one process"
+    if lay.get("pp", 1) > 1:
+        degrees += f" {lay['schedule']}" + (
+            f"/{lay['stages_per_rank']}" if lay.get("stages_per_rank", 1) > 1 else ""
+        )
+    extras = [f"micro-batch {lay.get('micro_batch_size', '?')}"]
+    if lay.get("recompute", "none") != "none":
+        extras.append(f"recompute={lay['recompute']}")
+    return f"{degrees}, {', '.join(extras)}"

@@ -102,8 +102,10 @@ class MetricsLogger:
         config: dict,
         run_name: str,
         start_step: int = 0,
+        layout: str = "",
     ):
         self.enabled, self.total, self.interval = enabled, total_steps, max(1, log_interval)
+        self.layout = layout  # every row says what it ran on (a resume may re-plan)
         self.start, self.start_step = time.perf_counter(), start_step
         self.file = None
         self.wandb_run = None
@@ -133,7 +135,7 @@ class MetricsLogger:
         """One JSON object per step; a progress line every log_interval steps and at the end."""
         if not self.enabled:
             return
-        record = {"step": step, **metrics}
+        record = {"step": step, **metrics, "layout": self.layout}
         self.file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self.file.flush()
         if self.wandb_run is not None and step > self.wandb_done:

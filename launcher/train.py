@@ -16,11 +16,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from launcher import launch, rundir, sweep
-from launcher.checkpoint.store import checkpoint_dir, start_problems
+from launcher.checkpoint.store import checkpoint_dir, newest_complete, start_problems
 from launcher.cli import fail, hydra_app, to_config
 from launcher.data import id_problem
 from launcher.failures import resume_mode
-from launcher.plan import engine_plan
+from launcher.plan import auto, engine_plan
 from launcher.plan.report import plan_json, print_plan, problems_message
 from launcher.plan.search import candidate_overrides, with_overrides
 
@@ -75,7 +75,24 @@ def task(dcfg: DictConfig) -> None:
     if first and hc.mode == RunMode.MULTIRUN:  # the sweep's summary reads these (sweep.py)
         sweep.write_json(run_dir / sweep.OVERRIDES, list(hc.overrides.task))
     cfg = to_config(dcfg)
-    if cfg.plan.candidate >= 0:
+    if cfg.parallel.auto:
+        if cfg.plan.candidate >= 0:
+            fail("parallel.auto=true chooses the layout itself: drop plan.candidate")
+        dcfg, problem = auto.recompose(
+            cfg,
+            list(hc.overrides.task),
+            launch.actual_world(),
+            lambda overrides: compose(config_name="config", overrides=overrides),
+        )
+        if problem:
+            return reject(problem, hc, run_dir, first)
+        cfg = to_config(dcfg)
+        if first:
+            previous = newest_complete(checkpoint_dir(cfg.checkpoint.dir, run_dir))
+            world = cfg.hardware.nodes * cfg.hardware.devices_per_node
+            line = auto.choice_line(engine_plan(cfg).layout, world, previous and previous.meta)
+            print(line, flush=True)
+    elif cfg.plan.candidate >= 0:
         extra, problem = candidate_overrides(cfg)
         if problem:
             return reject(problem, hc, run_dir, first)

@@ -51,7 +51,7 @@ from launcher.failures import (
     resume_mode,
     timed,
 )
-from launcher.layout import stage_owner
+from launcher.layout import describe, stage_owner
 from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
 from launcher.parallel import parallelize
@@ -515,6 +515,7 @@ class Trainer:
             run_name=self.run_dir.name,
             config=self.config,
             start_step=start,
+            layout=f"{d.world_size} rank(s): {describe(asdict(self.layout))}",
         )
         interval = self.cfg.checkpoint.interval
         ok, skipped = False, 0

@@ -27,6 +27,19 @@ DRAWING_FORMATS = (".png", ".svg", ".pdf")
 
 def task(dcfg: DictConfig) -> None:
     cfg = to_config(dcfg)
+    if cfg.parallel.auto:  # the layout launcher.train would choose on hardware.*
+        from hydra import compose
+        from hydra.core.hydra_config import HydraConfig
+
+        from launcher.plan import auto
+
+        overrides = list(HydraConfig.get().overrides.task)
+        dcfg, problem = auto.recompose(
+            cfg, overrides, None, lambda o: compose(config_name="config", overrides=o)
+        )
+        if problem:
+            fail(problem)
+        cfg = to_config(dcfg)
     as_json = cfg.plan.format == PlanFormat.json
     if cfg.plan.search and cfg.plan.draw:
         fail(
