@@ -5,7 +5,8 @@ The world is torchrun's or SLURM's where the process runs inside one, else `hard
 choice is `plan.search`'s fastest runnable layout (search.runnable) among those that keep the
 degrees the command line sets beside `parallel.auto=true`. What defines the run stays: the
 model, global batch, sequence length, optimizer and schedule; the choice sets the degrees,
-ZeRO stage, pipeline schedule, recompute and micro-batch size. The data order is a function
+ZeRO stage, pipeline schedule, recompute and micro-batch size (kept for an MoE whose balance
+loss is taken per micro-batch: kept_micro_batch). The data order is a function
 of the step and checkpoints reshard on load, so a run resumes on whatever it is given.
 """
 
@@ -48,9 +49,20 @@ def on_world(cfg: Config, nodes: int, per_node: int) -> Config:
     return replace(cfg, hardware=replace(cfg.hardware, nodes=nodes, devices_per_node=per_node))
 
 
+def kept_micro_batch(cfg: Config) -> int | None:
+    """The micro-batch size a choice must keep, when it defines the run: an MoE's balance loss
+    (model.aux_loss_coef) is taken per micro-batch, so the sequences grouped into one change
+    the gradients (the mean of the main loss over micro-batches does not depend on them)."""
+    m = cfg.model
+    return cfg.train.micro_batch_size if m.n_routed_experts and m.aux_loss_coef > 0 else None
+
+
 def choose(cfg: Config, fixed: dict[str, int]):
     """The fastest runnable layout's estimate that keeps `fixed`, or None."""
+    micro = kept_micro_batch(cfg)
     for est in runnable(cfg):
+        if micro is not None and est.layout.micro_batch_size != micro:
+            continue
         if all(getattr(est.layout, a) == v for a, v in fixed.items()):
             return est
     return None

@@ -24,11 +24,15 @@ ARGS = [
     "logging.wandb.mode=disabled",
 ]
 REFERENCE = train_job([*ARGS, "hardware.devices_per_node=1"], "one process for test_elastic")
+MOE = ["model=mixtral_debug"]
+MOE_REFERENCE = train_job(
+    [*ARGS, *MOE, "hardware.devices_per_node=1"], "mixtral one process for test_elastic"
+)
 EXIT_STOPPED = 75
 
 
-def start(run_dir: Path, ranks: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "launcher.train", *ARGS, "parallel.auto=true"]
+def start(run_dir: Path, ranks: int, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "launcher.train", *ARGS, *extra, "parallel.auto=true"]
     cmd += [f"hardware.devices_per_node={ranks}", f"hydra.run.dir={run_dir}"]
     env = {**os.environ, "WANDB_SILENT": "true"}
     return subprocess.Popen(
@@ -77,3 +81,21 @@ def test_one_command_resumes_on_4_then_2_then_3_ranks(group, tmp_path):
         assert abs(r["loss"] - reference[r["step"]]) <= 1e-5, (r["step"], r["loss"])
     ran_on = [r["layout"].split(" rank(s)")[0] for r in done]
     assert ran_on[0] == "4" and ran_on[-1] == "3" and "2" in ran_on, ran_on
+
+
+@pytest.mark.jobs(MOE_REFERENCE)
+def test_a_moe_run_resumes_across_a_world_that_changes_ep(group, tmp_path):
+    """mixtral_debug on 4 ranks with its 4 experts one per rank (parallel.ep=4 kept beside
+    auto), then on 2 ranks with two per rank (ep=2): the same run directory, the same losses
+    as one process."""
+    reference = {r["step"]: r["loss"] for r in read_metrics(group.result(MOE_REFERENCE))}
+    out4, _ = stop_after(start(tmp_path, 4, *MOE, "parallel.ep=4"), tmp_path, 4)
+    assert "planned for 4 rank(s): dp_shard=4 ep=4" in out4
+    last = start(tmp_path, 2, *MOE, "parallel.ep=2")
+    out2, err2 = last.communicate(timeout=300)
+    assert last.returncode == 0, err2[-3000:]
+    assert "re-planned for 2 rank(s) (was 4): dp_shard=2 ep=2" in out2
+    done = read_metrics(tmp_path)
+    assert [r["step"] for r in done] == list(range(1, STEPS + 1))
+    for r in done:
+        assert abs(r["loss"] - reference[r["step"]]) <= 1e-5, (r["step"], r["loss"])

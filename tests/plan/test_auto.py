@@ -81,3 +81,14 @@ def test_launcher_plan_shows_the_layout_train_would_choose():
     out = run_cli("launcher.plan", "parallel.auto=true", "hardware.devices_per_node=3")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "dp_replicate=1  dp_shard=1  tp=1  pp=3" in out.stdout
+
+
+def test_an_moe_with_a_per_micro_batch_balance_loss_keeps_its_micro_batch():
+    cfg = compose_config(["model=mixtral_debug"])
+    assert cfg.model.aux_loss_coef > 0
+    for per_node in (1, 2, 4):
+        lay = choose(on_world(cfg, 1, per_node), {}).layout
+        assert lay.micro_batch_size == cfg.train.micro_batch_size
+    free = compose_config(["model=mixtral_debug", "model.aux_loss_coef=0"])
+    sizes = {choose(on_world(free, 1, n), {}).layout.micro_batch_size for n in (1, 2, 4)}
+    assert sizes != {free.train.micro_batch_size}  # without it the choice is free
