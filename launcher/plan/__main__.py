@@ -109,7 +109,17 @@ def draw(plan, path: str):
     )
 
 
-main = hydra_app(task)
+app = hydra_app(task)
+
+
+def main() -> None:
+    """Plan without writing anything: no run directory under outputs/, no .hydra record
+    (unless the command line asks for them)."""
+    given = {a.lstrip("+~").split("=", 1)[0] for a in sys.argv[1:]}
+    for key, value in (("hydra.run.dir", "."), ("hydra.output_subdir", "null")):
+        if key not in given:
+            sys.argv.append(f"{key}={value}")
+    app()
 
 if __name__ == "__main__":
     main()

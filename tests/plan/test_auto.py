@@ -3,7 +3,11 @@ the command line sets kept, the run directory independent of both."""
 
 from __future__ import annotations
 
-from conftest import compose_config, run_cli
+import os
+import subprocess
+import sys
+
+from conftest import ROOT, compose_config
 
 from launcher.cli import run_name
 from launcher.plan import engine_plan
@@ -77,10 +81,23 @@ def test_the_start_says_what_changed():
     assert choice_line(lay, 3, None) == "planned for 3 rank(s): pp=3 1f1b, micro-batch 2"
 
 
-def test_launcher_plan_shows_the_layout_train_would_choose():
-    out = run_cli("launcher.plan", "parallel.auto=true", "hardware.devices_per_node=3")
+def test_launcher_plan_shows_the_layout_train_would_choose_and_writes_nothing(tmp_path):
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launcher.plan",
+            "parallel.auto=true",
+            "hardware.devices_per_node=3",
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "dp_replicate=1  dp_shard=1  tp=1  pp=3" in out.stdout
+    assert list(tmp_path.iterdir()) == []  # no outputs/<model>-<hash>/.hydra
 
 
 def test_an_moe_with_a_per_micro_batch_balance_loss_keeps_its_micro_batch():
