@@ -496,10 +496,13 @@ class Trainer:
         start = self.resume()
         if start >= t.steps:
             if d.rank == 0:
+                # A new train.steps alone would name another run directory (the overrides'
+                # hash): continuing this run needs this directory named too.
                 print(
                     f"nothing left to train: the checkpoint is at step {start} of "
-                    f"train.steps={t.steps} (raise train.steps, or start over in another "
-                    "hydra.run.dir)",
+                    f"train.steps={t.steps}. To train this run further, give it more steps in "
+                    f"this directory: train.steps=N hydra.run.dir={self.run_dir} (the same "
+                    "command with another train.steps alone starts a new run elsewhere)",
                     flush=True,
                 )
             return

@@ -121,5 +121,6 @@ def main() -> None:
             sys.argv.append(f"{key}={value}")
     app()
 
+
 if __name__ == "__main__":
     main()
