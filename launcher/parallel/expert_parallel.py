@@ -22,6 +22,8 @@ and tensor-parallel ranks), which the balance losses need to equal one process's
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.distributed as dist
 import torch.distributed.nn.functional as dist_fn
@@ -31,6 +33,16 @@ from torch.distributed.tensor import Shard, distribute_tensor
 
 from launcher.parallel.data_parallel import average_grads, local_tensor
 from models.moe import MoE, grouped_swiglu
+
+# The balance-loss statistics need an all-reduce with a backward (each rank's share of the
+# gradient): torch.distributed.nn.functional.all_reduce. torch 2.13 marks it deprecated in
+# favour of the functional collectives; until one of those carries the backward, it stays,
+# and its warning (one line per rank per step) is silenced here, where it is caused.
+warnings.filterwarnings(
+    "ignore",
+    message="torch.distributed.nn.functional.all_reduce is deprecated",
+    category=FutureWarning,
+)
 
 
 def moe_layers(model: nn.Module) -> list[tuple[str, MoE]]:

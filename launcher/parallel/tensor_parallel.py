@@ -77,7 +77,9 @@ def apply_tp(
         output_layouts=Shard(-1) if loss_parallel else Replicate(),
         use_local_output=not loss_parallel,
     )
-    parallelize_module(model, mesh, root)
+    # A pipeline stage holds some of these only: torch warns, with the whole module printed,
+    # for every plan key it cannot find, so the plan names only what this stage holds.
+    parallelize_module(model, mesh, {k: v for k, v in root.items() if _find(model, k)})
     model.tie_weights()  # tied halves are now the same vocab-sharded DTensor
     # torch 2.13's embedding backward hands the vocab-sharded table a replicated (whole)
     # gradient; each rank keeps its own rows, as the table itself (the memory ledger found
