@@ -106,6 +106,8 @@ class MetricsLogger:
     ):
         self.enabled, self.total, self.interval = enabled, total_steps, max(1, log_interval)
         self.layout = layout  # every row says what it ran on (a resume may re-plan)
+        self.last: dict | None = None  # the last row logged, and the last evaluation
+        self.last_eval: float | None = None
         self.start, self.start_step = time.perf_counter(), start_step
         self.file = None
         self.wandb_run = None
@@ -136,6 +138,9 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"step": step, **metrics, "layout": self.layout}
+        self.last = record
+        if metrics.get("eval_loss") is not None:
+            self.last_eval = metrics["eval_loss"]
         self.file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self.file.flush()
         if self.wandb_run is not None and step > self.wandb_done:

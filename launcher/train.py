@@ -120,6 +120,8 @@ def task(dcfg: DictConfig) -> None:
             rundir.lock(run_dir)
         except rundir.DirectoryProblem as e:
             fail(str(e))
+    if first:
+        print(f"run directory: {run_dir}", flush=True)
     if launch.in_distributed_env() and launch.world_size() != plan.world_size:
         fail(
             f"this process group has WORLD_SIZE={launch.world_size()} but the plan needs "

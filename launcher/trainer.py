@@ -14,6 +14,8 @@ import json
 import math
 import os
 import resource
+import shlex
+import signal
 import sys
 import time
 from contextlib import nullcontext
@@ -521,7 +523,7 @@ class Trainer:
             layout=f"{d.world_size} rank(s): {describe(asdict(self.layout))}",
         )
         interval = self.cfg.checkpoint.interval
-        ok, skipped = False, 0
+        ok, skipped, ended = False, 0, "failed"
         try:
             for step in range(start + 1, t.steps + 1):
                 metrics = self.train_step(step)
@@ -545,14 +547,41 @@ class Trainer:
                     )
                     self.write_stopped(stopped)
                     ok = True  # stopped cleanly: the wandb run is not failed, it will resume
+                    ended = f"stopped by {signal.Signals(signum).name}"
                     raise stopped
                 if step == t.steps or (interval and step % interval == 0):
                     self.save(step, wait=step == t.steps)
             if t.save_final:
                 save_full_state_dict(self.parts, d, self.run_dir / "final_model.pt")
-            ok = True
+            ok, ended = True, "finished"
+        except RunEnded as e:
+            ended = f"ended (exit {e.status})"
+            raise
         finally:
             logger.close(ok)
+            if logger.enabled:
+                print(self.summary(ended, logger), flush=True)
+
+    def summary(self, ended: str, logger: MetricsLogger) -> str:
+        """The run's last lines: how it ended, where it stands and how to continue it."""
+        last = logger.last or {}
+        step, t = last.get("step", 0), self.cfg.train
+        loss = f", loss {last['loss']:.4f}" if isinstance(last.get("loss"), float) else ""
+        if logger.last_eval is not None:
+            loss += f", eval_loss {logger.last_eval:.4f}"
+        self.checkpointer.wait()
+        newest = newest_complete(self.checkpointer.directory)
+        tokens = (step - logger.start_step) * t.global_batch_size * t.seq_len
+        lines = [
+            f"run {ended} at step {step} of {t.steps}{loss}; {tokens:,} tokens in "
+            f"{time.perf_counter() - logger.start:,.0f} s",
+            f"  run directory  {self.run_dir}",
+            f"  metrics        {self.run_dir / 'metrics.jsonl'}",
+            f"  checkpoint     {newest.path if newest else 'none'}",
+        ]
+        if step < t.steps:
+            lines.append(f"  to continue    {continue_command(self.run_dir)}")
+        return "\n".join(lines)
 
     def write_stopped(self, stopped: Stopped) -> None:
         """Tell the launcher process (if any) that the stop checkpoint is complete."""
@@ -563,6 +592,19 @@ class Trainer:
                 "checkpoint": stopped.checkpoint,
             }
             (self.run_dir / STOPPED_FILE).write_text(json.dumps(record) + "\n")
+
+
+def continue_command(run_dir: Path) -> str:
+    """The command this run was started with, run directory named: it resumes the run."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        given = list(HydraConfig.get().overrides.task)
+    except ValueError:  # not inside a Hydra app (a test's job)
+        given = []
+    kept = [o for o in given if not o.startswith(("hydra.run.dir=", "hydra.output_subdir="))]
+    args = [*kept, f"hydra.run.dir={run_dir}"]
+    return "python -m launcher.train " + " ".join(shlex.quote(a) for a in args)
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -114,6 +114,7 @@ def test_signal_to_the_launcher_stops_saves_and_resumes(sig, reference, tmp_path
     assert done < STEPS, "the signal came too late to test a stop"
     assert (tmp_path / "checkpoints" / f"step_{done:08d}" / "meta.json").exists()
     assert f"stopped by {sig.name} after step {done}" in err
+    assert f"run stopped by {sig.name} at step {done} of {STEPS}" in out
     again = train(tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"starting from step {done} of" in again.stdout
@@ -174,6 +175,10 @@ def test_a_nonfinite_run_stops_at_its_first_nonfinite_step_and_keeps_a_finite_ch
     assert rows[-1]["skipped"] is True
     assert f"stopped at step {bad[0]}: the gradient norm (nan) is not finite" in result.stderr
     assert "starting from" not in result.stdout  # not restarted into the same NaN
+    # The run's last lines: how it ended, where things are, the command that continues it.
+    assert f"run ended (exit 3) at step {bad[0]} of {STEPS}" in result.stdout
+    assert f"  checkpoint     {tmp_path / 'checkpoints'}/step_" in result.stdout
+    assert f"  to continue    python -m launcher.train {ARGS[0]}" in result.stdout
     saved = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert saved == [f"step_{(bad[0] - 1) // 2 * 2:08d}"], saved
     out = tmp_path / "model.pt"
