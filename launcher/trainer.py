@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import resource
 import shlex
 import signal
@@ -53,6 +54,7 @@ from launcher.failures import (
     resume_mode,
     timed,
 )
+from launcher.launch import hydra_quoted
 from launcher.layout import describe, stage_owner
 from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
@@ -560,16 +562,18 @@ class Trainer:
         finally:
             logger.close(ok)
             if logger.enabled:
-                print(self.summary(ended, logger), flush=True)
+                print(self.summary(ended, logger, wait=ended != "failed"), flush=True)
 
-    def summary(self, ended: str, logger: MetricsLogger) -> str:
-        """The run's last lines: how it ended, where it stands and how to continue it."""
+    def summary(self, ended: str, logger: MetricsLogger, wait: bool) -> str:
+        """The run's last lines: how it ended, where it stands and how to continue it. After
+        a failure an asynchronous save in flight is not waited for (its peers may be gone)."""
         last = logger.last or {}
         step, t = last.get("step", 0), self.cfg.train
         loss = f", loss {last['loss']:.4f}" if isinstance(last.get("loss"), float) else ""
         if logger.last_eval is not None:
             loss += f", eval_loss {logger.last_eval:.4f}"
-        self.checkpointer.wait()
+        if wait:
+            self.checkpointer.wait()
         newest = newest_complete(self.checkpointer.directory)
         tokens = (step - logger.start_step) * t.global_batch_size * t.seq_len
         lines = [
@@ -603,7 +607,8 @@ def continue_command(run_dir: Path) -> str:
     except ValueError:  # not inside a Hydra app (a test's job)
         given = []
     kept = [o for o in given if not o.startswith(("hydra.run.dir=", "hydra.output_subdir="))]
-    args = [*kept, f"hydra.run.dir={run_dir}"]
+    plain = re.fullmatch(r"[\w./-]+", str(run_dir))
+    args = [*kept, f"hydra.run.dir={run_dir if plain else hydra_quoted(str(run_dir))}"]
     return "python -m launcher.train " + " ".join(shlex.quote(a) for a in args)
 
 
