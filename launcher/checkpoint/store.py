@@ -128,14 +128,16 @@ def rank_files(directory: Path, rank: int) -> list[str]:
 def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: float = 60):
     """Sum the files this rank wrote and add sums.RANK.json to the checkpoint once it is
     complete. Runs in the background after a save (training goes on): the save itself costs
-    what it did before checksums. The directory is renamed from `partial` to `final` by rank
-    0 meanwhile; a file open under either name stays open across the rename. A checkpoint
-    pruned before the sums are written simply gets none."""
+    what it did before checksums. Rank 0 renames `partial` to `final` meanwhile, first
+    deleting a `final` of the same step left from before a restart: until `partial` is gone,
+    `final` may be that old one, so the files are read under `partial` while it exists (a
+    file open stays open across the rename) and the sums are written only once it is gone. A
+    checkpoint pruned before the sums are written simply gets none."""
     sums = {}
     for name in names:
         for _ in range(100):
             try:
-                sums[name] = crc32(final / name if final.exists() else partial / name)
+                sums[name] = crc32(partial / name if partial.exists() else final / name)
                 break
             except FileNotFoundError:  # renamed between the check and the open: again
                 if not (final.exists() or partial.exists()):
@@ -144,7 +146,7 @@ def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: 
         else:
             return
     deadline = time.monotonic() + wait_s
-    while not (final / META).is_file():  # published by rank 0 once every rank's shards are in
+    while partial.exists() or not (final / META).is_file():  # published by rank 0
         if time.monotonic() > deadline or not (final.exists() or partial.exists()):
             return
         time.sleep(0.05)

@@ -175,3 +175,14 @@ def test_a_meta_json_that_is_not_an_object_is_not_complete(tmp_path):
     assert [e.complete for e in list_checkpoints(tmp_path)] == [False]
     with pytest.raises(CheckpointError, match="is not an llm-launcher-checkpoint file"):
         open_checkpoint(final)
+
+
+def test_sums_of_a_step_saved_again_are_of_the_new_files_in_the_new_directory(tmp_path):
+    """A resume that fell back past step 4 saves step 4 again: rank 0 deletes the old one
+    when it publishes; the sums must not be read from, or written into, the old one."""
+    old = make(tmp_path, 4)
+    (old / "__1_0.distcp").write_bytes(b"old shard")
+    entry = saved_with_sums(tmp_path, 4)
+    assert entry.path == old and not (old / "sums.9.json").exists()
+    assert damage(entry) == []
+    assert "__1_0.distcp" in recorded_sums(entry)
