@@ -28,18 +28,18 @@ class Range:
     open_high: bool = False
     why: str = ""
 
+    def __post_init__(self):
+        # The planner checks every setting on every plan: the comparison is worked out once.
+        # An unbounded end is a strict infinite one, which NaN and the infinities fail.
+        object.__setattr__(self, "_low", -math.inf if self.low is None else self.low)
+        object.__setattr__(self, "_high", math.inf if self.high is None else self.high)
+        object.__setattr__(self, "_strict_low", self.open_low or self.low is None)
+        object.__setattr__(self, "_strict_high", self.open_high or self.high is None)
+
     def holds(self, v: float) -> bool:
         """Inside, and finite: NaN fails every comparison, an infinity the open unbounded end."""
-        low, high = self.bounds
-        return (v > low if self.open_low or low == -math.inf else v >= low) and (
-            v < high if self.open_high or high == math.inf else v <= high
-        )
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        return (
-            -math.inf if self.low is None else self.low,
-            math.inf if self.high is None else self.high,
+        return (v > self._low if self._strict_low else v >= self._low) and (
+            v < self._high if self._strict_high else v <= self._high
         )
 
     def __str__(self) -> str:
@@ -172,24 +172,17 @@ def value_of(cfg: Config, key: str):
     return node
 
 
-# (key, group, field, range, low, high, strict low, strict high) of every setting: the planner
-# checks them on every plan, so this is worked out once (every numeric setting sits one group
-# deep; an unbounded end is a strict infinite one, which NaN and the infinities fail).
-_CHECKS = [
-    (key, *key.split("."), rng, *rng.bounds, rng.open_low or rng.low is None,
-     rng.open_high or rng.high is None)
-    for key, rng in RANGES.items()
-]  # fmt: skip
+# (key, group, field, range) of every setting, split once: every numeric setting sits one
+# group deep.
+_CHECKS = [(key, *key.split("."), rng) for key, rng in RANGES.items()]
 
 
 def range_problems(cfg: Config) -> list[tuple[str, str]]:
     """(group, message) for every setting outside its range (None: unset, always allowed)."""
     out = []
-    for key, group, name, rng, low, high, strict_low, strict_high in _CHECKS:
+    for key, group, name, rng in _CHECKS:
         v = getattr(getattr(cfg, group), name)
-        if v is None or v.__class__ is bool:
-            continue
-        if (v > low if strict_low else v >= low) and (v < high if strict_high else v <= high):
+        if v is None or v.__class__ is bool or rng.holds(v):
             continue
         out.append((group, f"{key}={v} must be {rng}"))
     return out
