@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # One thread per process in the whole session, before anything imports torch: the groups run
@@ -99,18 +100,52 @@ def compose_config(overrides: list[str] | None = None):
     return copy.deepcopy(_composed(tuple(overrides or ())))
 
 
-def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 600):
-    """Run `python -m module args` from the repo root; returns the CompletedProcess."""
+def cli_env(env: dict | None = None) -> dict:
     full_env = {**os.environ, "WANDB_SILENT": "true", **(env or {})}
     full_env.pop("WANDB_API_KEY", None)
+    return full_env
+
+
+def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 600):
+    """Run `python -m module args` from the repo root; returns the CompletedProcess."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=ROOT,
-        env=full_env,
+        env=cli_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+def start_cli(module: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """`python -m module args` started from the repo root, its output piped (text)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        env=cli_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: float = 240) -> int:
+    """Wait until the run `proc` trains into `run_dir` has a metrics.jsonl row at `step` or
+    later; returns the newest step. Fails with the run's stderr if it ends first."""
+    deadline = time.monotonic() + timeout
+    while (done := newest_step(run_dir)) < step:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, f"training never reached step {step}"
+        time.sleep(0.1)
+    return done
+
+
+def newest_step(run_dir: Path) -> int:
+    try:
+        return max((r["step"] for r in read_metrics(run_dir)), default=0)
+    except (FileNotFoundError, ValueError):  # not yet written, or a row half written
+        return 0
 
 
 def strict_json(text: str):

@@ -185,9 +185,10 @@ def damage(entry: Entry, share: tuple[int, int] | None = (0, 1)) -> list[str]:
             out.append(f"{f} is missing")
         elif f.stat().st_size != want["bytes"]:
             out.append(f"{f} has {f.stat().st_size:,} bytes, {want['bytes']:,} when saved")
-        elif share and i % share[1] == share[0] and name in sums:
-            if (now := crc32(f)) != sums[name]:
-                out.append(f"{f} has changed since it was saved (CRC-32 {now}, saved {sums[name]})")
+        elif (
+            share and i % share[1] == share[0] and name in sums and (now := crc32(f)) != sums[name]
+        ):
+            out.append(f"{f} has changed since it was saved (CRC-32 {now}, saved {sums[name]})")
     return out
 
 

@@ -3,15 +3,12 @@ ranks (`parallel.auto=true`), equals the uninterrupted single-process run step f
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, read_metrics
+from conftest import newest_step, read_metrics, start_cli, wait_for_step
 from jobs import train_job
 
 pytestmark = pytest.mark.e2e
@@ -32,33 +29,29 @@ EXIT_STOPPED = 75
 
 
 def start(run_dir: Path, ranks: int, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "launcher.train", *ARGS, *extra, "parallel.auto=true"]
-    cmd += [f"hardware.devices_per_node={ranks}", f"hydra.run.dir={run_dir}"]
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    args = [*ARGS, *extra, "parallel.auto=true", f"hardware.devices_per_node={ranks}"]
+    return start_cli("launcher.train", *args, f"hydra.run.dir={run_dir}")
 
 
 def stop_after(proc: subprocess.Popen, run_dir: Path, step: int) -> tuple[str, str]:
     """SIGTERM once metrics.jsonl reaches `step`; the run saves and exits 75."""
-    metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 240
-    while not (metrics.exists() and max((r["step"] for r in rows(run_dir)), default=0) >= step):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, f"never reached step {step}"
-        time.sleep(0.1)
+    wait_for_step(proc, run_dir, step)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == EXIT_STOPPED, err[-3000:]
     return out, err
 
 
-def rows(run_dir: Path) -> list[dict]:
-    try:
-        return read_metrics(run_dir)
-    except ValueError:  # a row half written as it is read
-        return []
+def finished_like(proc: subprocess.Popen, run_dir: Path, reference: dict[int, float]) -> str:
+    """Waits for the last run; every step once in metrics.jsonl, each loss within 1e-5 of the
+    reference's. Returns its output."""
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    done = read_metrics(run_dir)
+    assert [r["step"] for r in done] == list(range(1, STEPS + 1))
+    for r in done:
+        assert abs(r["loss"] - reference[r["step"]]) <= 1e-5, (r["step"], r["loss"])
+    return out
 
 
 @pytest.mark.jobs(REFERENCE)
@@ -66,20 +59,14 @@ def test_one_command_resumes_on_4_then_2_then_3_ranks(group, tmp_path):
     reference = {r["step"]: r["loss"] for r in read_metrics(group.result(REFERENCE))}
     out4, _ = stop_after(start(tmp_path, 4), tmp_path, 4)
     assert "planned for 4 rank(s): dp_shard=4" in out4
-    first = max(r["step"] for r in rows(tmp_path))
+    first = newest_step(tmp_path)
     out2, _ = stop_after(start(tmp_path, 2), tmp_path, first + 3)
     assert "re-planned for 2 rank(s) (was 4): dp_shard=2" in out2
     assert f"starting from step {first} of" in out2
-    last = start(tmp_path, 3)
-    out3, err3 = last.communicate(timeout=300)
-    assert last.returncode == 0, err3[-3000:]
+    out3 = finished_like(start(tmp_path, 3), tmp_path, reference)
     # llama3_debug's 8 heads and 16 sequences do not split over 3: a 3-stage pipeline.
     assert "re-planned for 3 rank(s) (was 2): pp=3 1f1b" in out3
-    done = read_metrics(tmp_path)
-    assert [r["step"] for r in done] == list(range(1, STEPS + 1))
-    for r in done:
-        assert abs(r["loss"] - reference[r["step"]]) <= 1e-5, (r["step"], r["loss"])
-    ran_on = [r["layout"].split(" rank(s)")[0] for r in done]
+    ran_on = [r["layout"].split(" rank(s)")[0] for r in read_metrics(tmp_path)]
     assert ran_on[0] == "4" and ran_on[-1] == "3" and "2" in ran_on, ran_on
 
 
@@ -91,11 +78,5 @@ def test_a_moe_run_resumes_across_a_world_that_changes_ep(group, tmp_path):
     reference = {r["step"]: r["loss"] for r in read_metrics(group.result(MOE_REFERENCE))}
     out4, _ = stop_after(start(tmp_path, 4, *MOE, "parallel.ep=4"), tmp_path, 4)
     assert "planned for 4 rank(s): dp_shard=4 ep=4" in out4
-    last = start(tmp_path, 2, *MOE, "parallel.ep=2")
-    out2, err2 = last.communicate(timeout=300)
-    assert last.returncode == 0, err2[-3000:]
+    out2 = finished_like(start(tmp_path, 2, *MOE, "parallel.ep=2"), tmp_path, reference)
     assert "re-planned for 2 rank(s) (was 4): dp_shard=2 ep=2" in out2
-    done = read_metrics(tmp_path)
-    assert [r["step"] for r in done] == list(range(1, STEPS + 1))
-    for r in done:
-        assert abs(r["loss"] - reference[r["step"]]) <= 1e-5, (r["step"], r["loss"])

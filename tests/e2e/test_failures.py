@@ -10,12 +10,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, read_metrics, run_cli
+from conftest import read_metrics, run_cli, start_cli, wait_for_step
 from jobs import train_job
 from wandb_log import history
 
@@ -95,17 +94,8 @@ def test_killed_rank_is_restarted_and_resumes(reference, tmp_path):
 @pytest.mark.jobs(REFERENCE)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_signal_to_the_launcher_stops_saves_and_resumes(sig, reference, tmp_path):
-    cmd = [sys.executable, "-m", "launcher.train", *ARGS, f"hydra.run.dir={tmp_path}"]
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    metrics = tmp_path / "metrics.jsonl"
-    deadline = time.monotonic() + 180
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "training never reached step 3"
-        time.sleep(0.2)
+    proc = start_cli("launcher.train", *ARGS, f"hydra.run.dir={tmp_path}")
+    wait_for_step(proc, tmp_path, 3)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == EXIT_STOPPED, err[-3000:]
@@ -246,17 +236,8 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(kind, group,
 
 
 def test_a_second_run_in_the_same_directory_is_refused_and_the_first_loses_nothing(group, tmp_path):
-    cmd = [sys.executable, "-m", "launcher.train", *ARGS, f"hydra.run.dir={tmp_path}"]
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    first = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    metrics = tmp_path / "metrics.jsonl"
-    deadline = time.monotonic() + 180
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-        assert first.poll() is None, first.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the first run never reached step 2"
-        time.sleep(0.2)
+    first = start_cli("launcher.train", *ARGS, f"hydra.run.dir={tmp_path}")
+    wait_for_step(first, tmp_path, 2)
     second = train(tmp_path)
     assert second.returncode == 2
     assert f"hydra.run.dir={tmp_path} is in use by another run (host " in second.stderr
@@ -268,18 +249,8 @@ def test_a_second_run_in_the_same_directory_is_refused_and_the_first_loses_nothi
 
 def test_sigkill_to_torchrun_leaves_no_rank_running(tmp_path):
     """torchrun SIGKILLed mid-run cannot stop its ranks: they notice it is gone and exit."""
-    cmd = [sys.executable, "-m", "launcher.train", *ARGS, "train.steps=400"]
-    cmd.append(f"hydra.run.dir={tmp_path}")
-    env = {**os.environ, "WANDB_SILENT": "true"}
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    metrics = tmp_path / "metrics.jsonl"
-    deadline = time.monotonic() + 180
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "training never reached step 2"
-        time.sleep(0.2)
+    proc = start_cli("launcher.train", *ARGS, "train.steps=400", f"hydra.run.dir={tmp_path}")
+    wait_for_step(proc, tmp_path, 2)
     torchrun = [s for s in survivors(tmp_path) if "torch.distributed.run" in s]
     assert len(torchrun) == 1, survivors(tmp_path)
     os.kill(int(torchrun[0].split(":")[0]), signal.SIGKILL)
