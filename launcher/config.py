@@ -281,6 +281,21 @@ class LoggingConfig:
 
 
 @dataclass
+class LaunchConfig:
+    """How the launcher starts a run on several nodes without SLURM: one launcher per node,
+    each starting torchrun with a c10d rendezvous."""
+
+    # HOST:PORT where every node's launcher meets, the same on every node. Empty: one node
+    # (torchrun --standalone). The launcher on HOST that finds nothing listening there starts
+    # the rendezvous store in a process of its own, which outlives any node's torchrun.
+    rendezvous: str = ""
+    # Elastic: the run goes on with as few as this many of hardware.nodes nodes (torchrun
+    # --nnodes=MIN:MAX); a node that leaves or joins restarts the group, which re-plans
+    # (parallel.auto=true) and resumes from the newest complete checkpoint. 0: all of them.
+    min_nodes: int = 0
+
+
+@dataclass
 class PlanConfig:
     """Options of `python -m launcher.plan`."""
 
@@ -310,6 +325,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
 
 

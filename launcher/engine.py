@@ -9,16 +9,20 @@ on (a non-finite step, a damaged checkpoint given by path) with its own status (
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from launcher import distributed, launch
 from launcher.failures import (
+    EXIT_FILE,
     EXIT_STOPPED,
+    STOPPED_FILE,
     RunEnded,
     StopRequest,
     ended,
+    peer_gone,
     stopped_message,
     watch_parent,
 )
@@ -34,6 +38,11 @@ def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
     if launch.in_distributed_env():
         watch_parent()
     d = distributed.init(cfg.hardware.device_type.value, plan.layout, cfg.train.timeout_s)
+    if d.rank == 0 and launch.is_child():
+        # A stop of an earlier round, which this round goes on from (torchrun stops the ranks
+        # with SIGTERM to regroup when a node joins): the launcher must not report it.
+        for record in (STOPPED_FILE, EXIT_FILE):
+            Path(run_dir, record).unlink(missing_ok=True)
     try:
         Trainer(cfg, plan, run_dir, dcfg, d).train(stop)
     except Stopped as e:
@@ -50,6 +59,11 @@ def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
         if d.rank == 0:
             ended(e, run_dir, report=not launch.is_child())
         sys.exit(0 if launch.is_child() else e.status)  # as above: the launcher reports it
+    except RuntimeError as e:
+        if (line := peer_gone(e)) is None:
+            raise
+        print(line, file=sys.stderr, flush=True)  # one line, not a traceback per rank
+        sys.exit(1)
     # Only after a clean finish: the model (DDP's reducer, FSDP's hooks) is gone by now, and
     # every rank leaves together. After a crash the launcher ends the other ranks instead.
     distributed.shutdown()

@@ -172,6 +172,24 @@ class CollectiveTimeout(RuntimeError):
     pass
 
 
+# What gloo says when a peer's process is gone (its node left, it was killed).
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def peer_gone(e: BaseException) -> str | None:
+    """The line to print for a collective that failed because a peer process is gone (the
+    failure itself is in that peer's log), or None for any other error."""
+    text = str(e)
+    if not isinstance(e, RuntimeError) or not any(p in text for p in PEER_GONE):
+        return None
+    rank = os.environ.get("RANK", "0")
+    detail = text.split("] ", 1)[-1].split(". ", 1)[0]
+    return (
+        f"rank {rank}: a peer process is gone ({detail}); torchrun restarts the group while "
+        "train.max_restarts allows, and the run resumes from its newest complete checkpoint"
+    )
+
+
 @contextmanager
 def timed(what: str, rank: int, timeout_s: float):
     """Name the rank and the operation when a collective inside gives up waiting."""
@@ -190,6 +208,11 @@ def timed(what: str, rank: int, timeout_s: float):
 def restart_attempt() -> int:
     """0 on a first start, n on torchrun's n-th restart of the ranks."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+def restarts_left() -> int:
+    """How many more times torchrun restarts the ranks after a failure (0 outside it)."""
+    return int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) - restart_attempt()
 
 
 def resume_mode(configured: str) -> str:

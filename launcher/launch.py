@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import json
 import os
 import re
@@ -19,6 +20,8 @@ from launcher.failures import EXIT_FILE, EXIT_STOPPED, STOPPED_FILE, stopped_mes
 
 # Set by relaunch() in the children, so that they do not print the plan a second time.
 CHILD_ENV = "LAUNCHER_CHILD"
+# parallel.auto's choice as the launcher printed it; the ranks print theirs only if it differs.
+CHOICE_ENV = "LAUNCHER_CHOICE"
 
 
 def slurm_env() -> None:
@@ -94,6 +97,8 @@ def relaunch(
     run_dir: str,
     max_restarts: int = 0,
     stop_timeout_s: float = 600,
+    rendezvous: str = "",
+    min_nodes: int = 0,
 ) -> int:
     """Run this command again under torchrun with one process per device; return its status.
 
@@ -103,21 +108,31 @@ def relaunch(
     failure, and this process exits EXIT_STOPPED. Ranks still running `stop_timeout_s`
     later, or at a second SIGINT, are killed. torchrun runs in a session of its own (a
     terminal's Ctrl-C reaches this process only, once) and gets SIGTERM if this process dies.
+
+    With `rendezvous` (HOST:PORT) this is one node of `nodes`, each running this command: the
+    agents meet in a c10d rendezvous there, elastic between `min_nodes` and `nodes` when
+    0 < min_nodes < nodes (launcher.rendezvous holds the store).
     """
-    if nodes > 1:
+    if nodes > 1 and not rendezvous:
         fail(
             f"hardware.nodes={nodes}: a multi-node run starts on every node under SLURM or "
-            "torchrun; launched by hand it can only use one node (use launcher.plan to check "
-            "a multi-node layout)"
+            "torchrun, or with launch.rendezvous=HOST:PORT and the same command on each node; "
+            "without one this launcher only uses one node (use launcher.plan to check a "
+            "multi-node layout)"
         )
     env = dict(os.environ, **{CHILD_ENV: "1"})
     # One BLAS thread pool per process sharing the cores, not one per core per process.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // devices_per_node)))
+    if rendezvous:
+        env.update(ELASTIC_ENV)
+        join = rendezvous_args(rendezvous, run_dir, nodes, min_nodes, stop_timeout_s)
+    else:
+        join = ["--standalone"]
     cmd = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *join,
         f"--nproc-per-node={devices_per_node}",
         f"--max-restarts={max_restarts}",
         "-m",
@@ -126,9 +141,58 @@ def relaunch(
         f"hydra.run.dir={hydra_quoted(run_dir)}",
         "hydra.output_subdir=null",
     ]
-    stopped, ended = Path(run_dir) / STOPPED_FILE, Path(run_dir) / EXIT_FILE
-    stopped.unlink(missing_ok=True)
-    ended.unlink(missing_ok=True)
+    for record in (STOPPED_FILE, EXIT_FILE):
+        (Path(run_dir) / record).unlink(missing_ok=True)
+    with contextlib.ExitStack() as stack:
+        if rendezvous:
+            stack.enter_context(joined(rendezvous, Path(run_dir), stop_timeout_s))
+        return supervise(cmd, env, Path(run_dir), stop_timeout_s)
+
+
+# Workers of one rendezvous round connect to an address of their own round: without this a
+# round after a membership change waits for an address the agents never write (MACHINE.md).
+ELASTIC_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def rendezvous_args(
+    endpoint: str, run_dir: str, nodes: int, min_nodes: int, join_timeout_s: float
+) -> list[str]:
+    """torchrun's options for one node of a run meeting at `endpoint` (the store is
+    launcher.rendezvous's: is_host=false). A node that leaves is noticed within ~3 s
+    (keep-alive every 1 s, 3 missed); a round closes 5 s after the minimum has joined."""
+    low = min_nodes or nodes
+    conf = (
+        f"is_host=false,join_timeout={join_timeout_s:g},last_call_timeout=5,"
+        "keep_alive_interval=1,keep_alive_max_attempt=3"
+    )
+    return [
+        f"--nnodes={low}:{nodes}" if low < nodes else f"--nnodes={nodes}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        # Every node of the run agrees on its directory, and so on this id.
+        f"--rdzv-id=run-{hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]}",
+        f"--rdzv-conf={conf}",
+    ]
+
+
+@contextlib.contextmanager
+def joined(endpoint: str, run_dir: Path, wait_s: float):
+    """The rendezvous store up (started here when its host is this machine), and this
+    launcher counted among its members while the block runs."""
+    from launcher import rendezvous
+
+    try:
+        rendezvous.ensure(endpoint, run_dir / "rendezvous.log", wait_s)
+    except rendezvous.RendezvousProblem as e:
+        fail(str(e))
+    with rendezvous.member(endpoint):
+        yield
+
+
+def supervise(cmd: list[str], env: dict, run_dir: Path, stop_timeout_s: float) -> int:
+    """Run torchrun's `cmd`, forwarding stop signals to the ranks; its status, or how the ranks
+    said the run ended (EXIT_FILE, STOPPED_FILE)."""
+    stopped, ended = run_dir / STOPPED_FILE, run_dir / EXIT_FILE
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
     received: list[tuple[int, float]] = []
 
@@ -168,6 +232,10 @@ def relaunch(
         name = signal.Signals(received[0][0]).name
         print(f"stopped by {name} before a checkpoint was complete", file=sys.stderr)
         return status or 1
+    if status < 0:  # torchrun itself was killed; its ranks exit on their own (watch_parent)
+        name = signal.Signals(-status).name
+        print(f"torchrun (PID {proc.pid}) was killed by {name}: its ranks exit", file=sys.stderr)
+        return 128 - status
     return status
 
 

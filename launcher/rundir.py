@@ -4,7 +4,8 @@ The lock is an flock on RUN_DIR/run.lock, taken by the process in charge of the 
 launcher process that relaunches under torchrun, or global rank 0 under an outside torchrun
 or SLURM) and held until it exits: the kernel releases it when the holder dies, however it
 dies, so a crashed run never keeps it. The file says who holds it (host, PID, since when) for
-the message a second run gets.
+the message a second run gets. The launchers of a run on several nodes (launch.rendezvous)
+share it.
 """
 
 from __future__ import annotations
@@ -35,29 +36,60 @@ def writable(path: Path, what: str) -> None:
         raise DirectoryProblem(f"{what}={path} is not writable: {e.strerror or e}") from None
 
 
-def lock(run_dir: Path) -> None:
-    """Hold RUN_DIR's lock for the rest of this process, or say who holds it."""
+def lock(run_dir: Path, rendezvous: str = "") -> None:
+    """Hold RUN_DIR's lock for the rest of this process, or say who holds it. The launchers of
+    one run's nodes (`launch.rendezvous`) share it: the first takes it and records the
+    rendezvous, the others join while the record names the same one."""
     path = run_dir / LOCK
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    if _try(fd, fcntl.LOCK_EX):
+        os.ftruncate(fd, 0)
+        record = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        if rendezvous:
+            record["rendezvous"] = rendezvous
+        os.write(fd, (json.dumps(record) + "\n").encode())
+        if rendezvous:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # the other nodes' launchers may join
+        _held.append(fd)
+        return
+    deadline = time.monotonic() + 5  # the first member between writing and sharing it
+    while rendezvous and rendezvous == record_of(path).get("rendezvous"):
+        if _try(fd, fcntl.LOCK_SH):
+            _held.append(fd)
+            return
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    os.close(fd)
+    raise DirectoryProblem(
+        f"hydra.run.dir={run_dir} is in use by another run ({holder_of(path)}); one run per run "
+        "directory: wait for it to end, or choose another hydra.run.dir"
+    )
+
+
+def _try(fd: int, kind: int) -> bool:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, kind | fcntl.LOCK_NB)
+        return True
     except BlockingIOError:
-        holder = holder_of(path)
-        os.close(fd)
-        raise DirectoryProblem(
-            f"hydra.run.dir={run_dir} is in use by another run ({holder}); one run per run "
-            "directory: wait for it to end, or choose another hydra.run.dir"
-        ) from None
-    os.ftruncate(fd, 0)
-    record = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
-    os.write(fd, (json.dumps(record) + "\n").encode())
-    _held.append(fd)
+        return False
+
+
+def record_of(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def holder_of(path: Path) -> str:
+    record = record_of(path)
     try:
-        record = json.loads(path.read_text())
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record["since"]))
-        return f"host {record['host']}, PID {record['pid']}, since {since}"
-    except (OSError, ValueError, KeyError, TypeError):
+        held = f"host {record['host']}, PID {record['pid']}, since {since}"
+    except (KeyError, TypeError, ValueError, OverflowError):
         return "holder unknown"
+    if record.get("rendezvous"):
+        held += f"; its nodes meet at launch.rendezvous={record['rendezvous']}"
+    return held

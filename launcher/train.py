@@ -7,6 +7,7 @@ distributed environment a multi-device layout relaunches this command under torc
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -87,11 +88,15 @@ def task(dcfg: DictConfig) -> None:
         if problem:
             return reject(problem, hc, run_dir, first)
         cfg = to_config(dcfg)
-        if first:
+        if first or (launch.is_child() and launch.global_rank() == 0):
             previous = newest_complete(checkpoint_dir(cfg.checkpoint.dir, run_dir))
             world = cfg.hardware.nodes * cfg.hardware.devices_per_node
             line = auto.choice_line(engine_plan(cfg).layout, world, previous and previous.meta)
-            print(line, flush=True)
+            # A rank prints the choice when it is not the one its launcher printed: the
+            # group a torchrun restart or an elastic round formed re-planned.
+            if os.environ.get(launch.CHOICE_ENV) != line:
+                print(line, flush=True)
+            os.environ[launch.CHOICE_ENV] = line
     elif cfg.plan.candidate >= 0:
         extra, problem = candidate_overrides(cfg)
         if problem:
@@ -117,7 +122,7 @@ def task(dcfg: DictConfig) -> None:
         try:
             rundir.writable(run_dir, "hydra.run.dir")
             rundir.writable(checkpoint_dir(cfg.checkpoint.dir, run_dir), "checkpoint.dir")
-            rundir.lock(run_dir)
+            rundir.lock(run_dir, cfg.launch.rendezvous)
         except rundir.DirectoryProblem as e:
             fail(str(e))
     if first:
@@ -136,6 +141,8 @@ def task(dcfg: DictConfig) -> None:
             str(run_dir),
             max_restarts=cfg.train.max_restarts,
             stop_timeout_s=cfg.train.timeout_s,
+            rendezvous=cfg.launch.rendezvous,
+            min_nodes=cfg.launch.min_nodes,
         )
         if status:
             sys.exit(status)

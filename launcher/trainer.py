@@ -51,6 +51,7 @@ from launcher.failures import (
     StopRequest,
     fault,
     inject,
+    restarts_left,
     resume_mode,
     timed,
 )
@@ -575,6 +576,11 @@ class Trainer:
         if wait:
             self.checkpointer.wait()
         newest = newest_complete(self.checkpointer.directory)
+        if ended == "failed" and (left := restarts_left()) > 0:  # not the end: say what's next
+            return (
+                f"run interrupted at step {step} of {t.steps}: torchrun restarts the ranks "
+                f"({left} restart(s) left), which resume from {newest.path if newest else 'step 0'}"
+            )
         tokens = (step - logger.start_step) * t.global_batch_size * t.seq_len
         lines = [
             f"run {ended} at step {step} of {t.steps}{loss}; {tokens:,} tokens in "

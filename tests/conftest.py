@@ -160,3 +160,16 @@ def strict_json(text: str):
 def read_metrics(run_dir: Path) -> list[dict]:
     """metrics.jsonl's rows, each held to be strict JSON."""
     return [strict_json(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def survivors(run_dir: Path) -> list[str]:
+    """Command lines of processes still running for this run directory."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = entry.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if str(run_dir) in cmd and int(entry.name) != os.getpid():
+            found.append(f"{entry.name}: {cmd}")
+    return found

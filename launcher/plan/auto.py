@@ -16,6 +16,7 @@ from dataclasses import asdict, replace
 
 from launcher.config import Config
 from launcher.layout import AXES, describe
+from launcher.plan.rules import config_problems
 from launcher.plan.search import runnable
 
 # Override keys the choice sets: the run directory's name leaves them out, so that the same
@@ -85,6 +86,8 @@ def plan_for(cfg: Config, overrides: list[str], nodes: int, per_node: int):
     none fits)."""
     fixed = fixed_degrees(overrides)
     world_cfg = on_world(cfg, nodes, per_node)
+    if problems := config_problems(world_cfg):  # broken whatever the layout: say so
+        return [], "; ".join(map(str, problems))
     est = choose(world_cfg, fixed)
     if est is not None:
         hardware = [f"hardware.nodes={nodes}", f"hardware.devices_per_node={per_node}"]
@@ -124,4 +127,8 @@ def recompose(cfg: Config, overrides: list[str], world: tuple[int, int] | None, 
     extra, problem = plan_for(cfg, overrides, nodes, per_node)
     if problem:
         return None, problem
+    if world is None:  # before the start: every world an elastic run may shrink to works too
+        for fewer in range(cfg.launch.min_nodes or nodes, nodes):
+            if problem := plan_for(cfg, overrides, fewer, per_node)[1]:
+                return None, f"launch.min_nodes={cfg.launch.min_nodes}: {problem}"
     return compose(with_overrides(overrides, extra)), None

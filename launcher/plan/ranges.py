@@ -145,6 +145,7 @@ RANGES: dict[str, Range] = {
     "checkpoint.keep": at_least(0, "0 keeps all"),
     "data.val_fraction": Range(0, 1, open_low=True, open_high=True),
     "logging.log_interval": POSITIVE,
+    "launch.min_nodes": at_least(0, "0: all of hardware.nodes"),
     "plan.top_k": POSITIVE,
     "plan.candidate": at_least(-1, "-1: off"),
 }

@@ -192,6 +192,7 @@ def config_problems(cfg: Config) -> list[Problem]:
             "precision.optimizer_dtype=fp32 needs master_dtype=fp32 (got bf16): Adam moments "
             "may be narrower than the master weights, not wider; set one of them to match",
         )
+    errors.extend(Problem("launch", msg) for msg in launch_problems(cfg))
     if prec.compute_dtype != prec.param_dtype:
         err(
             "precision",
@@ -199,6 +200,34 @@ def config_problems(cfg: Config) -> list[Problem]:
             f"param_dtype={prec.param_dtype.value}: forward runs in the parameters' dtype",
         )
     return errors
+
+
+def launch_problems(cfg: Config) -> list[str]:
+    """A rendezvous a launcher can meet at, and an elastic range a run can go on over: a
+    world that shrinks needs parallel.auto=true to re-plan and a torchrun restart to regroup."""
+    la, nodes = cfg.launch, cfg.hardware.nodes
+    out = []
+    if la.rendezvous:
+        host, _, port = la.rendezvous.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            out.append(f"launch.rendezvous={la.rendezvous} must be HOST:PORT (port 1-65535)")
+    elif la.min_nodes:
+        out.append(f"launch.min_nodes={la.min_nodes} needs launch.rendezvous=HOST:PORT")
+    if la.min_nodes > nodes:
+        out.append(f"launch.min_nodes={la.min_nodes} exceeds hardware.nodes={nodes}")
+    elif 0 < la.min_nodes < nodes:
+        elastic = f"launch.min_nodes={la.min_nodes} < hardware.nodes={nodes} (elastic)"
+        if not cfg.parallel.auto:
+            out.append(
+                f"{elastic} needs parallel.auto=true: the group that goes on with fewer nodes "
+                "re-plans its layout for them"
+            )
+        if cfg.train.max_restarts < 1:
+            out.append(
+                f"{elastic} needs train.max_restarts >= 1: a node that leaves fails the "
+                "others' step, and torchrun restarts them into the smaller group"
+            )
+    return out
 
 
 def _routing_problems(m, name: str) -> list[Problem]:

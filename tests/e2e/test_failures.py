@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import read_metrics, run_cli, start_cli, wait_for_step
+from conftest import read_metrics, run_cli, start_cli, survivors, wait_for_step
 from jobs import train_job
 from wandb_log import history
 
@@ -54,19 +54,6 @@ REFERENCE = train_job(ARGS, "uninterrupted run of tests/e2e/test_failures.py")
 @pytest.fixture
 def reference(group) -> dict[int, float]:
     return losses(group.result(REFERENCE))
-
-
-def survivors(run_dir: Path) -> list[str]:
-    """Command lines of processes still running for this run directory."""
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = entry.joinpath("cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if str(run_dir) in cmd and int(entry.name) != os.getpid():
-            found.append(f"{entry.name}: {cmd}")
-    return found
 
 
 @pytest.mark.jobs(REFERENCE)
