@@ -289,9 +289,10 @@ class LaunchConfig:
     # (torchrun --standalone). The launcher on HOST that finds nothing listening there starts
     # the rendezvous store in a process of its own, which outlives any node's torchrun.
     rendezvous: str = ""
-    # Elastic: the run goes on with as few as this many of hardware.nodes nodes (torchrun
-    # --nnodes=MIN:MAX); a node that leaves or joins restarts the group, which re-plans
-    # (parallel.auto=true) and resumes from the newest complete checkpoint. 0: all of them.
+    # Elastic: the run goes on with as few as this many of hardware.nodes nodes (with a
+    # rendezvous torchrun --nnodes=MIN:MAX: a node that leaves or joins restarts the group;
+    # under hydra/launcher=slurm a job of --nodes=MIN-MAX, requeued onto what is free), which
+    # re-plans (parallel.auto=true) and resumes from the newest complete checkpoint. 0: all.
     min_nodes: int = 0
 
 

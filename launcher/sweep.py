@@ -6,7 +6,8 @@ into SWEEP_DIR/<job number>:
   point it never submitted);
 - `rejected.json`: the rules the point broke (it never ran);
 - `plan.json`: the plan it ran under (the planner's predictions, and train_steps);
-- `metrics.jsonl`: one row per step (loss, tokens/s per device, MFU, peak memory);
+- `metrics.jsonl`: one row per step (loss, eval loss, tokens/s per device, MFU, peak memory,
+  the layout it ran on);
 - `status.json`: written by the SLURM launcher: how the queue saw the job end (completed,
   failed with the reason, requeued N times).
 
@@ -70,13 +71,19 @@ def job_row(job_dir: Path) -> dict:
         # Stopped before its last step with no word from the queue: a local job that was
         # interrupted, or one still running when the summary was made.
         status = queue.get("status") or ("incomplete" if rows else "failed")
+    # Each layout the point ran on, in order: a parallel.auto run re-plans when it is requeued
+    # onto another number of nodes (metrics.jsonl rows say which).
+    layouts = list(dict.fromkeys(r["layout"] for r in rows if r.get("layout")))
+    evals = [r["eval_loss"] for r in rows if isinstance(r.get("eval_loss"), float)]
     row.update(
-        layout=_layout(plan),
+        layout=_layout(plan) if len(layouts) < 2 else " -> ".join(layouts),
+        layouts=layouts,
         status=status,
         reason=queue.get("reason"),
         requeued=queue.get("requeued", 0),
         step=last.get("step"),
         loss=last.get("loss"),
+        eval_loss=evals[-1] if evals else None,
         tokens_per_s=_best(rows, "tokens_per_s"),
         predicted_tokens_per_s=predicted.get("tokens_per_s_per_device"),
         mfu=_best(rows, "mfu"),
@@ -142,7 +149,7 @@ def summary_table(rows: list[dict], title: str) -> Table:
     if shared:
         title += "\nevery point: " + " ".join(o for o in rows[0]["overrides"] if o in shared)
     t = Table(title=escape(title), title_justify="left")
-    for col in ("#", "point", "layout", "status", "final loss"):
+    for col in ("#", "point", "layout", "status", "final loss", "eval loss"):
         t.add_column(col)
     for col in ("tokens/s/dev", "MFU %", "peak GiB"):
         t.add_column(f"{col}\nmeasured / planned", justify="right")
@@ -155,9 +162,10 @@ def summary_table(rows: list[dict], title: str) -> Table:
         t.add_row(
             r["job"],
             escape(" ".join(o for o in r["overrides"] if o not in shared)),
-            r.get("layout", ""),
+            escape(r.get("layout", "").replace(" -> ", "\n-> ")),  # a layout per line
             escape(status),
             "" if r.get("loss") is None else f"{r['loss']:.4f}",
+            "" if r.get("eval_loss") is None else f"{r['eval_loss']:.4f}",
             _pair(r.get("tokens_per_s"), r.get("predicted_tokens_per_s"), ",.0f"),
             _pair(
                 None if r.get("mfu") is None else r["mfu"] * 100,

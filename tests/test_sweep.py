@@ -82,3 +82,26 @@ def test_every_status_and_the_figures_beside_the_plans(tmp_path):
     assert "every point: train.steps=3" in text
     assert "[tp] tp=3 must divide" in text  # not eaten as rich markup
     assert "completed (requeued 1x)" in text and "52 / 100" in text
+
+
+def test_each_layout_a_point_ran_on_and_its_eval_loss(tmp_path):
+    """A parallel.auto point requeued onto fewer nodes ran on two layouts: the summary names
+    both, in order; the eval loss is the last one measured."""
+    job(tmp_path, 0, ["train.steps=4"], steps=4, losses=[5.0, 4.0, 3.5, 3.0])
+    job(tmp_path, 1, ["train.steps=4"], steps=4, losses=[5.0, 4.0, 3.5, 3.0])
+    metrics = tmp_path / "1" / sweep.METRICS
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    for r in rows:
+        r["layout"] = "4 rank(s): dp_shard=4" if r["step"] <= 2 else "2 rank(s): dp_shard=2"
+    rows[1]["eval_loss"], rows[3]["eval_loss"] = 4.25, None  # the last evaluation: step 2
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    by = {r["job"]: r for r in sweep.summarize(tmp_path)}
+    assert by["0"]["layouts"] == [] and by["0"]["eval_loss"] is None
+    assert by["0"]["layout"].startswith("dp 1x2 tp 2")  # one layout: the plan's words
+    assert by["1"]["layouts"] == ["4 rank(s): dp_shard=4", "2 rank(s): dp_shard=2"]
+    assert by["1"]["layout"] == "4 rank(s): dp_shard=4 -> 2 rank(s): dp_shard=2"
+    assert by["1"]["eval_loss"] == 4.25
+    console = Console(record=True, width=200)
+    console.print(sweep.summary_table(list(by.values()), "sweep"))
+    text = console.export_text()
+    assert "4.2500" in text and "eval loss" in text

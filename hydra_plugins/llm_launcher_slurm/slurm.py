@@ -107,21 +107,27 @@ class PlannedSlurmLauncher(SlurmLauncher):
 
     def _plan(self, overrides: list[str]) -> tuple[str, tuple]:
         """(the problems of this point, or ""; its SLURM resources)."""
-        from launcher.plan import engine_plan
+        from launcher.plan import auto, engine_plan
         from launcher.plan.report import problems_message
         from launcher.plan.search import candidate_overrides, with_overrides
 
         cfg = self._task_config(overrides)
-        if cfg.plan.candidate >= 0:  # the job will run the same search and train this layout
+        if cfg.parallel.auto:  # the job plans for the nodes it gets; every count must work
+            cfg, problem = auto.recompose(cfg, overrides, None, self._task_config)
+            if problem:
+                return problem, ()
+        elif cfg.plan.candidate >= 0:  # the job will run the same search, train this layout
             extra, problem = candidate_overrides(cfg)
             if problem:
                 return problem, ()
             cfg = self._task_config(with_overrides(overrides, extra))
         plan = engine_plan(cfg)
-        hw = cfg.hardware
+        hw, low = cfg.hardware, cfg.launch.min_nodes
         cuda = hw.device_type.value == "cuda"
         resources = (
-            ("nodes", hw.nodes),
+            # A node range (sbatch --nodes=MIN-MAX): SLURM starts the job on as many as are
+            # free, also when it is requeued (see _executor).
+            ("nodes", f"{low}-{hw.nodes}" if 0 < low < hw.nodes else hw.nodes),
             ("tasks_per_node", hw.devices_per_node),
             ("gpus_per_node", hw.devices_per_node if cuda else None),
         )
@@ -142,6 +148,9 @@ class PlannedSlurmLauncher(SlurmLauncher):
         import submitit
 
         params = {**self.params, **resources}
+        if isinstance(params["nodes"], str):  # MIN-MAX: submitit counts tasks from an int
+            extra = dict(params.get("additional_parameters") or {}, nodes=params["nodes"])
+            params.update(nodes=int(params["nodes"].split("-")[1]), additional_parameters=extra)
         init = {"folder": params.pop("submitit_folder")}
         init[f"{self._EXECUTOR}_max_num_timeout"] = params.pop("max_num_timeout")
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init)
@@ -164,7 +173,9 @@ class PlannedSlurmLauncher(SlurmLauncher):
         for idx, overrides in points:
             print(f"\t#{idx} : {' '.join(filter_overrides(overrides))}", flush=True)
         jobs = executor.map_array(self, *zip(*args, strict=True))
-        ends = _wait([job for job in jobs])
+        nodes = str(resources["nodes"])
+        span = (nodes, resources["tasks_per_node"]) if "-" in nodes else None
+        ends = _wait([job for job in jobs], span)
         out = []
         for (idx, _), job in zip(points, jobs, strict=True):
             status, ret = ends[job.job_id]
@@ -186,20 +197,28 @@ def queue_record(job_id: str) -> dict[str, str]:
     return record
 
 
-def _wait(jobs: list) -> dict[str, tuple[dict, JobReturn | None]]:
+def _wait(
+    jobs: list, span: tuple[str, int] | None = None
+) -> dict[str, tuple[dict, JobReturn | None]]:
     """Every job's end: ({status, reason, requeued, job_id}, its JobReturn when completed).
 
     A job is over when its result file exists (submitit writes it, also when the task
     raised), or when it has been out of the queue (ENDED, or unknown to scontrol) for GRACE_S
-    without one: then it was killed outright.
+    without one: then it was killed outright. `span` ("MIN-MAX" nodes, tasks per node): a
+    requeued job gets its node range back (restore_span).
     """
     pending = {job.job_id: job for job in jobs}
     gone: dict[str, float] = {}
+    restored: dict[str, int] = {}
     ends: dict[str, tuple[dict, JobReturn | None]] = {}
     while pending:
         for job_id, job in list(pending.items()):
             record = queue_record(job_id)
             status = {"job_id": job_id, "requeued": int(record.get("Restarts", 0) or 0)}
+            again = record.get("JobState") == "PENDING" and status["requeued"]
+            if span and again and restored.get(job_id) != status["requeued"]:
+                restore_span(job_id, *span)
+                restored[job_id] = status["requeued"]
             if job.paths.result_pickle.exists():
                 ends[job_id] = _result(job, status)
             elif record and record.get("JobState") not in ENDED:
@@ -220,9 +239,27 @@ def _wait(jobs: list) -> dict[str, tuple[dict, JobReturn | None]]:
     return ends
 
 
+def restore_span(job_id: str, nodes: str, per_node: int) -> None:
+    """Give a requeued job of a node range its range back. SLURM keeps the node and task
+    counts of the allocation it had (2 nodes, 4 tasks), so it would wait for as many nodes
+    again; with --nodes=MIN-MAX and MIN x tasks per node it starts on what is free."""
+    low = int(nodes.split("-")[0])
+    subprocess.run(
+        [
+            "scontrol",
+            "update",
+            f"JobId={job_id}",
+            f"NumNodes={nodes}",
+            f"NumTasks={low * per_node}",
+        ],
+        capture_output=True,
+        timeout=60,
+    )
+
+
 def _result(job, status: dict) -> tuple[dict, JobReturn | None]:
     try:
-        ret = job.results()[0]
+        ret = job.task(0).result()  # task 0 only: a job of a node range may run fewer tasks
     except Exception as e:  # the task raised, or was stopped without a requeue
         return {**status, "status": "failed", "reason": _first_line(e)}, None
     if ret.status == JobStatus.COMPLETED:

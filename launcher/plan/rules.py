@@ -203,16 +203,16 @@ def config_problems(cfg: Config) -> list[Problem]:
 
 
 def launch_problems(cfg: Config) -> list[str]:
-    """A rendezvous a launcher can meet at, and an elastic range a run can go on over: a
-    world that shrinks needs parallel.auto=true to re-plan and a torchrun restart to regroup."""
+    """A rendezvous a launcher can meet at, and a node range a run can go on over (torchrun's
+    elastic mode with a rendezvous, a SLURM job's --nodes=MIN-MAX under hydra/launcher=slurm):
+    a world that shrinks needs parallel.auto=true to re-plan, and under torchrun a restart to
+    regroup."""
     la, nodes = cfg.launch, cfg.hardware.nodes
     out = []
     if la.rendezvous:
         host, _, port = la.rendezvous.rpartition(":")
         if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
             out.append(f"launch.rendezvous={la.rendezvous} must be HOST:PORT (port 1-65535)")
-    elif la.min_nodes:
-        out.append(f"launch.min_nodes={la.min_nodes} needs launch.rendezvous=HOST:PORT")
     if la.min_nodes > nodes:
         out.append(f"launch.min_nodes={la.min_nodes} exceeds hardware.nodes={nodes}")
     elif 0 < la.min_nodes < nodes:
@@ -222,7 +222,7 @@ def launch_problems(cfg: Config) -> list[str]:
                 f"{elastic} needs parallel.auto=true: the group that goes on with fewer nodes "
                 "re-plans its layout for them"
             )
-        if cfg.train.max_restarts < 1:
+        if la.rendezvous and cfg.train.max_restarts < 1:
             out.append(
                 f"{elastic} needs train.max_restarts >= 1: a node that leaves fails the "
                 "others' step, and torchrun restarts them into the smaller group"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import newest_step, read_metrics, start_cli, survivors, wait_for_step
 from jobs import train_job
+from wandb_log import history
 
 from launcher import launch, rendezvous
 
@@ -65,18 +66,24 @@ def finished_like(
 
 @pytest.mark.jobs(REFERENCE)
 def test_one_command_resumes_on_4_then_2_then_3_ranks(group, tmp_path):
+    """...as one wandb run (offline): three starts, one run id, every step sent once."""
     reference = {r["step"]: r["loss"] for r in read_metrics(group.result(REFERENCE))}
-    out4, _ = stop_after(start(tmp_path, 4), tmp_path, 4)
+    wandb = "logging.wandb.mode=offline"
+    out4, _ = stop_after(start(tmp_path, 4, wandb), tmp_path, 4)
     assert "planned for 4 rank(s): dp_shard=4" in out4
     first = newest_step(tmp_path)
-    out2, _ = stop_after(start(tmp_path, 2), tmp_path, first + 3)
+    out2, _ = stop_after(start(tmp_path, 2, wandb), tmp_path, first + 3)
     assert "re-planned for 2 rank(s) (was 4): dp_shard=2" in out2
     assert f"starting from step {first} of" in out2
-    out3, _ = finished_like(start(tmp_path, 3), tmp_path, reference)
+    out3, _ = finished_like(start(tmp_path, 3, wandb), tmp_path, reference)
     # llama3_debug's 8 heads and 16 sequences do not split over 3: a 3-stage pipeline.
     assert "re-planned for 3 rank(s) (was 2): pp=3 1f1b" in out3
     ran_on = [r["layout"].split(" rank(s)")[0] for r in read_metrics(tmp_path)]
     assert ran_on[0] == "4" and ran_on[-1] == "3" and "2" in ran_on, ran_on
+    files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 3 and len({f.name for f in files}) == 1, files  # one id, three starts
+    sent = [r["_step"] for f in files for r in history(str(f)) if "loss" in r]
+    assert sorted(sent) == list(range(1, STEPS + 1))
 
 
 @pytest.mark.jobs(MOE_REFERENCE)

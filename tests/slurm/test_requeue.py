@@ -126,3 +126,43 @@ def test_killed_job_is_failed_and_the_sweep_returns_without_accounting(slurm_clu
     row = summary_row(sweep_dir)
     assert row["status"] == "failed" and "without a result" in row["reason"], row
     assert "failed" in out
+
+
+def test_node_range_job_requeued_onto_one_node_replans_and_matches_one_process(
+    slurm_cluster, tmp_path
+):
+    """A parallel.auto point of launch.min_nodes=1 of hardware.nodes=2 is submitted as
+    --nodes=1-2 and starts on both nodes (4 ranks). n2 is drained and SLURM's warning signal
+    stops the job, which requeues itself and comes back on n1 alone: it re-plans for 2 ranks
+    and finishes with the losses of one process, each step once; the summary shows both
+    layouts."""
+    sweep_dir = tmp_path / "sweep"
+    run = ["train.steps=16", "checkpoint.interval=2", "parallel.auto=true"]
+    sweep = start_sweep(
+        sweep_dir, slurm_cluster.env, *run, "hardware.nodes=2", "launch.min_nodes=1"
+    )
+    try:
+        wait_for_steps(sweep_dir / "0" / "metrics.jsonl", 3, sweep)
+        job = running_job(slurm_cluster)
+        assert slurm_cluster.job(job).get("NumNodes") == "2", slurm_cluster.job(job)
+        slurm_cluster.run("scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=test")
+        slurm_cluster.run("scancel", "--signal=USR2", job)
+        release_requeued(slurm_cluster, job)
+        out, err = sweep.communicate(timeout=400)
+    finally:
+        sweep.kill()
+        slurm_cluster.run("scontrol", "update", "NodeName=n2", "State=RESUME", check=False)
+    assert sweep.returncode == 0, err[-3000:] + slurm_cluster.logs()
+    row = summary_row(sweep_dir)
+    assert row["status"] == "completed" and row["requeued"] >= 1, row
+    assert [x.split(" rank(s)")[0] for x in row["layouts"]] == ["4", "2"], row["layouts"]
+    got = read_metrics(sweep_dir / "0")
+    assert [r["step"] for r in got] == list(range(1, 17))  # every step once
+    local = tmp_path / "local"
+    ref = run_cli(
+        "launcher.train", *RUN, *run, "hardware.devices_per_node=1", f"hydra.run.dir={local}"
+    )
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = [r["loss"] for r in read_metrics(local)]
+    assert [r["loss"] for r in got] == pytest.approx(want, abs=1e-5)
+    assert "4 rank(s)" in out and "2 rank(s)" in out  # the summary's layout column
