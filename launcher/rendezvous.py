@@ -58,8 +58,15 @@ def is_local(host: str) -> bool:
 def ensure(endpoint: str, log: Path, wait_s: float) -> None:
     """Return once a store listens at `endpoint`, starting it when HOST is this machine."""
     host, port = split(endpoint)
-    deadline, started = time.monotonic() + wait_s, False
+    begun, started, said = time.monotonic(), False, False
     while not listening(host, port):
+        if not said and time.monotonic() - begun > 5:
+            print(
+                f"waiting for the rendezvous store at {endpoint} (the launcher on {host} "
+                f"starts it; giving up after {wait_s:g} s, train.timeout_s)",
+                flush=True,
+            )
+            said = True
         if not started and is_local(host):
             with open(log, "ab") as out:
                 subprocess.Popen(
@@ -70,7 +77,7 @@ def ensure(endpoint: str, log: Path, wait_s: float) -> None:
                     start_new_session=True,  # neither a Ctrl-C nor this launcher's end stops it
                 )
             started = True
-        if time.monotonic() > deadline:
+        if time.monotonic() - begun > wait_s:
             raise RendezvousProblem(
                 f"nothing listens at launch.rendezvous={endpoint} after {wait_s:g} s: start the "
                 f"launcher on {host} too (it starts the store there), or check the address"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -96,10 +97,16 @@ class PlannedSlurmLauncher(SlurmLauncher):
                 sweep.write_json(job_dir / sweep.REJECTED, {"problems": problems})
                 continue
             groups[resources].append((idx, list(overrides)))
-        if not groups:
-            from launcher.cli import fail
+        from launcher.cli import fail
 
+        if not groups:
             fail(f"every point of the sweep was rejected; nothing was submitted ({sweep_dir})")
+        if shutil.which("sbatch") is None:
+            fail(
+                "hydra/launcher=slurm submits with SLURM's sbatch, which is not on PATH here: "
+                "run this on a SLURM login node, or leave out hydra/launcher=slurm to run the "
+                "sweep on this machine"
+            )
         returns: list[JobReturn] = []
         for resources, points in groups.items():
             returns += self._submit(dict(resources), points, sweep_dir)
@@ -163,6 +170,8 @@ class PlannedSlurmLauncher(SlurmLauncher):
     def _submit(self, resources: dict, points: list, sweep_dir: Path) -> list[JobReturn]:
         """One job array for `points` [(job number, overrides)]; waits for every job and
         returns the completed ones (a failed one is recorded, not raised)."""
+        import submitit
+
         from launcher import sweep
 
         executor = self._executor(resources)
@@ -172,7 +181,13 @@ class PlannedSlurmLauncher(SlurmLauncher):
         ]
         for idx, overrides in points:
             print(f"\t#{idx} : {' '.join(filter_overrides(overrides))}", flush=True)
-        jobs = executor.map_array(self, *zip(*args, strict=True))
+        try:
+            jobs = executor.map_array(self, *zip(*args, strict=True))
+        except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as e:
+            from launcher.cli import fail
+
+            lines = [x for x in str(e).splitlines() if x.strip()]
+            fail(f"sbatch refused the job: {' / '.join(lines[-3:]) or type(e).__name__}")
         nodes = str(resources["nodes"])
         span = (nodes, resources["tasks_per_node"]) if "-" in nodes else None
         ends = _wait([job for job in jobs], span)

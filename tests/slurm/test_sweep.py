@@ -104,3 +104,22 @@ def test_every_point_rejected_submits_nothing_and_exits_2(tmp_path):
     assert "rejected: parallel.tp=3" in result.stderr and "rejected: parallel.tp=5" in result.stderr
     assert not (tmp_path / ".submitit").exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0", "1"]
+
+
+def test_no_sbatch_is_one_line_and_exit_2(tmp_path):
+    """A machine without SLURM: the planned points are refused before submitit, in one line."""
+    result = run_cli(
+        "launcher.train",
+        "-m",
+        "train.steps=2",
+        "hydra/launcher=slurm",
+        f"hydra.sweep.dir={tmp_path}",
+        env={"PATH": "/nonexistent"},
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "error: hydra/launcher=slurm submits with SLURM's sbatch, which is not on PATH here: run "
+        "this on a SLURM login node, or leave out hydra/launcher=slurm to run the sweep on this "
+        "machine"
+    ]
+    assert not (tmp_path / ".submitit").exists()

@@ -1,0 +1,49 @@
+"""The rendezvous store of a run on several nodes (launcher/rendezvous.py): started on its host
+by the first launcher there, held while launchers are members, gone after the last leaves."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from launcher import rendezvous
+
+NOT_HERE = "192.0.2.1"  # TEST-NET-1: no machine has it
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_only_this_machines_addresses_are_local():
+    assert rendezvous.is_local("127.0.0.1") and rendezvous.is_local("localhost")
+    assert not rendezvous.is_local(NOT_HERE)
+    assert not rendezvous.is_local("no-such-host.invalid")
+
+
+def test_no_store_on_another_host_is_refused_after_the_wait(tmp_path):
+    endpoint = f"{NOT_HERE}:{free_port()}"
+    with pytest.raises(rendezvous.RendezvousProblem, match=f"launch.rendezvous={endpoint}"):
+        rendezvous.ensure(endpoint, tmp_path / "rendezvous.log", wait_s=1)
+    assert not (tmp_path / "rendezvous.log").exists()  # nothing was started here
+
+
+def test_store_started_here_is_shared_and_leaves_with_the_last_member(tmp_path):
+    port = free_port()
+    endpoint = f"127.0.0.1:{port}"
+    log = tmp_path / "rendezvous.log"
+    rendezvous.ensure(endpoint, log, wait_s=60)
+    rendezvous.ensure(endpoint, log, wait_s=60)  # a second launcher finds it: no second store
+    assert rendezvous.listening("127.0.0.1", port)
+    with rendezvous.member(endpoint), rendezvous.member(endpoint):
+        time.sleep(2 * rendezvous.HEARTBEAT_S)
+        assert rendezvous.listening("127.0.0.1", port)  # members keep it
+    deadline = time.monotonic() + 15
+    while rendezvous.listening("127.0.0.1", port) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not rendezvous.listening("127.0.0.1", port), log.read_text()
+    assert "every launcher has left" in log.read_text()
