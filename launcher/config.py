@@ -35,6 +35,15 @@ class Recompute(str, Enum):
     op = "op"  # keep block inputs, matmul, attention and reduction outputs; recompute the rest
 
 
+class LRSchedule(str, Enum):
+    """After the linear warmup, from train.lr to train.min_lr at the last step (optim.DECAY)."""
+
+    cosine = "cosine"
+    linear = "linear"
+    constant = "constant"  # train.lr throughout (min_lr unused)
+    wsd = "wsd"  # warmup-stable-decay: train.lr, then linear over the last decay_fraction
+
+
 class Resume(str, Enum):
     auto = "auto"  # start from the newest complete checkpoint in checkpoint.dir, if any
     never = "never"  # start from step 0 (refused if checkpoint.dir holds checkpoints)
@@ -224,6 +233,8 @@ class TrainConfig:
     lr: float = 3e-3
     warmup_steps: int = 20
     min_lr: float = 3e-4
+    lr_schedule: LRSchedule = LRSchedule.cosine
+    decay_fraction: float = 0.2  # wsd: the share of the steps after warmup that decays
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95

@@ -277,13 +277,26 @@ def build_optimizers(
     return Optimizers(pairs)
 
 
+# train.lr_schedule -> the share of (lr - min_lr) kept at progress p (0 at the end of the warmup,
+# 1 at the last step), given train.decay_fraction: 1 at p = 0, and 0 at p = 1 but for constant.
+DECAY = {
+    "cosine": lambda p, f: 0.5 * (1 + math.cos(math.pi * p)),
+    "linear": lambda p, f: 1 - p,
+    "constant": lambda p, f: 1.0,
+    # MiniCPM's warmup-stable-decay: flat, then a linear decay over the last fraction f.
+    "wsd": lambda p, f: min(1.0, (1 - p) / f),
+}
+
+
 def lr_at(step: int, t: TrainConfig) -> float:
-    """Linear warmup from lr/warmup to lr, then cosine decay to min_lr at the last step."""
+    """Linear warmup from lr/warmup to lr, then train.lr_schedule's decay to min_lr at the last
+    step (0-based steps); a pure function of the step, so any resume gets the same value."""
     if step < t.warmup_steps:
         return t.lr * (step + 1) / t.warmup_steps
     span = max(1, t.steps - t.warmup_steps - 1)
     progress = min(1.0, (step - t.warmup_steps) / span)
-    return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1 + math.cos(math.pi * progress))
+    keep = DECAY[getattr(t.lr_schedule, "value", t.lr_schedule)](progress, t.decay_fraction)
+    return t.min_lr + (t.lr - t.min_lr) * keep
 
 
 def clip_grad_norm(

@@ -132,6 +132,7 @@ RANGES: dict[str, Range] = {
     "train.lr": above(0),
     "train.warmup_steps": COUNT,
     "train.min_lr": COUNT,
+    "train.decay_fraction": Range(0, 1, open_low=True, why="wsd's decaying share of the steps"),
     "train.weight_decay": COUNT,
     "train.beta1": FRACTION,
     "train.beta2": FRACTION,

@@ -50,6 +50,8 @@ CONFIG = [
     config("train.lr=abc", "train.lr"),
     config("train.min_lr=nan", "train.min_lr=nan must be >= 0"),
     config("train.min_lr=1", "train.min_lr=1.0 must be <= train.lr"),
+    config("train.lr_schedule=step", "expected one of [cosine, linear, constant, wsd]"),
+    config("train.decay_fraction=0", "train.decay_fraction=0.0 must be in (0, 1]"),
     config("train.beta1=2.0", "train.beta1=2.0 must be in [0, 1)"),
     config("train.beta1=-0.5", "train.beta1=-0.5 must be in [0, 1)"),
     config("train.beta2=1.0", "train.beta2=1.0 must be in [0, 1)"),
