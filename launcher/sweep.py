@@ -157,7 +157,9 @@ def summary_table(rows: list[dict], title: str) -> Table:
         status = r["status"]
         if r.get("requeued"):
             status += f" (requeued {r['requeued']}x)"
-        if r.get("reason"):
+        if r.get("reason") and status == "rejected":
+            status += " (below)"  # the rules it broke, under the table: they are long
+        elif r.get("reason"):
             status += f": {r['reason']}"
         t.add_row(
             r["job"],
@@ -177,9 +179,21 @@ def summary_table(rows: list[dict], title: str) -> Table:
     return t
 
 
+def rejected_lines(rows: list[dict]) -> list[str]:
+    """One line per rejected point: its number, overrides and the rules it broke."""
+    return [
+        f"#{r['job']} rejected ({' '.join(r['overrides'])}): {r['reason']}"
+        for r in rows
+        if r["status"] == "rejected"
+    ]
+
+
 def print_summary(sweep_dir: str | Path) -> list[dict]:
     rows = summarize(sweep_dir)
-    Console(width=160).print(summary_table(rows, f"sweep {sweep_dir} ({SUMMARY} beside it)"))
+    console = Console(width=160)
+    console.print(summary_table(rows, f"sweep {sweep_dir} ({SUMMARY} beside it)"))
+    for line in rejected_lines(rows):
+        console.print(escape(line), soft_wrap=True)
     return rows
 
 

@@ -80,7 +80,9 @@ def test_every_status_and_the_figures_beside_the_plans(tmp_path):
     console.print(sweep.summary_table(rows, "sweep"))
     text = console.export_text()
     assert "every point: train.steps=3" in text
-    assert "[tp] tp=3 must divide" in text  # not eaten as rich markup
+    assert "rejected (below)" in text and "[tp] tp=3" not in text  # the table stays narrow
+    (line,) = sweep.rejected_lines(rows)
+    assert line == "#1 rejected (parallel.tp=3 train.steps=3): [tp] tp=3 must divide n_heads=8"
     assert "completed (requeued 1x)" in text and "52 / 100" in text
 
 
