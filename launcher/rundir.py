@@ -76,6 +76,7 @@ def _try(fd: int, kind: int) -> bool:
 
 
 def record_of(path: Path) -> dict:
+    """The JSON object in `path`; {} when it is missing, unreadable or not an object."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):

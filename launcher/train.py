@@ -111,7 +111,8 @@ def task(dcfg: DictConfig) -> None:
     if not plan.ok:
         return reject(problems_message(plan), hc, run_dir, first)
     if first:
-        sweep.write_json(run_dir / sweep.PLAN, {**plan_json(plan), "train_steps": cfg.train.steps})
+        record = {**plan_json(plan), "train_steps": cfg.train.steps, "model": cfg.model.name}
+        sweep.write_json(run_dir / sweep.PLAN, record)  # read by the sweep summary and runs
     check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)
     problems = checkpoint_problems(cfg, str(run_dir))
     if problems:

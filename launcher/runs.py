@@ -1,0 +1,211 @@
+"""Where runs stand, and how they went: `python -m launcher.runs`.
+
+    python -m launcher.runs [DIR ...]                 a table of the runs under DIR (default:
+                                                      outputs and multirun)
+    python -m launcher.runs plot RUN ... --out F.png  loss, eval loss, lr, gradient norm and
+                                                      tokens/s against step, one line per run
+
+A run is a directory with a metrics.jsonl. Everything comes from its files: plan.json (model,
+steps to train, layout), metrics.jsonl (steps done, last loss, the layout each step ran on),
+checkpoints/ (the newest complete one), run.lock (held while it runs), stopped.json and
+exit.json (how it ended). Nothing is imported from torch: the table is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from launcher.checkpoint.store import newest_complete
+from launcher.failures import EXIT_FILE, STOPPED_FILE
+from launcher.rundir import LOCK, record_of
+
+METRICS, PLAN = "metrics.jsonl", "plan.json"
+ROOTS = ("outputs", "multirun")
+DEPTH = 4  # outputs/<run>, multirun/<sweep>/<n>: run directories sit a few levels down
+RECENT_S = 600.0
+# What `plot` draws: (metrics.jsonl key, panel title).
+PANELS = (
+    ("loss", "training loss"),
+    ("eval_loss", "eval loss"),
+    ("lr", "learning rate"),
+    ("grad_norm", "gradient norm"),
+    ("tokens_per_s", "tokens/s per device"),
+)
+
+
+def find(roots: list[Path]) -> list[Path]:
+    """Every run directory under `roots` (a root that is itself a run counts), in path order."""
+    found = []
+    for root in roots:
+        for here, dirs, files in os.walk(root):
+            depth = Path(here).relative_to(root).parts
+            if METRICS in files:
+                found.append(Path(here))
+            dirs[:] = [] if len(depth) >= DEPTH else [d for d in dirs if d != "checkpoints"]
+    return sorted(set(found))
+
+
+def rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's whole rows (a row cut short by a crash is skipped)."""
+    out = []
+    for line in (run_dir / METRICS).read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict) and isinstance(row.get("step"), int):
+            out.append(row)
+    return out
+
+
+def running(run_dir: Path) -> str | None:
+    """ "running" while a process holds the run's lock (launcher/rundir.py), read from
+    /proc/locks rather than by taking it (a probe holding it, even briefly, would refuse the
+    run's own start). A run on another host of a shared file system shows as "running on
+    HOST" while its lock names that host and metrics.jsonl changed in the last RECENT_S."""
+    path = run_dir / LOCK
+    try:
+        st = path.stat()
+        me = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        held = any(
+            line.split()[1:2] == ["FLOCK"] and line.split()[5] == me
+            for line in Path("/proc/locks").read_text().splitlines()
+        )
+    except (OSError, IndexError):
+        return None
+    if held:
+        return "running"
+    host = record_of(path).get("host")
+    try:
+        recent = time.time() - (run_dir / METRICS).stat().st_mtime < RECENT_S
+    except OSError:
+        recent = False
+    return f"running on {host}" if host and host != socket.gethostname() and recent else None
+
+
+def summary(run_dir: Path) -> dict:
+    """One run: model, layout, steps done / total, last loss, status, newest checkpoint."""
+    plan, done = record_of(run_dir / PLAN), rows(run_dir)
+    last = done[-1] if done else {}
+    steps, step = plan.get("train_steps"), last.get("step", 0)
+    if now := running(run_dir):
+        status = now
+    elif steps is not None and step >= steps:
+        status = "finished"
+    elif (run_dir / EXIT_FILE).exists():
+        status = f"ended (exit {record_of(run_dir / EXIT_FILE).get('status', '?')})"
+    elif (run_dir / STOPPED_FILE).exists():
+        status = "stopped"
+    else:
+        status = "failed"  # not running, not at its last step, and no stop recorded
+    newest = (
+        newest_complete(run_dir / "checkpoints") if (run_dir / "checkpoints").is_dir() else None
+    )
+    layouts = list(dict.fromkeys(r["layout"] for r in done if r.get("layout")))
+    evals = [r["eval_loss"] for r in done if isinstance(r.get("eval_loss"), float)]
+    return {
+        "run": str(run_dir),
+        "model": plan.get("model") or run_dir.name.split("-")[0],
+        "layout": layouts[-1].split(": ", 1)[-1] if layouts else "",
+        "step": step,
+        "steps": steps,
+        "loss": last.get("loss"),
+        "eval_loss": evals[-1] if evals else None,
+        "status": status,
+        "checkpoint": newest.path.name if newest else None,
+    }
+
+
+def table(runs: list[dict]):
+    from rich.table import Table
+
+    t = Table(title=f"{len(runs)} run(s)", title_justify="left")
+    for col in ("run", "model", "layout", "steps", "loss", "eval", "status", "checkpoint"):
+        t.add_column(col, justify="right" if col in ("steps", "loss", "eval") else "left")
+    for r in runs:
+        t.add_row(
+            r["run"],
+            r["model"],
+            r["layout"],
+            f"{r['step']} / {r['steps'] if r['steps'] is not None else '?'}",
+            "" if r["loss"] is None else f"{r['loss']:.4f}",
+            "" if r["eval_loss"] is None else f"{r['eval_loss']:.4f}",
+            r["status"],
+            r["checkpoint"] or "",
+        )
+    return t
+
+
+def plot(run_dirs: list[Path], out: Path) -> None:
+    """PANELS against step, one line per run, to `out` (its suffix picks the format)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(PANELS), 1, figsize=(8, 2.4 * len(PANELS)), sharex=True)
+    for run_dir in run_dirs:
+        done = rows(run_dir)
+        for ax, (key, _) in zip(axes, PANELS, strict=True):
+            points = [(r["step"], r[key]) for r in done if isinstance(r.get(key), (int, float))]
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="." if len(points) < 30 else None,
+                        label=run_dir.name)  # fmt: skip
+    for ax, (_, title) in zip(axes, PANELS, strict=True):
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    axes[-1].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def fail(message: str) -> None:
+    sys.stderr.write(f"error: {message}\n")
+    sys.exit(2)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plot"]:
+        parser = argparse.ArgumentParser(
+            prog="python -m launcher.runs plot",
+            description="Loss, eval loss, lr, gradient norm and tokens/s against step.",
+        )
+        parser.add_argument("runs", nargs="+", type=Path, help="run directories")
+        parser.add_argument("--out", type=Path, required=True, help="FILE.png, .svg or .pdf")
+        args = parser.parse_args(argv[1:])
+        missing = [str(r) for r in args.runs if not (r / METRICS).is_file()]
+        if missing:
+            fail(f"not a run directory (no {METRICS}): {', '.join(missing)}")
+        if args.out.suffix.lower() not in (".png", ".svg", ".pdf"):
+            fail(f"--out {args.out}: the file name must end in .png, .svg or .pdf")
+        plot(args.runs, args.out)
+        print(f"wrote {args.out}: {len(args.runs)} run(s)")
+        return
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.runs",
+        description="The runs under DIR (default: outputs and multirun): model, layout, steps "
+        "done / total, last loss and eval loss, status (running, finished, stopped, failed), "
+        "newest checkpoint. `python -m launcher.runs plot RUN ... --out F.png` draws them.",
+    )
+    parser.add_argument("dirs", nargs="*", type=Path, help="where to look for runs")
+    args = parser.parse_args(argv)
+    roots = args.dirs or [Path(r) for r in ROOTS if Path(r).is_dir()]
+    missing = [str(d) for d in args.dirs if not d.is_dir()]
+    if missing:
+        fail(f"no such directory: {', '.join(missing)}")
+    from rich.console import Console
+
+    Console(width=200).print(table([summary(r) for r in find(roots)]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""`python -m launcher.runs`: the table of runs and their plot, from run directories' files."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+from conftest import run_cli
+
+from launcher import rundir, runs
+from launcher.failures import EXIT_FILE, STOPPED_FILE
+
+
+def make_run(path, steps_done: int, steps: int = 4, layout="2 rank(s): dp_shard=2", **files):
+    path.mkdir(parents=True)
+    plan = {"train_steps": steps, "model": "llama3_debug"}
+    (path / runs.PLAN).write_text(json.dumps(plan))
+    rows = [
+        {
+            "step": s,
+            "loss": 5.0 - s / 10,
+            "lr": 1e-3 * s,
+            "grad_norm": 1.0,
+            "tokens_per_s": 1000.0 + s,
+            "layout": layout,
+            **({"eval_loss": 4.5} if s == 2 else {}),
+        }
+        for s in range(1, steps_done + 1)
+    ]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (path / runs.METRICS).write_text(text + '{"step": 9, "loss"')  # a last row cut short
+    for name, value in files.items():
+        (path / name).write_text(json.dumps(value))
+    return path
+
+
+@pytest.fixture
+def release():
+    yield
+    while rundir._held:
+        os.close(rundir._held.pop())
+
+
+def test_every_status_from_the_files(tmp_path, release):
+    out = tmp_path / "outputs"
+    make_run(out / "done", 4)
+    make_run(out / "stopped", 2, **{STOPPED_FILE: {"step": 2}})
+    make_run(out / "ended", 3, **{EXIT_FILE: {"status": 3, "message": "non-finite"}})
+    make_run(out / "crashed", 1)
+    make_run(out / "live", 2)
+    rundir.lock(out / "live")  # this process trains it
+    away = make_run(out / "away", 2, **{rundir.LOCK: {"host": "node7", "pid": 1, "since": 0}})
+    make_run(tmp_path / "multirun" / "sweep" / "0", 4)
+    (out / "done" / "checkpoints" / "step_00000004").mkdir(parents=True)  # not a run
+    found = runs.find([out, tmp_path / "multirun"])
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == [
+        "multirun/sweep/0",
+        "outputs/away",
+        "outputs/crashed",
+        "outputs/done",
+        "outputs/ended",
+        "outputs/live",
+        "outputs/stopped",
+    ]
+    by = {p.name: runs.summary(p) for p in found}
+    assert {k: v["status"] for k, v in by.items()} == {
+        "0": "finished",
+        "away": "running on node7",
+        "crashed": "failed",
+        "done": "finished",
+        "ended": "ended (exit 3)",
+        "live": "running",
+        "stopped": "stopped",
+    }
+    done = by["done"]
+    assert (done["model"], done["step"], done["steps"]) == ("llama3_debug", 4, 4)
+    assert done["loss"] == pytest.approx(4.6) and done["eval_loss"] == 4.5
+    assert done["layout"] == "dp_shard=2" and done["checkpoint"] is None
+    old = time.time() - 2 * runs.RECENT_S
+    os.utime(away / runs.METRICS, (old, old))
+    assert runs.summary(away)["status"] == "failed"  # its host has not written for long
+    assert socket.gethostname() != "node7"
+
+
+def test_the_table_and_the_plot_on_the_command_line(tmp_path):
+    a = make_run(tmp_path / "a", 4)
+    b = make_run(tmp_path / "b", 3, layout="4 rank(s): pp=2 1f1b")
+    table = run_cli("launcher.runs", str(tmp_path))
+    assert table.returncode == 0, table.stderr
+    assert "2 run(s)" in table.stdout and "4 / 4" in table.stdout and "pp=2 1f1b" in table.stdout
+    png = tmp_path / "curves.png"
+    drawn = run_cli("launcher.runs", "plot", str(a), str(b), "--out", str(png))
+    assert drawn.returncode == 0, drawn.stderr
+    assert f"wrote {png}: 2 run(s)" in drawn.stdout
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(png).shape
+    assert height > width  # the five panels, one above the other
+    bad = run_cli("launcher.runs", "plot", str(tmp_path), "--out", str(png))
+    assert bad.returncode == 2 and "not a run directory (no metrics.jsonl)" in bad.stderr
+    bad = run_cli("launcher.runs", "plot", str(a), "--out", str(tmp_path / "c.txt"))
+    assert bad.returncode == 2 and "must end in .png, .svg or .pdf" in bad.stderr
+    bad = run_cli("launcher.runs", str(tmp_path / "nowhere"))
+    assert bad.returncode == 2 and "no such directory" in bad.stderr
