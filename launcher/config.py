@@ -289,6 +289,7 @@ class WandbConfig:
 class LoggingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
     log_interval: int = 1  # steps between progress lines
+    tensorboard: bool = False  # also TensorBoard event files in RUN_DIR/tensorboard
 
 
 @dataclass

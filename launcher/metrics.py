@@ -1,4 +1,5 @@
-"""Where metrics go: a progress line, DIR/metrics.jsonl and a wandb run, from one rank."""
+"""Where metrics go: a progress line, DIR/metrics.jsonl, a wandb run and TensorBoard event
+files (logging.tensorboard), from one rank."""
 
 from __future__ import annotations
 
@@ -103,6 +104,7 @@ class MetricsLogger:
         run_name: str,
         start_step: int = 0,
         layout: str = "",
+        tensorboard: bool = False,
     ):
         self.enabled, self.total, self.interval = enabled, total_steps, max(1, log_interval)
         self.layout = layout  # every row says what it ran on (a resume may re-plan)
@@ -112,6 +114,7 @@ class MetricsLogger:
         self.file = None
         self.wandb_run = None
         self.wandb_done = 0  # steps up to this one are in the wandb run already
+        self.tensorboard = None
         if not enabled:
             return
         path = Path(run_dir) / "metrics.jsonl"
@@ -132,6 +135,14 @@ class MetricsLogger:
                 config=config,
                 settings=wandb.Settings(console="off", quiet=True),
             )
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # Events of the steps after the one resumed from, written before an interruption,
+            # are hidden: TensorBoard shows each step once, as metrics.jsonl does.
+            self.tensorboard = SummaryWriter(
+                str(Path(run_dir) / "tensorboard"), purge_step=start_step + 1
+            )
 
     def log(self, step: int, metrics: dict) -> None:
         """One JSON object per step; a progress line every log_interval steps and at the end."""
@@ -145,6 +156,11 @@ class MetricsLogger:
         self.file.flush()
         if self.wandb_run is not None and step > self.wandb_done:
             self.wandb_run.log(metrics, step=step)
+        if self.tensorboard is not None:
+            for key, value in metrics.items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tensorboard.add_scalar(key, value, step)
+            self.tensorboard.flush()
         if step % self.interval == 0 or step == self.total or "eval_loss" in metrics:
             self._progress(step, metrics)
 
@@ -181,3 +197,5 @@ class MetricsLogger:
             self.file.close()
         if self.wandb_run is not None:
             self.wandb_run.finish(exit_code=0 if ok else 1)
+        if self.tensorboard is not None:
+            self.tensorboard.close()

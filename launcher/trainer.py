@@ -524,6 +524,7 @@ class Trainer:
             config=self.config,
             start_step=start,
             layout=f"{d.world_size} rank(s): {describe(asdict(self.layout))}",
+            tensorboard=self.cfg.logging.tensorboard,
         )
         interval = self.cfg.checkpoint.interval
         ok, skipped, ended = False, 0, "failed"

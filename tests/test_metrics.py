@@ -6,7 +6,7 @@ import json
 
 from conftest import strict_json
 
-from launcher.metrics import json_safe, keep_steps_up_to
+from launcher.metrics import MetricsLogger, json_safe, keep_steps_up_to
 
 
 def rows(n: int) -> str:
@@ -45,3 +45,41 @@ def test_non_finite_values_are_written_as_null():
         "grad_norm": None,
         "lr": 0.1,
     }
+
+
+METRICS = {"lr": 0.1, "grad_norm": 1.0, "tokens_per_s": 100.0, "mfu": 0.1}
+
+
+def test_tensorboard_events_hold_each_step_once_across_a_resume(tmp_path):
+    """logging.tensorboard: the scalars of every step, read back with TensorBoard's own event
+    reader; a resume from step 2 hides the steps 3-4 logged before the interruption."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from launcher.config import WandbConfig, WandbMode
+
+    def logger(start: int) -> MetricsLogger:
+        return MetricsLogger(
+            str(tmp_path),
+            enabled=True,
+            total_steps=5,
+            log_interval=100,
+            wandb_cfg=WandbConfig(mode=WandbMode.disabled),
+            config={},
+            run_name="tb",
+            start_step=start,
+            tensorboard=True,
+        )
+
+    first = logger(0)
+    for step in range(1, 5):
+        first.log(step, {**METRICS, "loss": 10.0 + step, "skipped": False})
+    first.close()
+    again = logger(2)  # resumed from the checkpoint of step 2
+    for step in range(3, 6):
+        again.log(step, {**METRICS, "loss": 20.0 + step})
+    again.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert "loss" in events.Tags()["scalars"] and "skipped" not in events.Tags()["scalars"]
+    loss = [(e.step, e.value) for e in events.Scalars("loss")]
+    assert loss == [(1, 11.0), (2, 12.0), (3, 23.0), (4, 24.0), (5, 25.0)]

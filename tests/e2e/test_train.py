@@ -18,10 +18,14 @@ KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu"}
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
-    """The default config (2 processes, FSDP, wandb with no API key) for 30 steps."""
+    """The default config (2 processes, FSDP, wandb with no API key, TensorBoard) for 30 steps."""
     run_dir = tmp_path_factory.mktemp("default")
     result = run_cli(
-        "launcher.train", "train.steps=30", "train.eval_interval=15", f"hydra.run.dir={run_dir}"
+        "launcher.train",
+        "train.steps=30",
+        "train.eval_interval=15",
+        "logging.tensorboard=true",
+        f"hydra.run.dir={run_dir}",
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return run_dir, result
@@ -80,6 +84,21 @@ def test_wandb_offline_run_holds_the_logged_loss(default_run):
     assert {"model", "parallel", "train", "hardware"} <= config.keys()
     assert config["train"]["steps"] == 30  # the resolved config, overrides applied
     assert "api_key" not in json.dumps(config).lower()
+
+
+def test_tensorboard_holds_the_logged_loss_and_eval(default_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, _ = default_run
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    rows = read_metrics(run_dir)
+    loss = [(e.step, e.value) for e in events.Scalars("loss")]
+    assert [step for step, _ in loss] == [r["step"] for r in rows]
+    # TensorBoard stores float32.
+    assert [v for _, v in loss] == pytest.approx([r["loss"] for r in rows], rel=1e-6)
+    evals = [(e.step, e.value) for e in events.Scalars("eval_loss")]
+    assert [s for s, _ in evals] == [15, 30]
 
 
 def test_wandb_disabled_writes_nothing(tmp_path):
