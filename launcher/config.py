@@ -309,6 +309,18 @@ class LaunchConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """torch.profiler on chosen steps: RUN_DIR/profile/step_N/rank_R.json, one Chrome / Perfetto
+    trace per rank (chrome://tracing, ui.perfetto.dev)."""
+
+    steps: list[int] = field(default_factory=list)  # e.g. [5, 10]; empty: no profiling
+    # Also a memory timeline of those steps: rank_R_memory.json (CPU: the profiler's memory
+    # timeline); on CUDA rank_R_memory.pickle, the allocator's snapshot that
+    # pytorch.org/memory_viz draws.
+    memory: bool = False
+
+
+@dataclass
 class PlanConfig:
     """Options of `python -m launcher.plan`."""
 
@@ -339,6 +351,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
 
 

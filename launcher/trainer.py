@@ -70,6 +70,7 @@ from launcher.parallel.expert_parallel import (
 )
 from launcher.plan import Plan
 from launcher.plan.report import plan_json
+from launcher.profiling import profiled
 
 
 class Stopped(Exception):
@@ -530,7 +531,10 @@ class Trainer:
         ok, skipped, ended = False, 0, "failed"
         try:
             for step in range(start + 1, t.steps + 1):
-                metrics = self.train_step(step)
+                with profiled(
+                    step, self.cfg.profile, self.run_dir, d.rank, d.device.type == "cuda"
+                ):
+                    metrics = self.train_step(step)
                 if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps):
                     with timed(f"evaluation at step {step}", d.rank, t.timeout_s):
                         metrics["eval_loss"] = self.evaluate()

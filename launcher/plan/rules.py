@@ -193,6 +193,14 @@ def config_problems(cfg: Config) -> list[Problem]:
             "may be narrower than the master weights, not wider; set one of them to match",
         )
     errors.extend(Problem("launch", msg) for msg in launch_problems(cfg))
+    outside = [s for s in cfg.profile.steps if not 1 <= s <= t.steps]
+    if outside:
+        err(
+            "profile",
+            f"profile.steps={cfg.profile.steps}: {outside} not in 1..train.steps={t.steps}",
+        )
+    if cfg.profile.memory and not cfg.profile.steps:
+        err("profile", "profile.memory=true needs profile.steps=[N, ...]: the steps to record")
     if prec.compute_dtype != prec.param_dtype:
         err(
             "precision",

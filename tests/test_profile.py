@@ -1,0 +1,57 @@
+"""`profile.steps` / `profile.memory`: a trace per rank for each step asked for, and a memory
+timeline, from the engine's own Trainer on 2 processes (FSDP)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from jobs import train_job
+
+from launcher.profiling import step_dir
+
+RUN = [
+    "train.steps=3",
+    "train.eval_interval=0",
+    "logging.wandb.mode=disabled",
+    "profile.steps=[1,3]",
+    "profile.memory=true",
+]
+PROFILED = train_job(RUN, "profiled steps 1 and 3")
+
+
+@pytest.mark.dist
+@pytest.mark.jobs(PROFILED)
+def test_a_trace_per_rank_for_each_step_asked_for_and_a_memory_timeline(group):
+    run_dir = group.result(PROFILED)
+    assert sorted(p.name for p in (run_dir / "profile").iterdir()) == [
+        "step_00000001",
+        "step_00000003",
+    ]
+    for step in (1, 3):
+        out = step_dir(run_dir, step)
+        names = sorted(p.name for p in out.iterdir())
+        assert names == ["rank_0.json", "rank_0_memory.json", "rank_1.json", "rank_1_memory.json"]
+        for rank in (0, 1):
+            events = json.loads((out / f"rank_{rank}.json").read_text())["traceEvents"]
+            ops = {e.get("name") for e in events}
+            assert "aten::mm" in ops or "aten::addmm" in ops, sorted(ops)[:20]  # the step's matmuls
+            memory = json.loads((out / f"rank_{rank}_memory.json").read_text())
+            times, allocated = memory["time_us"], memory["allocated_bytes"]
+            assert len(times) == len(allocated) > 100 and times == sorted(times)
+            assert memory["peak_bytes"] == max(allocated) > 0
+
+
+def test_steps_outside_the_run_and_memory_without_steps_are_refused():
+    from launcher.cli import compose
+    from launcher.plan.rules import config_problems
+
+    def problems(*overrides: str) -> list[str]:
+        return [p.message for p in config_problems(compose(list(overrides)))]
+
+    assert problems("train.steps=3", "profile.steps=[0,2,4]") == [
+        "profile.steps=[0, 2, 4]: [0, 4] not in 1..train.steps=3"
+    ]
+    assert problems("profile.memory=true") == [
+        "profile.memory=true needs profile.steps=[N, ...]: the steps to record"
+    ]
