@@ -68,6 +68,15 @@ def test_train_on_a_locally_trained_tokenizer(tmp_path):
     assert len(losses) == 20
     assert sum(losses[-5:]) / 5 < losses[0], losses
 
+    # Sampling from it: generate finds the tokenizer through the token file's header.
+    sampled = run_cli(
+        "launcher.generate", str(run_dir), "--prompt", "The list", "--max-new-tokens", "12"
+    )
+    assert sampled.returncode == 0, sampled.stderr[-3000:]
+    assert sampled.stdout.startswith("The list")
+    assert f"Hugging Face {hf / 'tokenizer.json'} tokenizer" in sampled.stderr
+    assert f"{len(tok.encode('The list').ids)} prompt + " in sampled.stderr
+
     # Publishing it: to-hf takes the tokenizer the data was prepared with, and its EOS.
     published = run_cli("launcher.convert", "to-hf", str(run_dir), str(tmp_path / "published"))
     assert published.returncode == 0, published.stderr[-3000:]

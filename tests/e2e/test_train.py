@@ -101,6 +101,18 @@ def test_tensorboard_holds_the_logged_loss_and_eval(default_run):
     assert [s for s, _ in evals] == [15, 30]
 
 
+def test_generate_continues_a_prompt_from_the_run(default_run):
+    """Sampling from the run's newest checkpoint (FSDP-saved, read on one process) with the
+    byte-level tokenizer it trained with; greedy is repeatable."""
+    run_dir, _ = default_run
+    args = [str(run_dir), "--prompt", "The ", "--max-new-tokens", "20", "--temperature", "0"]
+    first, again = run_cli("launcher.generate", *args), run_cli("launcher.generate", *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.startswith("The ") and first.stdout == again.stdout
+    assert "step_00000030 (step 30, llama3_debug), byte-level tokenizer" in first.stderr
+    assert "4 prompt + 20 new tokens" in first.stderr
+
+
 def test_wandb_disabled_writes_nothing(tmp_path):
     result = run_cli(
         "launcher.train",

@@ -1,0 +1,238 @@
+"""Sample text from a checkpoint: `python -m launcher.generate CKPT_OR_RUN_DIR --prompt TEXT`.
+
+    python -m launcher.generate outputs/llama3_debug --prompt "The list type" --max-new-tokens 80
+    python -m launcher.generate RUN_DIR/checkpoints/step_00000200 --prompt "def " --temperature 0
+
+One process, CPU (or one GPU with --device cuda), any family. The model comes from the
+checkpoint's meta.json and weights (any layout saved it); the tokenizer is the one the run was
+trained with: byte-level for the embedded corpus and byte-level token files, the Hugging Face
+tokenizer.json named in the token file's header otherwise (--tokenizer FILE when it has
+moved). Decoding keeps each layer's keys and values (a KV cache: every attention core is
+wrapped by CachedCore), so a new token costs one token's forward, not the whole sequence's.
+Sampling: greedy at --temperature 0, else softmax(logits / T) restricted to the smallest set
+of tokens whose probability reaches --top-p; --seed makes it repeatable. It stops at the
+tokenizer's EOS, after --max-new-tokens, or at the model's max_seq_len.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from launcher.cli import USAGE_ERROR, fail
+
+
+class CachedCore:
+    """An attention core (models.layers.AttentionCore) that keeps the keys and values it has
+    seen. q, k, v (B, H|K, S, E) of the new tokens at `positions` (S,): each query attends to
+    every cached key at a position not after its own."""
+
+    def __init__(self):
+        self.k = self.v = self.kpos = None
+
+    def __call__(self, q, k, v, positions):
+        import torch
+        import torch.nn.functional as F
+
+        if self.k is not None:
+            k, v = torch.cat([self.k, k], dim=2), torch.cat([self.v, v], dim=2)
+            kpos = torch.cat([self.kpos, positions])
+        else:
+            kpos = positions
+        self.k, self.v, self.kpos = k, v, kpos
+        mask = positions[:, None] >= kpos[None, :]  # (Sq, Sk)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+def with_kv_cache(model) -> None:
+    """Replace every attention core's forward by a CachedCore of its own (in place)."""
+    from models.layers import AttentionCore
+
+    for module in model.modules():
+        if isinstance(module, AttentionCore):
+            module.forward = CachedCore()
+
+
+def sample(logits, temperature: float, top_p: float, generator) -> int:
+    """One token id from logits (V,): argmax at temperature 0, else nucleus sampling."""
+    import torch
+
+    if temperature == 0:
+        return int(logits.argmax())
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1:
+        sorted_probs, order = probs.sort(descending=True)
+        before = sorted_probs.cumsum(0) - sorted_probs  # mass of the more likely tokens
+        sorted_probs[before >= top_p] = 0  # the most likely token always stays
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+
+
+def generate(
+    model,
+    prompt: list[int],
+    max_new: int,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    eos: int | None = None,
+    vocab: int | None = None,
+) -> list[int]:
+    """The new token ids after `prompt` (a model with_kv_cache, in eval mode). Only ids below
+    `vocab` are sampled (the model's vocabulary may be padded past the tokenizer's)."""
+    import torch
+
+    device = next(model.parameters()).device
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    limit = min(max_new, model.args.max_seq_len - len(prompt))
+    tokens = torch.tensor([prompt], device=device)
+    positions = torch.arange(len(prompt), device=device)
+    out: list[int] = []
+    with torch.no_grad():
+        for _ in range(limit):
+            logits = model(tokens, positions=positions)[0, -1].cpu()
+            if vocab is not None:
+                logits = logits[:vocab]
+            token = sample(logits, temperature, top_p, generator)
+            out.append(token)
+            if token == eos:
+                break
+            tokens = torch.tensor([[token]], device=device)
+            positions = positions[-1:] + 1
+    return out
+
+
+def load_model(entry, device: str):
+    """The checkpoint's model, fp32 (bf16 on CUDA), its weights loaded, in eval mode."""
+    import torch
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    import models
+    from launcher.checkpoint import reader
+
+    config = ((entry.meta or {}).get("config") or {}).get("model")
+    if not config:
+        fail(f"{entry.path}/meta.json holds no model config")
+    damaged = reader.checkpoint_damage(entry)
+    if damaged:
+        fail(f"{entry.path} is damaged: {'; '.join(damaged)}")
+    metadata = reader.read_metadata_file(entry.path / ".metadata").state_dict_metadata
+    state = {
+        key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+    reader.load({"model": state}, entry.path, no_dist=True)
+    # Built for real (its buffers, RoPE tables and routers' counters, come from the config),
+    # then every weight overwritten: a tied weight is loaded under either of its names.
+    model = models.build(config["family"], {**config, "dropout": 0.0})
+    result = model.load_state_dict(state, strict=False)
+    held = model.state_dict(keep_vars=True)
+    loaded = {id(held[k]) for k in state if k in held}
+    missing = [k for k in result.missing_keys if id(held[k]) not in loaded]
+    if missing or result.unexpected_keys:
+        fail(
+            f"{entry.path} does not hold model={config['name']}'s weights: missing "
+            f"{missing[:5] or 'none'}, unexpected {result.unexpected_keys[:5] or 'none'}"
+        )
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return model.to(device=device, dtype=dtype).eval(), config
+
+
+def tokenizer_of(entry, explicit: Path | None):
+    """(encode, decode, EOS id, vocabulary size, what it is) of the run's tokenizer."""
+    from launcher.convert import run_tokenizer
+    from launcher.data import ByteTokenizer, read_header
+
+    if explicit is None:
+        found = run_tokenizer(entry.meta or {})
+        data = (((entry.meta or {}).get("config") or {}).get("data") or {}).get("path")
+        if found is None and data:
+            try:
+                kind = read_header(data).get("tokenizer", "bytes")
+            except (OSError, ValueError):
+                kind = None
+            if kind != "bytes":
+                fail(
+                    f"the run was trained on {data}, whose tokenizer is not where its header "
+                    "says (or has changed): pass --tokenizer tokenizer.json"
+                )
+        explicit = found[0] if found else None
+    if explicit is None:
+        tok = ByteTokenizer()
+        return tok.encode, tok.decode, tok.eos_id, 257, "byte-level"
+    from tokenizers import Tokenizer
+
+    try:
+        hf = Tokenizer.from_file(str(explicit))
+    except Exception as e:  # noqa: BLE001 (tokenizers raises its own Exception type)
+        fail(f"--tokenizer {explicit}: not a tokenizer.json ({str(e)[:200]})")
+    eos = None
+    for name in ("<|end_of_text|>", "<|endoftext|>", "</s>", "<|eot_id|>"):
+        if hf.token_to_id(name) is not None:
+            eos = hf.token_to_id(name)
+            break
+    return (
+        lambda text: hf.encode(text).ids,
+        lambda ids: hf.decode(ids),
+        eos,
+        hf.get_vocab_size(),
+        f"Hugging Face {explicit}",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher.generate",
+        description=__doc__.split("\n\n")[0],
+        epilog="The newest complete checkpoint of a run directory is used.",
+    )
+    parser.add_argument("path", type=Path, help="a run directory or a step_NNNNNNNN checkpoint")
+    parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument("--max-new-tokens", type=int, default=100)
+    parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
+    parser.add_argument("--top-p", type=float, default=0.95, help="nucleus mass, (0, 1]")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer.json, if the run's has moved")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return USAGE_ERROR if e.code else 0
+    if args.max_new_tokens < 1:
+        fail(f"--max-new-tokens={args.max_new_tokens} must be >= 1")
+    if not args.temperature >= 0:
+        fail(f"--temperature={args.temperature} must be >= 0 (0: greedy)")
+    if not 0 < args.top_p <= 1:
+        fail(f"--top-p={args.top_p} must be in (0, 1]")
+    from launcher.checkpoint.store import CheckpointError
+    from launcher.convert import newest
+
+    try:
+        entry = newest(args.path)
+    except CheckpointError as e:
+        fail(str(e))
+    encode, decode, eos, vocab, what = tokenizer_of(entry, args.tokenizer)
+    prompt = encode(args.prompt)
+    model, config = load_model(entry, args.device)
+    if not prompt:
+        fail("--prompt is empty once tokenized")
+    if len(prompt) >= config["max_seq_len"]:
+        limit = config["max_seq_len"]
+        fail(f"--prompt is {len(prompt)} tokens; the model's max_seq_len is {limit}")
+    with_kv_cache(model)
+    new = generate(
+        model, prompt, args.max_new_tokens, args.temperature, args.top_p, args.seed, eos, vocab
+    )
+    print(
+        f"{entry.path} (step {entry.step}, {config['name']}), {what} tokenizer; "
+        f"{len(prompt)} prompt + {len(new)} new tokens",
+        file=sys.stderr,
+    )
+    print(args.prompt + decode(new))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
