@@ -152,10 +152,17 @@ def stopped_message(signum: int, step: int, checkpoint: str) -> str:
     )
 
 
+# What a rank does before it exits because its launcher is gone (watch_parent): the metrics
+# logger finishes its wandb run here, so that the steps it has logged are not lost with it.
+ON_ORPHANED: list = []
+ORPHANED_WAIT_S = 30.0
+
+
 def watch_parent(period_s: float = 1.0) -> None:
     """Exit this rank when the process that started it (torchrun, srun's step) is gone: a
     SIGKILLed torchrun cannot stop its ranks, and they would go on training under PID 1,
-    writing checkpoints nobody waits for. A daemon thread polls the parent PID."""
+    writing checkpoints nobody waits for. A daemon thread polls the parent PID; before the
+    exit it runs ON_ORPHANED (each given ORPHANED_WAIT_S at most)."""
     parent = os.getppid()
 
     def watch() -> None:
@@ -163,6 +170,10 @@ def watch_parent(period_s: float = 1.0) -> None:
             time.sleep(period_s)
         rank = os.environ.get("RANK", "0")
         print(f"rank {rank}: its launcher (PID {parent}) is gone: exiting", file=sys.stderr)
+        for last_words in list(ON_ORPHANED):
+            done = threading.Thread(target=last_words, daemon=True)
+            done.start()
+            done.join(ORPHANED_WAIT_S)
         os._exit(1)
 
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()

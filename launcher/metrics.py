@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 from launcher.config import WandbMode
+from launcher.failures import ON_ORPHANED
 
 
 def wandb_mode(requested: WandbMode) -> str:
@@ -135,6 +136,9 @@ class MetricsLogger:
                 config=config,
                 settings=wandb.Settings(console="off", quiet=True),
             )
+            # A rank whose launcher dies exits at once (failures.watch_parent): the steps
+            # wandb holds in its queue go to its files first.
+            ON_ORPHANED.append(self._orphaned)
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -192,7 +196,13 @@ class MetricsLogger:
         else:
             print(("\r" if sys.stdout.isatty() else "") + line, flush=True)
 
+    def _orphaned(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish(exit_code=1)
+
     def close(self, ok: bool = True) -> None:
+        if self._orphaned in ON_ORPHANED:
+            ON_ORPHANED.remove(self._orphaned)
         if self.file is not None:
             self.file.close()
         if self.wandb_run is not None:

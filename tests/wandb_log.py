@@ -49,3 +49,11 @@ def history(path: str) -> list[dict]:
                 }
             )
     return rows
+
+
+def one_wandb_run(run_dir: Path, starts: int, steps: int) -> None:
+    """The offline wandb files of `starts` starts: one run id, every step sent once."""
+    files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == starts and len({f.name for f in files}) == 1, files
+    sent = [r["_step"] for f in files for r in history(str(f)) if "loss" in r]
+    assert sorted(sent) == list(range(1, steps + 1))

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import read_metrics, run_cli, start_cli, survivors, wait_for_step
 from jobs import train_job
-from wandb_log import history
+from wandb_log import one_wandb_run
 
 pytestmark = pytest.mark.e2e
 
@@ -72,10 +72,7 @@ def test_killed_rank_is_restarted_and_resumes(reference, tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     assert "starting from step 6 of" in result.stdout
     assert losses(tmp_path) == reference
-    files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
-    assert len(files) == 2 and len({f.name for f in files}) == 1, files  # one id, two attempts
-    sent = [r["_step"] for f in files for r in history(str(f)) if "loss" in r]
-    assert sorted(sent) == list(range(1, STEPS + 1))
+    one_wandb_run(tmp_path, starts=2, steps=STEPS)  # one id, two attempts
 
 
 @pytest.mark.jobs(REFERENCE)

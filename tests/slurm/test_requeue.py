@@ -11,6 +11,7 @@ import time
 
 import pytest
 from conftest import ROOT, read_metrics, run_cli
+from wandb_log import one_wandb_run
 
 pytestmark = pytest.mark.e2e
 
@@ -137,7 +138,12 @@ def test_node_range_job_requeued_onto_one_node_replans_and_matches_one_process(
     and finishes with the losses of one process, each step once; the summary shows both
     layouts."""
     sweep_dir = tmp_path / "sweep"
-    run = ["train.steps=16", "checkpoint.interval=2", "parallel.auto=true"]
+    run = [
+        "train.steps=16",
+        "checkpoint.interval=2",
+        "parallel.auto=true",
+        "logging.wandb.mode=offline",
+    ]
     sweep = start_sweep(
         sweep_dir, slurm_cluster.env, *run, "hardware.nodes=2", "launch.min_nodes=1"
     )
@@ -158,6 +164,7 @@ def test_node_range_job_requeued_onto_one_node_replans_and_matches_one_process(
     assert [x.split(" rank(s)")[0] for x in row["layouts"]] == ["4", "2"], row["layouts"]
     got = read_metrics(sweep_dir / "0")
     assert [r["step"] for r in got] == list(range(1, 17))  # every step once
+    one_wandb_run(sweep_dir / "0", starts=2, steps=16)  # one wandb run across the requeue
     local = tmp_path / "local"
     ref = run_cli(
         "launcher.train", *RUN, *run, "hardware.devices_per_node=1", f"hydra.run.dir={local}"
