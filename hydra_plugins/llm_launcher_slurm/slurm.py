@@ -9,6 +9,9 @@
   onto torch.distributed), GPUs per node on CUDA. Points with the same resources go as one job
   array; partition, account, qos, constraint, timeout_min, additional_parameters, ... pass
   through as hydra-submitit-launcher names them (`hydra.launcher.partition=...`);
+- a parallel.auto point with launch.min_nodes=M below hardware.nodes=N goes as --nodes=M-N
+  (every node count planned first); a requeued job gets that range back (restore_span), so
+  it starts on what is free and re-plans for it;
 - before a time limit or a preemption SLURM sends the warning signal submitit asks for
   (`--signal=USR2@signal_delay_s`): the ranks finish their step, save a checkpoint together
   (launcher/failures.py) and rank 0 requeues the job, which resumes from that checkpoint (at
