@@ -35,7 +35,7 @@ from rich.table import Table
 from launcher.cli import compose, fail
 from launcher.plan import estimate, make_plan
 
-# (recipe, reported TFLOP/s per GPU) from REFERENCE.md section 2.
+# (recipe, reported TFLOP/s per GPU) from docs/sources.md, published layouts.
 MEGATRON = [
     ("megatron_gpt_1_7b", 137),
     ("megatron_gpt_3_6b", 138),
@@ -57,9 +57,9 @@ MEGATRON = [
 # row from docs/performance.md (mid-2024, "Optimizations: None", compile off in its toml).
 # The eager rows are this engine's kind of stack (FSDP2, DTensor TP, plain PyTorch blocks) and
 # are fitted; the compiled rows check EFFICIENCY_COMPILED. Llama 3 405B (Dubey et al. 2024,
-# Table 4: 430 TFLOP/s per GPU, 43% MFU, on REFERENCE.md's 8,192-GPU layout without activation
-# checkpointing) is Meta's own tuned stack, shown for contrast: 430e12 / 2.524e12 model FLOPs
-# per token (the planner's count; Meta does not give its own) = 170 tokens/s.
+# Table 4: 430 TFLOP/s per GPU, 43% MFU, on docs/sources.md's 8,192-GPU layout without
+# activation checkpointing) is Meta's own tuned stack, shown for contrast: 430e12 / 2.524e12
+# model FLOPs per token (the planner's count; Meta does not give its own) = 170 tokens/s.
 TT_8B = "model=llama3_8b train.seq_len=8192 train.micro_batch_size=2 recompute=selective"
 ON_8, ON_128 = "train.global_batch_size=16", "hardware.nodes=16 train.global_batch_size=256"
 TT_405B = (

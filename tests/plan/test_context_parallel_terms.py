@@ -1,5 +1,5 @@
 """The planner's context-parallel terms on Llama 3 405B's long-context layout (TP8 CP16 PP16 DP8,
-seq 131072, REFERENCE.md section 2). The bytes themselves are held to a recorded run in
+seq 131072, docs/sources.md, published layouts). The bytes themselves are held to a recorded run in
 tests/parallel/test_cp_bytes.py; here: their scale at 405B, and how much of them each method
 exposes."""
 

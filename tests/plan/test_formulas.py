@@ -1,4 +1,4 @@
-"""The planner's formulas against the published ones (REFERENCE.md sections 1, 3 and 4)."""
+"""The planner's formulas against the published ones (docs/sources.md: model shapes, formulas)."""
 
 from __future__ import annotations
 
