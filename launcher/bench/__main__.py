@@ -115,7 +115,7 @@ def planner_table(console: Console) -> Table:
     with console.status("fp32 matmul, 1 thread"):
         table.add_row("fp32 matmul 2048^3, 1 CPU thread", f"{matmul_tflops():.3f} TFLOP/s")
     with console.status("planner"):
-        table.add_row("full plans (recipe llama3_405b_8k)", f"{plans_per_second():,.0f} / s")
+        table.add_row("full plans (recipe llama3_405b_8192gpu)", f"{plans_per_second():,.0f} / s")
     with console.status("search"):
         evaluated, fitting, seconds = search_405b()
     table.add_row(

@@ -38,7 +38,7 @@ def matmul_tflops(n: int = 2048, threads: int = 1, seconds: float = 3.0) -> floa
 
 
 def plans_per_second(seconds: float = 2.0) -> float:
-    cfg = compose(["recipe=llama3_405b_8k"])
+    cfg = compose(["recipe=llama3_405b_8192gpu"])
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         make_plan(cfg)

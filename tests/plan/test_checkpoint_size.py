@@ -105,11 +105,11 @@ def test_nodes_hold_every_rank_once(sharing, per_node, nodes):
 
 
 def test_llama3_405b_on_1024_nodes():
-    """recipe=llama3_405b_8k: 405.9e9 parameters x 12 bytes = 4.87 TB in total. Its 126 layers
+    """recipe=llama3_405b_8192gpu: 405.9e9 parameters x 12 bytes = 4.87 TB in total. Its 126 layers
     over 32 virtual stages are 3, 4 x 30, 3, so a middle pipeline rank (stages r and r + 16)
     holds 8 layers of 3.19e9 parameters, 306 GB of states written by its 512 ranks: 0.60 GB
     each, 4.8 GB per node of 8, which 2 GB/s per node writes in 2.4 s."""
-    plan, ck = size_of(["recipe=llama3_405b_8k"])
+    plan, ck = size_of(["recipe=llama3_405b_8192gpu"])
     s = plan.context.shape
     assert s.total == pytest.approx(405.85e9, rel=1e-3)
     assert ck.total == pytest.approx(4.870e12, rel=1e-3)

@@ -15,7 +15,7 @@ SEQ, CP, TP, KV_WIDTH = 131072, 16, 8, 8 * 128  # 8 kv heads of 128
 
 
 def plan_128k(method: str):
-    plan = make_plan(compose_config(["recipe=llama3_405b_128k", f"context={method}"]))
+    plan = make_plan(compose_config(["recipe=llama3_405b_16384gpu_ctx128k", f"context={method}"]))
     assert plan.valid, plan.errors
     return plan
 

@@ -51,7 +51,7 @@ def test_compile_divides_compute_time_by_its_factor_and_leaves_memory():
 
 def test_compile_leaves_tensor_parallel_time_exposed_as_it_was():
     """DTensor TP has no async TP: its collectives do not shrink with faster blocks."""
-    args = ["recipe=llama3_405b_8k", "recompute.every=1"]
+    args = ["recipe=llama3_405b_8192gpu", "recompute.every=1"]
     eager, compiled = plan(*args), plan(*args, "train.compile=true")
     assert compiled.estimate.time.tp == eager.estimate.time.tp > 0
     assert compiled.estimate.time.compute < eager.estimate.time.compute

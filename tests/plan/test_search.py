@@ -72,7 +72,7 @@ def test_search_cli_json():
 
 @pytest.mark.e2e
 def test_plan_cli_json_shape_and_exit_status():
-    ok = run_cli("launcher.plan", "recipe=llama3_405b_8k", "plan.format=json")
+    ok = run_cli("launcher.plan", "recipe=llama3_405b_8192gpu", "plan.format=json")
     assert ok.returncode == 0, ok.stderr[-2000:]
     out = json.loads(ok.stdout)
     assert {
