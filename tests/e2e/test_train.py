@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -111,6 +112,32 @@ def test_generate_continues_a_prompt_from_the_run(default_run):
     assert first.stdout.startswith("The ") and first.stdout == again.stdout
     assert "step_00000030 (step 30, llama3_debug), byte-level tokenizer" in first.stderr
     assert "4 prompt + 20 new tokens" in first.stderr
+
+
+# What a run prints: the plan (a table), where it runs, a progress line per step, the summary.
+RUN_OUTPUT = re.compile(
+    r"^(plan\s*|[│┌└├┃┏┗┡].*|run directory: \S+|step +\d+/\d+ .*|run finished at step .*"
+    r"|  (run directory|metrics|checkpoint) +\S+)$"
+)
+
+
+def test_a_recipe_run_prints_the_plan_progress_and_summary_only(tmp_path):
+    """recipe=mixtral_8x22b_debug (TP x PP x EP on 4 ranks) printed 463 lines of torch's
+    warnings (module printouts for every stage, a FutureWarning) before they were filtered
+    at their cause: now nothing on stderr, and every stdout line is one of RUN_OUTPUT's."""
+    result = run_cli(
+        "launcher.train",
+        "recipe=mixtral_8x22b_debug",
+        "train.steps=1",
+        "train.eval_interval=0",
+        "logging.wandb.mode=disabled",
+        f"hydra.run.dir={tmp_path}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if not RUN_OUTPUT.match(line)] == []
+    assert sum(line.startswith("step ") for line in lines) == 1
 
 
 def test_wandb_disabled_writes_nothing(tmp_path):
