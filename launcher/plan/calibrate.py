@@ -72,7 +72,12 @@ HOPPER = [
     ("torchtitan 405B, FSDP 16 x TP 8, full AC", TT_405B, 109, True),
     ("torchtitan 8B, FSDP 8, compiled", f"{TT_8B} {ON_8} train.compile=true", 6667, False),
     ("torchtitan 8B, FSDP 128, compiled", f"{TT_8B} {ON_128} train.compile=true", 6514, False),
-    ("Llama 3 405B (Meta), 8,192 GPUs, no AC", "recipe=llama3_405b_8192gpu recompute=none", 170, False),
+    (
+        "Llama 3 405B (Meta), 8,192 GPUs, no AC",
+        "recipe=llama3_405b_8192gpu recompute=none",
+        170,
+        False,
+    ),
 ]
 
 
