@@ -7,6 +7,7 @@ the reference each interrupted-then-resumed run must equal, step for step.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -89,7 +90,11 @@ def test_signal_to_the_launcher_stops_saves_and_resumes(sig, reference, tmp_path
     assert (tmp_path / "checkpoints" / f"step_{done:08d}" / "meta.json").exists()
     assert f"stopped by {sig.name} after step {done}" in err
     assert f"run stopped by {sig.name} at step {done} of {STEPS}" in out
-    again = train(tmp_path)
+    # The summary's command continues it: the same directory, from the next step.
+    (line,) = [x for x in out.splitlines() if x.startswith("  to continue    ")]
+    command = shlex.split(line.removeprefix("  to continue    "))
+    assert command[:3] == ["python", "-m", "launcher.train"], command
+    again = run_cli("launcher.train", *command[3:])
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"starting from step {done} of" in again.stdout
     assert losses(tmp_path) == reference
