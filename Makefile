@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 train: setup
 	$(BIN)/python -m launcher.train $(ARGS)
 
-# Everything but the `slow` tier (the few comparisons that need minutes: README "Tests"), with
+# Everything but the `slow` tier (the few comparisons that need minutes: docs/testing.md), with
 # the 25 slowest tests and the process groups' times at the end. test-all adds the slow tier
 # and ten times the property-test examples.
 PYTEST := $(BIN)/python -m pytest -q --durations=25
@@ -52,11 +52,11 @@ test-dist: setup
 bench: setup
 	$(BIN)/python -m launcher.bench
 
-# One GPU: the engine, transformers and torchtitan on Llama 3.2 1B (README, "Speed").
+# One GPU: the engine, transformers and torchtitan on Llama 3.2 1B (docs/speed.md).
 bench-gpu: setup
 	$(BIN)/python -m launcher.bench.gpu $(ARGS)
 
-# What the GPU machine's image lacks, as wheels for its Python 3.12 (README, "Speed"):
+# What the GPU machine's image lacks, as wheels for its Python 3.12 (docs/speed.md):
 # pure-Python distributions, installed there with pip --no-deps --target.
 GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 $(TITAN_WHEELS)
 gpu-wheels: setup

@@ -2,7 +2,7 @@
 layout `launcher.train` runs or names the limitation (launcher/limitations.py) that refuses it.
 
 Each feature is a few overrides (`FEATURES`); a pair is both sets on top of `BASE`, on as many
-ranks as its degrees multiply to. The README's table is generated from this
+ranks as its degrees multiply to. docs/planner.md's table is generated from this
 (`python -m launcher.composes`), and tests/test_limitations.py keeps that copy equal and checks
 that nothing but a limitation refuses a pair (a rule refusing one would be a wrong sample, not a
 composition hole). What "runs" means is shown by the parity rows and by the composition
@@ -139,7 +139,7 @@ def matrix() -> dict[tuple[str, str], str]:
 
 
 def markdown() -> str:
-    """The README's table: one row per feature, the features it does not compose with."""
+    """docs/planner.md's table: one row per feature, the features it does not compose with."""
     cells = matrix()
     lines = ["| feature | composes with every other feature except |", "|---|---|"]
     for f in FEATURES:

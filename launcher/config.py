@@ -141,7 +141,7 @@ class HardwareConfig:
     # Fraction of peak_tflops the engine's compute achieves, as measured for the run as
     # configured (compile included), from `python -m launcher.plan.calibrate --from SWEEP_DIR`.
     # 0: the fit to the Megatron-LM A100 table, 0.586 x dim / (dim + 440), times
-    # efficiency_scale, times 1.16 under train.compile (README "Calibration").
+    # efficiency_scale, times 1.16 under train.compile (docs/planner.md, "Calibration").
     efficiency: float = 0.0
     # What this hardware generation reaches of the A100 fit, relative to its own peak: 1 for
     # A100; Hopper and Blackwell run the same kernels at a smaller share of their higher peak.

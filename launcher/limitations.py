@@ -1,7 +1,7 @@
 """What the engine cannot run yet: one record per limitation, in one table.
 
 The planner refuses a layout that one of them applies to (`launcher.plan` exits 2 and names
-it, as `launcher.train` does), the search leaves such layouts out, and the README's list of
+it, as `launcher.train` does), the search leaves such layouts out, and docs/planner.md's list of
 known limitations is generated from this table (`python -m launcher.limitations`), so that a
 workaround is found, and retired, in one place. Each record carries its evidence: the
 upstream issue or the measurement that shows the limitation. Pure Python: the planner imports
@@ -75,7 +75,7 @@ def refusals(cfg, lay: Layout) -> list[tuple[Limitation, str]]:
 
 
 def markdown() -> str:
-    """The README's list of known limitations."""
+    """docs/planner.md's list of known limitations."""
     lines = ["| limitation | layouts | evidence |", "|---|---|---|"]
     lines += [f"| `{x.name}` | {x.summary} | {x.evidence} |" for x in LIMITATIONS]
     return "\n".join(lines) + "\n"

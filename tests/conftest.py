@@ -33,7 +33,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # The session's multi-process jobs (tests/group.py): declared at collection, run by world size.
 GROUP = Group()
 # Recipes whose published layout launcher.train cannot run yet, with the limitation that refuses
-# them (issue 24 closes these; the README's recipes table shows the same).
+# them (issue 24 closes these; docs/planner.md's recipes table shows the same).
 REFUSED_RECIPES: dict[str, str] = {}
 
 

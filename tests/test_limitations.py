@@ -1,4 +1,4 @@
-"""The limitations table: the README's copy is generated from it, and each record refuses the
+"""The limitations table: docs/planner.md's copy is generated from it, and each record refuses the
 layouts it names (with its message) and nothing else of the ones shown here."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from launcher.plan import engine_plan
 
 
 def readme_block(name: str) -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "planner.md").read_text()
     block = re.search(rf"<!-- {name}:start -->\n(.*?)<!-- {name}:end -->", text, re.S)
-    assert block, f"README.md lost its {name} block"
+    assert block, f"docs/planner.md lost its {name} block"
     return block.group(1)
 
 
@@ -26,7 +26,7 @@ def test_readme_lists_the_table():
 
 def test_readme_lists_what_composes_with_what():
     """Every pair of features plans clean or is refused by limitations only (composes.verdict
-    raises otherwise), and the README holds the table."""
+    raises otherwise), and docs/planner.md holds the table."""
     assert readme_block("composes") == composes.markdown(), (
         "regenerate: python -m launcher.composes"
     )

@@ -8,7 +8,14 @@ import re
 
 from conftest import ROOT
 
-CITING = ["conf/**/*.yaml", "recipes/*.yaml", "launcher/**/*.py", "tests/**/*.py", "README.md"]
+CITING = [
+    "conf/**/*.yaml",
+    "recipes/*.yaml",
+    "launcher/**/*.py",
+    "tests/**/*.py",
+    "README.md",
+    "docs/*.md",
+]
 # The names citations use -> the heading of docs/sources.md they mean.
 SECTIONS = {
     "model shapes": "Model shapes",

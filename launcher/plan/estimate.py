@@ -34,7 +34,7 @@ from models import families
 
 # Fraction of peak a transformer's matmuls sustain on A100: EFFICIENCY_MAX x dim / (dim +
 # EFFICIENCY_DIM), wider layers running closer to the peak. Both fitted to the Megatron-LM table
-# in docs/sources.md by `python -m launcher.plan.calibrate` (residuals in the README).
+# in docs/sources.md by `python -m launcher.plan.calibrate` (residuals in docs/planner.md).
 EFFICIENCY_MAX = 0.586
 EFFICIENCY_DIM = 440.0
 # Compiled blocks (train.compile: torch.compile per block, inductor) run this much faster than

@@ -1,4 +1,4 @@
-"""`python -m launcher.plan.recipes`: every recipe's plan as a Markdown table (for the README),
+"""`python -m launcher.plan.recipes`: every recipe's plan as a Markdown table (for docs/planner.md),
 with whether `launcher.train` runs it (else the limitations that refuse it)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Compute efficiency per hardware generation and under train.compile (README "Calibration"):
-the A100 fit times the preset's efficiency_scale times EFFICIENCY_COMPILED, unless
+"""Compute efficiency per hardware generation and under train.compile (docs/planner.md,
+"Calibration"): the A100 fit times the preset's efficiency_scale times EFFICIENCY_COMPILED, unless
 hardware.efficiency gives a measured one."""
 
 from __future__ import annotations

@@ -497,7 +497,7 @@ def test_recompute_every_and_efficiency_scale_are_checked(overrides, message):
 
 
 def test_a_recipes_recompute_every_under_recompute_none_is_a_warning():
-    # `recipe=llama3_405b_8192gpu recompute=none` (the README's comparison) keeps the
+    # `recipe=llama3_405b_8192gpu recompute=none` (docs/planner.md's comparison) keeps the
     # recipe's every=3.
     plan = make_plan(compose_config(["recipe=llama3_405b_8192gpu", "recompute=none"]))
     assert plan.valid and plan.estimate is not None

@@ -69,7 +69,7 @@ def test_action_lists_run_every_piece_once_on_its_rank(schedule):
 
 
 def test_zero_bubble_and_interleaving_beat_1f1b():
-    """What the README's schedule section claims, on the same p and m."""
+    """What docs/parallelism.md's schedule section claims, on the same p and m."""
     p, m = 8, 16
     bubble = {s: tl.simulate(s, p, 1 if s in SINGLE else 2, m).bubble_fraction for s in
               SINGLE + LOOPED + V_SCHEDULES}  # fmt: skip
