@@ -152,7 +152,10 @@ def tokenizer_of(entry, explicit: Path | None):
             try:
                 kind = read_header(data).get("tokenizer", "bytes")
             except (OSError, ValueError):
-                kind = None
+                fail(
+                    f"the run was trained on {data}, whose header is gone or unreadable, so its "
+                    "tokenizer is unknown: pass --tokenizer tokenizer.json"
+                )
             if kind != "bytes":
                 fail(
                     f"the run was trained on {data}, whose tokenizer is not where its header "
