@@ -106,24 +106,18 @@ def generate(
 def load_model(entry, device: str):
     """The checkpoint's model, fp32 (bf16 on CUDA), its weights loaded, in eval mode."""
     import torch
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     import models
     from launcher.checkpoint import reader
+    from launcher.checkpoint.store import CheckpointError
 
     config = ((entry.meta or {}).get("config") or {}).get("model")
     if not config:
         fail(f"{entry.path}/meta.json holds no model config")
-    damaged = reader.checkpoint_damage(entry)
-    if damaged:
-        fail(f"{entry.path} is damaged: {'; '.join(damaged)}")
-    metadata = reader.read_metadata_file(entry.path / ".metadata").state_dict_metadata
-    state = {
-        key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in metadata.items()
-        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
-    }
-    reader.load({"model": state}, entry.path, no_dist=True)
+    try:
+        state = reader.full_model_state(entry)
+    except CheckpointError as e:
+        fail(str(e))
     # Built for real (its buffers, RoPE tables and routers' counters, come from the config),
     # then every weight overwritten: a tied weight is loaded under either of its names.
     model = models.build(config["family"], {**config, "dropout": 0.0})

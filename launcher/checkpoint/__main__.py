@@ -68,21 +68,13 @@ def export_command(path: Path, out: Path) -> int:
     except CheckpointError as e:
         fail(str(e))
     import torch
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from launcher.checkpoint import reader
 
-    damaged = reader.checkpoint_damage(entry)  # files, checksums, the metadata's allow-list
-    if damaged:
-        fail(f"{entry.path} is damaged: {'; '.join(damaged)}")
-    metadata = reader.read_metadata_file(entry.path / ".metadata").state_dict_metadata
-    prefix = "model."
-    model = {
-        key[len(prefix) :]: torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in metadata.items()
-        if key.startswith(prefix) and isinstance(meta, TensorStorageMetadata)
-    }
-    reader.load({"model": model}, entry.path, no_dist=True)
+    try:
+        model = reader.full_model_state(entry)
+    except CheckpointError as e:
+        fail(str(e))
     out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model, out)
     n = sum(t.numel() for t in model.values())
