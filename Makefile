@@ -7,7 +7,7 @@ TORCH   := torch==2.13.0
 TRITON  := triton==3.9.0
 TITAN_WHEELS := torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring-parser==0.18.0
 
-.PHONY: setup train test test-all test-slow test-fast test-dist lint bench bench-gpu gpu-wheels clean
+.PHONY: setup train test test-all test-slow test-fast test-dist docs lint bench bench-gpu gpu-wheels clean
 
 setup: $(STAMP)
 
@@ -48,6 +48,13 @@ test-fast: setup
 
 test-dist: setup
 	$(PYTEST) -m "dist or e2e" $(ARGS)
+
+# Every block of real output in README.md and docs/ run again and rewritten where it changed
+# (launcher/docs.py; make test checks them), the slow tier's and the SLURM ones (on the test
+# cluster) included.
+docs: setup
+	-bash tests/slurm/install.sh
+	DOCS_UPDATE=1 $(PYTEST) -m "" tests/test_docs.py tests/slurm/test_docs.py -k block_matches
 
 bench: setup
 	$(BIN)/python -m launcher.bench

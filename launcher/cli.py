@@ -94,6 +94,37 @@ def unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> list[str]:
     return found
 
 
+def misspelled(arg: str) -> str | None:
+    """An override `a.b=v` whose key the schema does not have, named with the closest ones it
+    has (Hydra's own message suggests `+a.b=v`, which the schema refuses too)."""
+    import difflib
+
+    match = re.fullmatch(r"([A-Za-z_][\w]*(?:\.[\w]+)+)=.*", arg)
+    if not match:  # a group choice, +key, ~key, a flag, hydra's own settings
+        return None
+    schema, done = Config, []
+    for part in match[1].split("."):
+        if schema is Config and part == "hydra":
+            return None
+        hints = typing.get_type_hints(schema)
+        if part not in hints:
+            near = difflib.get_close_matches(part, list(hints), n=3)
+            where = ".".join(done) or "the config"
+            hint = (
+                f" (did you mean {' or '.join('.'.join([*done, n]) for n in near)}?)"
+                if near
+                else ""
+            )
+            return (
+                f"{match[1]}: {where} has no setting {part!r}{hint}; "
+                "`python -m launcher.train --cfg job` lists every setting"
+            )
+        schema, done = hints[part], [*done, part]
+        if not dataclasses.is_dataclass(schema):
+            return None
+    return None
+
+
 def compose(overrides: list[str]) -> Config:
     """The typed Config `launcher.train` would build from these overrides, without running."""
     return to_config(compose_dict(overrides))
@@ -128,6 +159,9 @@ def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
     main = hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)(started)
 
     def entry() -> None:
+        for arg in sys.argv[1:]:
+            if problem := misspelled(arg):
+                fail(problem)
         try:
             main()
         except SystemExit as e:

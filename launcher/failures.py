@@ -12,7 +12,9 @@
   attempt only (a torchrun restart runs clean): KIND raise (default), kill (SIGKILL itself),
   hang (sleep forever), kill_in_save (SIGKILL after writing its shards of that step's
   checkpoint, before the checkpoint is complete), nan (a NaN in that rank's gradients after
-  its backward). Tests use it; users never need it.
+  its backward), stop (SIGTERM to itself and to the `python -m launcher.train` above it, as a
+  user's kill that lands in that step: the docs' examples stop at a step they can name). Tests
+  use it; users never need it.
 """
 
 from __future__ import annotations
@@ -250,6 +252,13 @@ def inject(rank: int, step: int) -> None:
         raise RuntimeError(f"injected fault on rank {rank} at step {step} ({FAULT_ENV})")
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "stop":
+        launcher = os.getpid()
+        if os.environ.get("LAUNCHER_CHILD") == "1":  # under the torchrun the launcher started
+            torchrun = os.getppid()
+            launcher = int(Path(f"/proc/{torchrun}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            os.kill(launcher, signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
     if kind == "hang":
         while True:
             time.sleep(60)

@@ -106,10 +106,10 @@ def task(dcfg: DictConfig) -> None:
         if first:
             print(f"plan.candidate={cfg.plan.candidate}: {' '.join(extra)}", flush=True)
     plan = engine_plan(cfg)
+    if not plan.ok:  # the problems name every value; launcher.plan shows the estimate too
+        return reject(problems_message(plan), hc, run_dir, first)
     if first:
         print_plan(plan)
-    if not plan.ok:
-        return reject(problems_message(plan), hc, run_dir, first)
     if first:
         record = {**plan_json(plan), "train_steps": cfg.train.steps, "model": cfg.model.name}
         sweep.write_json(run_dir / sweep.PLAN, record)  # read by the sweep summary and runs

@@ -1,35 +1,14 @@
-"""The limitations table: docs/planner.md's copy is generated from it, and each record refuses the
-layouts it names (with its message) and nothing else of the ones shown here."""
+"""The limitations table (docs/planner.md's copy is checked by tests/test_docs.py): each record
+refuses the layouts it names (with its message) and nothing else of the ones shown here."""
 
 from __future__ import annotations
 
-import re
-
 import pytest
-from conftest import ROOT, compose_config
+from conftest import compose_config
 
 from launcher import composes
-from launcher.limitations import LIMITATIONS, markdown
+from launcher.limitations import LIMITATIONS
 from launcher.plan import engine_plan
-
-
-def readme_block(name: str) -> str:
-    text = (ROOT / "docs" / "planner.md").read_text()
-    block = re.search(rf"<!-- {name}:start -->\n(.*?)<!-- {name}:end -->", text, re.S)
-    assert block, f"docs/planner.md lost its {name} block"
-    return block.group(1)
-
-
-def test_readme_lists_the_table():
-    assert readme_block("limitations") == markdown(), "regenerate: python -m launcher.limitations"
-
-
-def test_readme_lists_what_composes_with_what():
-    """Every pair of features plans clean or is refused by limitations only (composes.verdict
-    raises otherwise), and docs/planner.md holds the table."""
-    assert readme_block("composes") == composes.markdown(), (
-        "regenerate: python -m launcher.composes"
-    )
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,112 @@
+"""The docs' real output (launcher/docs.py): every block in README.md and docs/ matches what its
+command prints now, timings aside; `make docs` rewrites them instead (DOCS_UPDATE=1). The SLURM
+blocks run on the test cluster: tests/slurm/test_docs.py."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from launcher import docs
+
+BLOCKS = [b for path in docs.doc_files() for b in docs.blocks(path)]
+
+
+def check(block: docs.Block) -> None:
+    """The block's command run now: equal to the page (timings aside), or, under `make docs`,
+    written into it."""
+    now, _ = docs.run(block)
+    problems = docs.differences(block, now)
+    if problems and os.environ.get("DOCS_UPDATE") == "1":
+        docs.replace(block, now)
+        return
+    assert not problems, f"{block.name} no longer matches (make docs rewrites it):\n" + "\n".join(
+        problems[:10]
+    )
+
+
+def params(tier: str) -> list:
+    return [
+        pytest.param(b, id=b.name, marks=[pytest.mark.slow] if b.tier == "slow" else [])
+        for b in BLOCKS
+        if (b.tier == "slurm") == (tier == "slurm")
+    ]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("block", params("local"))
+def test_block_matches_what_its_command_prints(block):
+    check(block)
+
+
+def test_every_block_that_shows_a_command_is_generated():
+    """A fenced block that starts with `$ command` shows what it printed: it must be one that
+    make docs regenerates."""
+    for path in docs.doc_files():
+        text = path.read_text()
+        for m in re.finditer(r"^```[^\n]*\n\$ ", text, re.M):
+            before = text[: m.start()].rstrip("\n")
+            assert before.endswith("-->") and "<!-- output" in before[-2000:], (
+                f"{path.name}: the block at line {text[: m.start()].count(chr(10)) + 1} shows "
+                "a command but has no <!-- output --> comment"
+            )
+
+
+def block_of(body: str, ignore: list[str] | None = None) -> docs.Block:
+    return docs.Block(docs.ROOT / "README.md", "output", ["true"], body=body, ignore=ignore or [])
+
+
+SHOWN = """$ python -m launcher.train train.steps=2
+│ total              │ 0.53 GiB of 8 GiB: fits                │
+step  1/2  loss 5.7804  lr 1.50e-04  grad_norm 5.762  tok/s/dev 3,087  mfu 18.4%  eta 2s
+run finished at step 2 of 2, loss 5.5833; 4,096 tokens in 3 s
+"""
+
+
+def test_timings_and_table_widths_are_not_differences():
+    now = SHOWN.replace("3,087", "12,950").replace("18.4%", "77.1%").replace("eta 2s", "eta 14s")
+    now = now.replace("in 3 s", "in 41 s").replace("fits                │", "fits  │")
+    assert docs.differences(block_of(SHOWN), now) == []
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("loss 5.7804", "loss 5.9804"),  # another loss
+        ("fits", "DOES NOT FIT"),  # another verdict
+        ("step 2 of 2", "step 1 of 2"),  # an integer, exact
+        ("4,096 tokens", "4,097 tokens"),
+    ],
+)
+def test_a_changed_output_fails_the_check(old, new):
+    problems = docs.differences(block_of(SHOWN), SHOWN.replace(old, new))
+    assert len(problems) == 1 and problems[0].startswith(("line", "numbers")), problems
+
+
+def test_a_line_more_or_less_fails_the_check():
+    assert docs.differences(block_of(SHOWN), SHOWN + "warning: new\n")
+    assert docs.differences(block_of(SHOWN), SHOWN.split("\n", 1)[1])
+
+
+def test_a_real_block_changed_on_the_page_fails_against_its_command():
+    """The docs' own planner block, run: equal as shown; one figure of the page changed, not."""
+    (block,) = [
+        b for b in BLOCKS if b.commands == ["python -m launcher.plan recipe=llama3_405b_8192gpu"]
+    ]
+    now, _ = docs.run(block)
+    assert docs.differences(block, now) == []
+    changed = docs.Block(**{**vars(block), "body": block.body.replace("fits", "fit", 1)})
+    assert docs.differences(changed, now)
+
+
+def test_kept_lines_and_hidden_plans():
+    lines = ["$ cmd", "plan", "┌──┐", "│ x │", "└──┘", "step 1", "step 2", "done"]
+    assert docs.kept(docs.without_plans(lines), [r"^step 2", r"^done"]) == [
+        "$ cmd",
+        "...",
+        "step 2",
+        "done",
+    ]
+    assert docs.wrap("$ " + "word " * 30).count("\\\n") == 1
