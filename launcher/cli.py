@@ -125,6 +125,20 @@ def misspelled(arg: str) -> str | None:
     return None
 
 
+def whole_dict(arg: str) -> str:
+    """`data.val_sources={a: x}` as `++data.val_sources={a: x}`: a setting that is a mapping
+    takes the one given whole (Hydra's struct mode would refuse its new keys)."""
+    key = arg.split("=", 1)[0]
+    if arg.startswith(("+", "~")) or "=" not in arg or "." not in key:
+        return arg
+    schema: typing.Any = Config
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(schema):
+            return arg
+        schema = typing.get_type_hints(schema).get(part)
+    return f"++{arg}" if typing.get_origin(schema) is dict else arg
+
+
 def compose(overrides: list[str]) -> Config:
     """The typed Config `launcher.train` would build from these overrides, without running."""
     return to_config(compose_dict(overrides))
@@ -137,7 +151,7 @@ def compose_dict(overrides: list[str]) -> DictConfig:
 
     hydra_app(lambda cfg: None)  # registers the schema and resolvers
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-        return hydra_compose("config", overrides=overrides)
+        return hydra_compose("config", overrides=[whole_dict(o) for o in overrides])
 
 
 def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
@@ -162,6 +176,7 @@ def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
         for arg in sys.argv[1:]:
             if problem := misspelled(arg):
                 fail(problem)
+        sys.argv[1:] = [whole_dict(arg) for arg in sys.argv[1:]]
         try:
             main()
         except SystemExit as e:

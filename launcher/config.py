@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
 
 
 class DType(str, Enum):
@@ -270,12 +271,30 @@ class CheckpointConfig:
     initial_load_weights_only: bool = False  # take the model only (fine-tuning); hf always is
 
 
+class Attention(str, Enum):
+    causal = "causal"  # every token sees every earlier one of its sequence
+    document = "document"  # ... of its own document: no query sees across an EOS
+
+
+@dataclass
+class SourceConfig:
+    path: str = MISSING  # a token file, a directory of token files (shards) or a glob
+    weight: float = 1.0  # share of the sampled sequences (the weights are normalised)
+
+
 @dataclass
 class DataConfig:
     # None: the embedded default corpus (Python's documentation, byte-level tokens).
     # Otherwise a token file written by `python -m launcher.prepare`.
     path: str | None = None
-    val_fraction: float = 0.05  # tail of the token stream held out for evaluation
+    # A weighted blend instead of data.path (launcher/sources.py), e.g.
+    # 'data.sources=[{path: web/, weight: 0.7}, {path: code/*.bin, weight: 0.3}]'.
+    sources: list[SourceConfig] = field(default_factory=list)
+    val_fraction: float = 0.05  # tail of each source's stream held out for evaluation
+    # Named validation sets, each evaluated at train.eval_interval as eval/<name> (then the
+    # held-out tails are not); e.g. 'data.val_sources={wiki: val/wiki.bin}'.
+    val_sources: dict[str, str] = field(default_factory=dict)
+    attention: Attention = Attention.causal
 
 
 @dataclass

@@ -54,6 +54,7 @@ from launcher.hf.config import (
     unsupported,
 )
 from launcher.hf.names import check, sources
+from launcher.sources import first_token_file
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 # Copied into a to-hf directory from beside the tokenizer.json, when present.
@@ -63,7 +64,7 @@ TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
 def run_tokenizer(meta: dict) -> tuple[Path, int] | None:
     """(tokenizer.json, EOS id) the checkpoint's run prepared its data with: named in its token
     file's header, still there and unchanged (same sha256). None otherwise."""
-    path = ((meta.get("config") or {}).get("data") or {}).get("path")
+    path = first_token_file((meta.get("config") or {}).get("data") or {})
     try:
         header = read_header(path) if path else {}
     except (OSError, ValueError):

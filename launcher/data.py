@@ -106,7 +106,7 @@ def id_problem(path: str, chunk: int = 1 << 26) -> str | None:
         if part.size and int(part.max()) >= vocab:
             at = start + int(np.argmax(part >= vocab))
             return (
-                f"data.path={path} holds token id {int(tokens[at])} at position {at:,}, outside "
+                f"token file {path} holds token id {int(tokens[at])} at position {at:,}, outside "
                 f"its header's vocab_size={vocab:,}: the file is damaged or its header is not "
                 "its own; prepare it again"
             )
@@ -190,11 +190,45 @@ def write_tokens(
     return header
 
 
+class Concat:
+    """Token files read as one stream (a source's shards), memory-mapped; a slice is a Concat
+    too, and np.asarray reads it."""
+
+    def __init__(self, parts: list[np.ndarray]):
+        self.parts = [p for p in parts if len(p)]
+        self.starts = np.cumsum([0] + [len(p) for p in self.parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, where: slice) -> Concat:
+        start, stop, _ = where.indices(len(self))
+        out = []
+        for part, first in zip(self.parts, self.starts[:-1], strict=True):
+            lo, hi = max(start - first, 0), min(stop - first, len(part))
+            if lo < hi:
+                out.append(part[lo:hi])
+        return Concat(out)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = np.concatenate(self.parts) if self.parts else np.zeros(0, dtype=np.int64)
+        return out if dtype is None else out.astype(dtype)
+
+
+def load_stream(files: tuple[str, ...]) -> np.ndarray | Concat:
+    """A source's tokens: its token files as one stream, or the embedded corpus for ()."""
+    if not files:
+        return embedded_tokens()
+    if len(files) == 1:
+        return load_tokens(files[0])[0]
+    return Concat([load_tokens(f)[0] for f in files])
+
+
 @dataclass
 class Split:
     """Windows of seq_len + 1 tokens over one contiguous part of the stream."""
 
-    tokens: np.ndarray
+    tokens: np.ndarray | Concat
     seq_len: int
 
     @property
@@ -241,32 +275,44 @@ def split(tokens: np.ndarray, seq_len: int, val_fraction: float) -> tuple[Split,
 
 
 class Batches:
-    """Micro-batches of one data-parallel rank for global batch k (see the module docstring)."""
+    """Micro-batches of one data-parallel rank for global batch k (see the module docstring).
+
+    `data` is one Split, or the Splits of a blend's sources with the Blend that says which
+    source each sequence comes from (launcher.sources); each source then has epochs and
+    permutations of its own."""
 
     def __init__(
         self,
-        data: Split,
+        data: Split | list[Split],
         global_batch: int,
         micro_batch: int,
         dp_rank: int,
         dp_size: int,
         seed: int,
         shuffle: bool,
+        blend=None,
     ):
-        self.data, self.g, self.micro = data, global_batch, micro_batch
+        self.splits = data if isinstance(data, list) else [data]
+        self.blend = blend
+        self.g, self.micro = global_batch, micro_batch
         self.dp_rank, self.dp_size, self.seed, self.shuffle = dp_rank, dp_size, seed, shuffle
-        self._epoch, self._order = -1, np.arange(0)
+        self._orders: dict[tuple[int, int], np.ndarray] = {}
 
-    def _window_index(self, i: int) -> int:
-        """Window at position i of the endless stream of epochs."""
-        n = self.data.n_windows
-        epoch, pos = divmod(i, n)
-        if not self.shuffle:
-            return pos
-        if epoch != self._epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            self._epoch, self._order = epoch, rng.permutation(n)
-        return int(self._order[pos])
+    def window(self, i: int) -> np.ndarray:
+        """The window at position i of the endless stream (of the blend, or of the one split)."""
+        s, k = self.blend.locate(i) if self.blend is not None else (0, i)
+        data = self.splits[s]
+        epoch, pos = divmod(k, data.n_windows)
+        if self.shuffle:
+            if (s, epoch) not in self._orders:
+                # One source keeps the seeds it always had, so a run's order is unchanged.
+                seed = [self.seed, epoch] if self.blend is None else [self.seed, s, epoch]
+                self._orders = {
+                    **{key: v for key, v in self._orders.items() if key[0] != s},
+                    (s, epoch): np.random.default_rng(seed).permutation(data.n_windows),
+                }
+            pos = int(self._orders[(s, epoch)][pos])
+        return data.window(pos)
 
     def micro_batches(self, k: int) -> list:
         """[(inputs (b, S), targets (b, S))] for this rank's share of global batch k."""
@@ -279,9 +325,7 @@ class Batches:
 
         per_rank = self.g // self.dp_size
         first = position + self.dp_rank * per_rank
-        windows = np.stack(
-            [self.data.window(self._window_index(first + j)) for j in range(per_rank)]
-        )
+        windows = np.stack([self.window(first + j) for j in range(per_rank)])
         out = []
         for start in range(0, per_rank, self.micro):
             w = torch.from_numpy(windows[start : start + self.micro])

@@ -245,6 +245,11 @@ def fault(rank: int, step: int) -> str | None:
     return kind[0] if kind else "raise"
 
 
+def parent_of(pid: int) -> int:
+    """The parent process of `pid`, from /proc (OSError when it is gone)."""
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
 def inject(rank: int, step: int) -> None:
     """Fail here if LAUNCHER_FAULT_INJECT says so (before the step's work)."""
     kind = fault(rank, step)
@@ -255,8 +260,7 @@ def inject(rank: int, step: int) -> None:
     if kind == "stop":
         launcher = os.getpid()
         if os.environ.get("LAUNCHER_CHILD") == "1":  # under the torchrun the launcher started
-            torchrun = os.getppid()
-            launcher = int(Path(f"/proc/{torchrun}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            launcher = parent_of(os.getppid())
             os.kill(launcher, signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)
     if kind == "hang":

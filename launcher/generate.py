@@ -31,7 +31,7 @@ class CachedCore:
     def __init__(self):
         self.k = self.v = self.kpos = None
 
-    def __call__(self, q, k, v, positions):
+    def __call__(self, q, k, v, positions, documents=None):  # a prompt is one document
         import torch
         import torch.nn.functional as F
 
@@ -138,10 +138,11 @@ def tokenizer_of(entry, explicit: Path | None):
     """(encode, decode, EOS id, vocabulary size, what it is) of the run's tokenizer."""
     from launcher.convert import run_tokenizer
     from launcher.data import ByteTokenizer, read_header
+    from launcher.sources import first_token_file
 
     if explicit is None:
         found = run_tokenizer(entry.meta or {})
-        data = (((entry.meta or {}).get("config") or {}).get("data") or {}).get("path")
+        data = first_token_file(((entry.meta or {}).get("config") or {}).get("data") or {})
         if found is None and data:
             try:
                 kind = read_header(data).get("tokenizer", "bytes")

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from launcher.cli import fail
-from launcher.failures import EXIT_FILE, EXIT_STOPPED, STOPPED_FILE, stopped_message
+from launcher.failures import EXIT_FILE, EXIT_STOPPED, STOPPED_FILE, parent_of, stopped_message
 
 # Set by relaunch() in the children, so that they do not print the plan a second time.
 CHILD_ENV = "LAUNCHER_CHILD"
@@ -267,7 +267,7 @@ def process_tree() -> dict[int, list[int]]:
     tree: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            ppid = int(entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+            ppid = parent_of(int(entry.name))
         except (OSError, IndexError, ValueError):
             continue
         tree.setdefault(ppid, []).append(int(entry.name))

@@ -190,6 +190,7 @@ class MetricsLogger:
         )
         if "eval_loss" in m:
             line += f"  eval_loss {m['eval_loss']:.4f}"
+        line += "".join(f"  {k} {v:.4f}" for k, v in m.items() if k.startswith("eval/"))
         # On a terminal the line rewrites itself; in a log file every printed line stays.
         if sys.stdout.isatty() and "eval_loss" not in m and step != self.total:
             print("\r" + line, end="", flush=True)

@@ -24,6 +24,7 @@ from launcher.failures import resume_mode
 from launcher.plan import auto, engine_plan
 from launcher.plan.report import plan_json, print_plan, problems_message
 from launcher.plan.search import candidate_overrides, with_overrides
+from launcher.sources import token_file_paths
 
 
 def check_devices(device_type: str, devices_per_node: int) -> None:
@@ -118,7 +119,7 @@ def task(dcfg: DictConfig) -> None:
     if problems:
         fail("; ".join(problems))
     if first:  # the process in charge of the run: one run per directory, and it can write
-        if cfg.data.path and (problem := id_problem(cfg.data.path)):
+        if problem := next(filter(None, map(id_problem, token_file_paths(cfg.data))), None):
             fail(problem)
         try:
             rundir.writable(run_dir, "hydra.run.dir")

@@ -43,7 +43,7 @@ from launcher.checkpoint.store import (
     step_dir,
 )
 from launcher.cli import USAGE_ERROR
-from launcher.data import Batches, load_tokens, split
+from launcher.data import Batches
 from launcher.failures import (
     STOPPED_FILE,
     NonFinite,
@@ -71,6 +71,8 @@ from launcher.parallel.expert_parallel import (
 from launcher.plan import Plan
 from launcher.plan.report import plan_json
 from launcher.profiling import profiled
+from launcher.sources import run_data
+from models.layers import document_ids
 
 
 class Stopped(Exception):
@@ -129,8 +131,8 @@ class Trainer:
             isinstance(self.parts[0], FSDPModule)
         )
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype.value]
-        tokens, _ = load_tokens(cfg.data.path)
-        train_split, val_split = split(tokens, t.seq_len, cfg.data.val_fraction)
+        data = run_data(cfg.data, t.seq_len)
+        self.eos_id, self.documents = data.eos_id, cfg.data.attention.value == "document"
         lay = self.layout
         batches = (t.global_batch_size, lay.micro_batch_size, d.dp_rank, lay.dp, t.seed)
         # Context-parallel ranks share their data-parallel rank's batch and keep their own
@@ -142,8 +144,11 @@ class Trainer:
             if lay.cp > 1
             else None
         )
-        self.train_batches = Batches(train_split, *batches, shuffle=True)
-        self.val_batches = Batches(val_split, *batches, shuffle=False)
+        self.train_batches = Batches(data.train, *batches, shuffle=True, blend=data.blend)
+        self.val_batches = Batches(data.held_out, *batches, shuffle=False, blend=data.blend)
+        self.named_val = {
+            name: Batches(part, *batches, shuffle=False) for name, part in data.named.items()
+        }
         self.train_state = TrainState()
         ck = cfg.checkpoint
         self.checkpointer = Checkpointer(
@@ -200,22 +205,28 @@ class Trainer:
     # -- one step, in named pieces -------------------------------------------------------
 
     def prepare(self, micro: list) -> list:
-        """A rank's micro-batches on its device: (B, S) inputs and targets, or under context
-        parallelism the (B, S / cp) tokens at this rank's positions. Each cp rank then holds
-        the same number of tokens, so the mean of their mean losses is the batch's mean."""
-        pos = self.positions
-        if pos is None:
-            return [(x.to(self.d.device), y.to(self.d.device)) for x, y in micro]
-        return [(x.to(self.d.device)[:, pos], y.to(self.d.device)[:, pos]) for x, y in micro]
+        """A rank's micro-batches on its device: (inputs, targets, documents), (B, S) each, or
+        under context parallelism the (B, S / cp) tokens at this rank's positions (documents
+        stay whole: every rank looks its keys' up). Each cp rank then holds the same number of
+        tokens, so the mean of their mean losses is the batch's mean. documents is None
+        unless data.attention=document (models.layers.document_ids)."""
+        out = []
+        for x, y in micro:
+            x, y = x.to(self.d.device), y.to(self.d.device)
+            docs = document_ids(x, self.eos_id) if self.documents else None
+            if self.positions is not None:
+                x, y = x[:, self.positions], y[:, self.positions]
+            out.append((x, y, docs))
+        return out
 
     def train_context(self):
         """With loss parallelism the logits stay sharded over the vocabulary; cross-entropy
         (and its backward) must run under loss_parallel(), which reduces across tp ranks."""
         return loss_parallel() if self.layout.loss_parallel else nullcontext()
 
-    def forward_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor, docs) -> torch.Tensor:
         with torch.autocast(self.d.device.type, dtype=self.compute_dtype, enabled=self.autocast):
-            return loss_fn(self.parts[0](x, self.positions), y)
+            return loss_fn(self.parts[0](x, self.positions, docs), y)
 
     def forward_backward(self, micro: list) -> torch.Tensor | None:
         """Forward and backward of this rank's share of a global batch; its mean loss (None on
@@ -223,9 +234,9 @@ class Trainer:
         if self.schedule is not None:
             return self._pipeline_step(micro)
         total = torch.zeros((), device=self.d.device)
-        for i, (x, y) in enumerate(micro):
+        for i, (x, y, docs) in enumerate(micro):
             with grad_sync(self.parts[0], sync=i == len(micro) - 1), self.train_context():
-                loss = self.forward_loss(x, y)
+                loss = self.forward_loss(x, y, docs)
                 # Each micro-batch holds the same number of tokens: the mean of the
                 # micro-batch means is the mean over this rank's share of the batch.
                 (loss / len(micro)).backward()
@@ -235,13 +246,16 @@ class Trainer:
     def _pipeline_step(self, micro: list) -> torch.Tensor | None:
         """The schedule runs every micro-batch; only the last stage sees losses (their mean,
         as each micro-batch holds the same number of tokens)."""
-        x = torch.cat([x for x, _ in micro])
-        y = torch.cat([y for _, y in micro])
+        x = torch.cat([x for x, _, _ in micro])
+        y = torch.cat([y for _, y, _ in micro])
         losses: list[torch.Tensor] = []
         args = (x,) if self.first else ()
         kwargs = {"target": y, "losses": losses} if self.last else {}
-        if self.positions is not None:  # every stage's blocks need them; split with the batch
+        # Every stage's blocks need these; the schedule splits them with the batch.
+        if self.positions is not None:
             kwargs["positions"] = self.positions.expand(len(micro) * micro[0][0].shape[0], -1)
+        if self.documents:
+            kwargs["documents"] = torch.cat([docs for _, _, docs in micro])
         with self.train_context():
             self.schedule.step(*args, **kwargs)
         return torch.stack([local(x.detach()) for x in losses]).mean() if self.last else None
@@ -306,7 +320,8 @@ class Trainer:
         lay = self.layout
         with self.train_context():
             if self.schedule is None:
-                return torch.stack([local(self.forward_loss(x, y)) for x, y in micro]).mean()
+                losses = [local(self.forward_loss(x, y, docs)) for x, y, docs in micro]
+                return torch.stack(losses).mean()
             from launcher.parallel import pipeline
 
             out = [
@@ -319,21 +334,28 @@ class Trainer:
                     y,
                     loss_fn,
                     self.positions,
+                    docs,
                 )
-                for x, y in micro
+                for x, y, docs in micro
             ]
             return torch.stack([local(o) for o in out]).mean() if self.last else None
 
-    def evaluate(self) -> float | None:
+    def evaluate(self) -> dict:
+        """eval_loss (the training sources' held-out tails) and eval/<name> for each named
+        validation set: means over the data- and context-parallel ranks (None off the last
+        pipeline stage)."""
         for part in self.parts:
             part.eval()
-        losses = [
-            self.eval_loss(self.prepare(self.val_batches.micro_batches(k)))
-            for k in range(self.cfg.train.eval_batches)
-        ]
+        out = {}
+        for name, batches in [("eval_loss", self.val_batches), *self.named_val.items()]:
+            losses = [
+                self.eval_loss(self.prepare(batches.micro_batches(k)))
+                for k in range(self.cfg.train.eval_batches)
+            ]
+            out[name if name == "eval_loss" else f"eval/{name}"] = self.global_mean(losses)
         for part in self.parts:
             part.train()
-        return self.global_mean(losses)
+        return out
 
     def global_mean(self, losses: list) -> float | None:
         """Mean over the data- and context-parallel ranks of the last stage (None elsewhere)."""
@@ -537,7 +559,7 @@ class Trainer:
                     metrics = self.train_step(step)
                 if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps):
                     with timed(f"evaluation at step {step}", d.rank, t.timeout_s):
-                        metrics["eval_loss"] = self.evaluate()
+                        metrics.update(self.evaluate())
                 logger.log(step, metrics)
                 skipped = skipped + 1 if metrics.get("skipped") else 0
                 if skipped > t.max_skipped_steps:

@@ -124,9 +124,14 @@ class MLAttention(nn.Module):
         self.q_scale = yarn_scales(args)[1]
 
     def forward(
-        self, x: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        rope: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """rope: the whole (S_max, 2, R) table without positions, else exactly their angles."""
+        """rope: the whole (S_max, 2, R) table without positions or documents, else exactly
+        their angles."""
         b, s, _ = x.shape
         n, r = self.nope_dim, self.rope_dim
         q = self.wq_b(self.q_norm(self.wq_a(x))) if self.q_latent else self.wq(x)
@@ -138,7 +143,7 @@ class MLAttention(nn.Module):
         # A copy of its own: backward then keeps H x V values per token for v, not the whole
         # (N + V)-wide up-projection it is a view of (k_nope is copied by the cat below).
         v = v.contiguous()
-        angles = rope[:s] if positions is None else rope
+        angles = rope[:s] if positions is None and documents is None else rope
         q_rope = apply_rope(q_rope, angles)
         k_rope = apply_rope(k_rope.unsqueeze(2), angles)  # (B, S, 1, R): one for every head
         q = torch.cat([q_nope, q_rope], dim=-1)  # (B, S, H, N + R)
@@ -146,7 +151,7 @@ class MLAttention(nn.Module):
             q = q * self.q_scale
         k = torch.cat([k_nope, k_rope.expand(-1, -1, k_nope.shape[2], -1)], dim=-1)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        out = self.core(q, k, v, positions)  # (B, H, S, V)
+        out = self.core(q, k, v, positions, documents)  # (B, H, S, V)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
 
 

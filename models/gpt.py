@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers import AttentionCore, dropout
+from models.layers import AttentionCore, dropout, token_positions
 
 
 @dataclass
@@ -40,9 +40,17 @@ class Embedding(nn.Module):
         self.pos = nn.Embedding(args.max_seq_len, args.dim)
         self.dropout = args.dropout
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """positions (S,) or (B, S); None means 0..S-1."""
-        if positions is None:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """positions (S,) or (B, S); None means 0..S-1. documents (B, S): positions count from
+        each document's first token."""
+        if documents is not None:
+            positions = token_positions(positions, documents)
+        elif positions is None:
             positions = torch.arange(tokens.shape[1], device=tokens.device)
         h = self.tok(tokens) + self.pos(positions)
         return dropout(h, self.dropout if self.training else 0.0)
@@ -58,13 +66,18 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.dim, args.dim)
         self.core = AttentionCore(args.dropout, args.flash_attention)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         b, s, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds a slice of them.
         q, k, v = (
             w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv)
         )  # (B, H, S, E)
-        out = self.core(q, k, v, positions)
+        out = self.core(q, k, v, positions, documents)
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
 
 
@@ -87,9 +100,14 @@ class Block(nn.Module):
         self.feed_forward = MLP(args.dim, args.ffn_dim)
         self.dropout = args.dropout
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         drop = self.dropout if self.training else 0.0
-        x = x + dropout(self.attention(self.attention_norm(x), positions), drop)
+        x = x + dropout(self.attention(self.attention_norm(x), positions, documents), drop)
         return x + dropout(self.feed_forward(self.ffn_norm(x)), drop)
 
 
@@ -124,11 +142,17 @@ class GPT(nn.Module):
                 std = out_std if name.endswith(("wo.weight", "fc2.weight")) else 0.02
                 p.copy_(torch.randn(p.shape, generator=gen) * std)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """tokens (B, S) ids, or hidden states (B, S, D) on a later pipeline stage; positions
-        (S,) or (B, S) of the tokens in their sequence, None meaning 0..S-1."""
-        h = self.embed(tokens, positions) if self.embed is not None else tokens
+        (S,) or (B, S) of the tokens in their sequence, None meaning 0..S-1; documents (B, S)
+        of the whole sequence: document masking (models.layers)."""
+        h = self.embed(tokens, positions, documents) if self.embed is not None else tokens
         for layer in self.layers.values():
-            h = layer(h, positions)
+            h = layer(h, positions, documents)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h

@@ -45,6 +45,148 @@ def causal_mask(positions: torch.Tensor) -> torch.Tensor:
     return mask if positions.dim() == 1 else mask[:, None]
 
 
+# Document masking (data.attention=document): `documents` (B, S) holds the document of every
+# token of the whole sequence, counted from the sequence's start; an EOS ends its document, so
+# the token after it starts the next. A token attends to the earlier tokens of its own document
+# only, and its position (RoPE, learned positions) counts from its document's first token, as
+# if each document ran alone. Under context parallelism every rank holds the whole (B, S) ids
+# and indexes them by the global positions of its tokens.
+
+
+def document_ids(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """(B, S) ids -> the document of each token, 0 for the first; an EOS ends its own."""
+    eos = tokens == eos_id
+    return (eos.cumsum(1) - eos.long()).to(torch.int64)
+
+
+def document_positions(documents: torch.Tensor) -> torch.Tensor:
+    """(B, S): each token's distance from the first token of its document."""
+    index = torch.arange(documents.shape[1], device=documents.device).expand_as(documents)
+    first = torch.ones_like(documents, dtype=torch.bool)
+    first[:, 1:] = documents[:, 1:] != documents[:, :-1]
+    return index - torch.where(first, index, torch.zeros_like(index)).cummax(1).values
+
+
+def _at(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """values (B, S) at positions (S',) or (B, S'): (B, S')."""
+    if positions.dim() == 1:
+        return values[:, positions]
+    return values.gather(1, positions)
+
+
+def token_positions(positions: torch.Tensor | None, documents: torch.Tensor) -> torch.Tensor:
+    """The rows of the position table the tokens at `positions` (None: the whole sequence) take
+    under document masking: (B, S') positions within their documents."""
+    within = document_positions(documents)
+    return within if positions is None else _at(within, positions)
+
+
+def attention_mask(
+    q_pos: torch.Tensor, k_pos: torch.Tensor, documents: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Query at position i sees key at position j iff i >= j and, with documents, both lie in
+    one document: (Sq, Sk) bool from (Sq,), (Sk,) positions without documents, else
+    (B, 1, Sq, Sk), broadcast over heads."""
+    order = q_pos[..., :, None] >= k_pos[..., None, :]
+    if documents is None:
+        return order if order.dim() == 2 else order[:, None]
+    same = _at(documents, q_pos)[:, :, None] == _at(documents, k_pos)[:, None, :]
+    return (order & same)[:, None]
+
+
+def additive_mask(positions: torch.Tensor, documents: torch.Tensor, dtype) -> torch.Tensor:
+    """attention_mask(positions, positions, documents) as bool, or as the additive 0 / -inf
+    float mask in `dtype` that the fused kernels take."""
+    mask = attention_mask(positions, positions, documents)
+    if dtype == torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        ~mask, float("-inf")
+    )
+
+
+def masked_attention(q, k, v, mask, p: float, fused: bool) -> torch.Tensor:
+    """softmax(q k^T / sqrt(E) + mask) v, the fused kernel or plain matmuls; mask None: causal."""
+    if fused:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None, enable_gqa=True
+        )
+    repeat = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+    s = q.shape[-2]
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, S, S)
+    if mask is None:
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+    return dropout(probs, p) @ v
+
+
+def document_attention(q, k, v, positions, documents, p: float, fused: bool) -> torch.Tensor:
+    """Attention under document masking that never keeps the (B, 1, S, S) mask for backward
+    (at 8K tokens it is 128 MiB per micro-batch in bf16, one per layer as SDPA saves it): the
+    mask is rebuilt from the (B, S) ids there. On CPU the fused kernel's own backward takes
+    it (_FlashDocuments); elsewhere, with dropout, or with values narrower than keys (MLA),
+    backward reruns the attention forward (_RerunDocuments)."""
+    if fused and p == 0 and q.device.type == "cpu" and q.shape[-1] == v.shape[-1]:
+        return _FlashDocuments.apply(q, k, v, positions, documents)
+    return _RerunDocuments.apply(q, k, v, positions, documents, p, fused)
+
+
+class _FlashDocuments(torch.autograd.Function):
+    """torch's fused flash attention for CPU with the document mask; saves what the kernel's
+    backward needs (q, k, v, output, log-sum-exp) and the ids, not the mask."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, positions, documents):
+        mask = additive_mask(positions, documents, q.dtype)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, False, attn_mask=mask
+        )
+        ctx.save_for_backward(q, k, v, out, lse, positions, documents)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, out, lse, positions, documents = ctx.saved_tensors
+        mask = additive_mask(positions, documents, q.dtype)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad.contiguous(), q, k, v, out, lse, 0.0, False, attn_mask=mask
+        )
+        return dq, dk, dv, None, None
+
+
+class _RerunDocuments(torch.autograd.Function):
+    """Document-masked attention whose backward reruns its forward (under the same random
+    state, for dropout) from q, k, v and the ids: one attention forward more per layer."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, positions, documents, p, fused):
+        ctx.p, ctx.fused = p, fused
+        ctx.rng = (torch.get_rng_state(), _device_rng(q.device)) if p > 0 else None
+        ctx.save_for_backward(q, k, v, positions, documents)
+        mask = additive_mask(positions, documents, q.dtype if fused else torch.bool)
+        return masked_attention(q, k, v, mask, p, fused)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, positions, documents = ctx.saved_tensors
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        devices = [q.device] if q.device.type == "cuda" else []
+        with torch.enable_grad(), torch.random.fork_rng(devices=devices):
+            if ctx.rng is not None:
+                torch.set_rng_state(ctx.rng[0])
+                if ctx.rng[1] is not None:
+                    torch.cuda.set_rng_state(ctx.rng[1], q.device)
+            mask = additive_mask(positions, documents, q.dtype if ctx.fused else torch.bool)
+            out = masked_attention(*leaves, mask, ctx.p, ctx.fused)
+            grads = torch.autograd.grad(out, leaves, grad)
+        return (*grads, None, None, None, None)
+
+
+def _device_rng(device: torch.device):
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
 def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     """Training dropout keeping a 1-byte mask for backward on every device (F.dropout keeps a
     mask in x's dtype on CPU: 4 bytes per element in fp32, as much as the activation)."""
@@ -120,10 +262,10 @@ class AttentionCore(nn.Module):
     """Causal softmax(q k^T / sqrt(E)) v over (B, H, S, E), k and v with K <= H heads (GQA).
 
     `positions` (S,) or (B, S) are the tokens' positions in their sequence; None means
-    0..S-1 (the causal triangle). A module of its own so that selective activation
-    checkpointing can wrap exactly this (the work between the projections, whose internals,
-    score matrices when not fused, are cheap to recompute from q, k and v) and so that context
-    parallelism can put its own in its place.
+    0..S-1 (the causal triangle). `documents` (B, S) of the whole sequence: document masking.
+    A module of its own so that selective activation checkpointing can wrap exactly this (the
+    work between the projections, whose internals, score matrices when not fused, are cheap to
+    recompute from q, k and v) and so that context parallelism can put its own in its place.
     """
 
     def __init__(self, dropout: float, fused: bool):
@@ -136,21 +278,14 @@ class AttentionCore(nn.Module):
         k: torch.Tensor,
         v: torch.Tensor,
         positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         p = self.dropout if self.training else 0.0
+        if documents is not None:  # (B, S) of the whole sequence: document masking
+            pos = torch.arange(q.shape[2], device=q.device) if positions is None else positions
+            return document_attention(q, k, v, pos, documents, p, self.fused)
         mask = None if positions is None else causal_mask(positions)
-        if self.fused:
-            return F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None, enable_gqa=True
-            )
-        repeat = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        s = q.shape[-2]
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, S, S)
-        if mask is None:
-            mask = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
-        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-        return dropout(probs, p) @ v
+        return masked_attention(q, k, v, mask, p, self.fused)
 
 
 class FeedForward(nn.Module):

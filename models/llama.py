@@ -13,7 +13,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.layers import AttentionCore, FeedForward, RMSNorm, apply_rope, dropout, rope_table
+from models.layers import (
+    AttentionCore,
+    FeedForward,
+    RMSNorm,
+    apply_rope,
+    dropout,
+    rope_table,
+    token_positions,
+)
 
 
 @dataclass
@@ -75,19 +83,23 @@ class Attention(nn.Module):
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
     def forward(
-        self, x: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        rope: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x (B, S, D). Without positions, rope is the whole table and the tokens sit at
-        0..S-1; with positions (S,) or (B, S), rope holds exactly their angles."""
+        """x (B, S, D). Without positions or documents, rope is the whole table and the tokens
+        sit at 0..S-1; else rope holds exactly their angles (S or B, S, 2, E)."""
         b, s, _ = x.shape
         # -1 rather than n_heads: under tensor parallelism each rank holds a slice of the heads.
         q = self.wq(x).view(b, s, -1, self.head_dim)  # (B, S, H, E)
         k = self.wk(x).view(b, s, -1, self.head_dim)  # (B, S, K, E)
         v = self.wv(x).view(b, s, -1, self.head_dim)
-        angles = rope[:s] if positions is None else rope
+        angles = rope[:s] if positions is None and documents is None else rope
         q, k = apply_rope(q, angles), apply_rope(k, angles)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        out = self.core(q, k, v, positions)  # (B, H, S, E)
+        out = self.core(q, k, v, positions, documents)  # (B, H, S, E)
         # SDPA lays its output out as (B, S, H, E): the reshape is a view, not a copy.
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
 
@@ -107,10 +119,15 @@ class TransformerBlock(nn.Module):
         self.dropout = args.dropout
 
     def forward(
-        self, x: torch.Tensor, rope: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        rope: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         drop = self.dropout if self.training else 0.0
-        x = x + dropout(self.attention(self.attention_norm(x), rope, positions), drop)
+        h = self.attention(self.attention_norm(x), rope, positions, documents)
+        x = x + dropout(h, drop)
         return x + dropout(self.feed_forward(self.ffn_norm(x)), drop)
 
 
@@ -163,16 +180,25 @@ class Transformer(nn.Module):
             if name.endswith(("expert_bias", "router.load")):  # MoE routers start unbiased
                 b.zero_()
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """tokens (B, S) ids, or hidden states (B, S, D) on a later pipeline stage. positions
         (S,) or (B, S): each token's position in its sequence (a context-parallel rank holds
-        tokens from several places); None means 0..S-1."""
+        tokens from several places); None means 0..S-1. documents (B, S) of the whole
+        sequence: document masking (models.layers)."""
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         # Without positions the whole table: under sequence parallelism h holds a slice of the
         # sequence here, and attention, which sees all of it, takes the first S rows itself.
         # With them, their angles, looked up once for every layer.
-        rope = self.rope if positions is None else self.rope[positions]
+        if documents is not None:
+            rope = self.rope[token_positions(positions, documents)]
+        else:
+            rope = self.rope if positions is None else self.rope[positions]
         for layer in self.layers.values():
-            h = layer(h, rope, positions)
+            h = layer(h, rope, positions, documents)
         h = self.norm(h) if self.norm is not None else h
         return self.output(h) if self.output is not None else h

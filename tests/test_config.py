@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
+import typing
+
 import pytest
 from conftest import CONF, REFUSED_RECIPES, ROOT, compose_config, run_cli
 
@@ -123,3 +127,23 @@ def test_bad_override_exits_2(override, expected):
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_every_setting_is_in_the_config_docs():
+    """docs/config.md's table names every field of every group of the schema (its row is the
+    one that names the group)."""
+    rows = [
+        line for line in (ROOT / "docs" / "config.md").read_text().splitlines() if line[:3] == "| `"
+    ]
+    missing = []
+    for group in dataclasses.fields(Config):
+        schema = typing.get_type_hints(Config)[group.name]
+        if not dataclasses.is_dataclass(schema):
+            continue
+        text = " ".join(r for r in rows if f"`{group.name}." in r or f"`{group.name}=" in r)
+        missing += [
+            f"{group.name}.{f.name}"
+            for f in dataclasses.fields(schema)
+            if f.name != "name" and not re.search(rf"\b{f.name}\b", text)
+        ]
+    assert not missing, f"docs/config.md does not name {missing}"

@@ -42,7 +42,7 @@ class Workload:
     @property
     def tokens(self) -> int:
         """Tokens per step."""
-        return sum(x.numel() for x, _ in self.micro)
+        return sum(x.numel() for x, *_ in self.micro)
 
     def autocast(self):
         if self.compute_dtype == torch.float32:
@@ -103,7 +103,7 @@ def plain_loop(model: nn.Module, w: Workload, forward: Callable | None = None) -
 
     def step() -> torch.Tensor:
         total = torch.zeros((), device=w.device)
-        for x, y in w.micro:
+        for x, y, _ in w.micro:
             with w.autocast():
                 logits = forward(x)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())

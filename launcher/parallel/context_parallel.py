@@ -33,6 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from models.layers import attention_mask
+
 METHODS = ("allgather", "ring")
 
 
@@ -85,7 +87,7 @@ class ContextAttention(nn.Module):
         super().__init__()
         self.group, self.method, self.dropout = group, method, dropout
 
-    def forward(self, q, k, v, positions: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, q, k, v, positions: torch.Tensor | None = None, documents=None):
         if positions is None:
             raise ValueError(
                 "context-parallel attention needs the positions of this rank's tokens "
@@ -93,7 +95,9 @@ class ContextAttention(nn.Module):
             )
         pos = positions if positions.dim() == 1 else positions[0]
         p = self.dropout if self.training else 0.0
-        return context_attention(q, k, v, pos, pos, self.group, self.method, dropout=p)
+        return context_attention(
+            q, k, v, pos, pos, self.group, self.method, dropout=p, documents=documents
+        )
 
     def extra_repr(self) -> str:
         return f"method={self.method}, cp={dist.get_world_size(self.group)}, dropout={self.dropout}"
@@ -120,6 +124,7 @@ def context_attention(
     group: dist.ProcessGroup,
     method: str,
     dropout: float = 0.0,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal softmax(q k^T / sqrt(E)) v over the keys of every rank in `group`.
 
@@ -130,7 +135,9 @@ def context_attention(
     blocks in the fused kernel compute in it, the matmul form in fp32; the partial outputs merge
     in fp32).
     Every rank of `group` must call it with the same shapes. `dropout`: the probability of
-    dropping each attention probability (training), in [0, 1).
+    dropping each attention probability (training), in [0, 1). `documents` (B, S) of the whole
+    sequence, the same on every rank: document masking (models.layers.attention_mask); a
+    block no query of which sees a key of is skipped, like one causality skips.
     """
     problems = []
     if method not in METHODS:
@@ -157,7 +164,7 @@ def context_attention(
     # One draw from the global generator per call (none without dropout).
     drop = (dropout, int(torch.randint(2**62, ()))) if dropout else None
     fn = _AllGatherAttention if method == "allgather" else _RingAttention
-    return fn.apply(q, k, v, q_pos, k_pos, group, drop)
+    return fn.apply(q, k, v, q_pos, k_pos, group, drop, documents)
 
 
 # --- blocks: one rank's queries against one rank's keys, shared by both methods -------------
@@ -207,12 +214,15 @@ def _attend_block(q, k, v, mask, scale=None):
     k (B, K, 1, Sk, E), v (B, K, 1, Sk, V); mask (Sq, Sk) bool or None; scale (B, K, G, Sq,
     Sk) the dropout's scaled keep-mask or None. Returns the block's normalised output (B, K,
     G, Sq, V) and its undropped log-sum-exp (B, K, G, Sq). Every row sees at least the block's
-    first key (see _block_bounds), so the log-sum-exp is finite. Holds the (Sq, Sk) scores."""
+    first key (see _block_bounds), so the log-sum-exp is finite, except under document masking.
+    Holds the (Sq, Sk) scores."""
     s = q @ k.transpose(-2, -1)  # (B, K, G, Sq, Sk)
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     lse = s.logsumexp(-1)
-    p = (s - lse[..., None]).exp()
+    # A row that sees no key here (a later document's query, document masking) has lse -inf:
+    # its probabilities are 0, and _merge gives the block no weight for it.
+    p = (s - lse.clamp(min=torch.finfo(s.dtype).min)[..., None]).exp()
     return (p if scale is None else p * scale) @ v, lse
 
 
@@ -249,7 +259,11 @@ def _fused(q: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, own: boo
     for q, k and v (not MLA's). With positions from chunk_positions every other block is
     unmasked. Other devices use the matmul form: the fused CUDA kernels are not wired here (no
     GPU was available to test them)."""
-    return q.device.type == "cpu" and q.shape[-1] == v.shape[-1] and (mask is None or own)
+    return (
+        q.device.type == "cpu"
+        and q.shape[-1] == v.shape[-1]
+        and (mask is None or (own and mask.dim() == 2))
+    )
 
 
 def _block_forward(q, k, v, mask, own: bool, scale=None):
@@ -301,11 +315,15 @@ def _block_backward(q, k, v, do, out, lse, mask, own: bool, scale=None):
 
 def _merge(out, lse, blk_out, blk_lse, rows: int) -> None:
     """Fold a block's (output, lse) into the running ones for query rows `rows:`, in place:
-    out = (out e^lse + blk_out e^blk_lse) / (e^lse + e^blk_lse). The running lse starts at -inf,
-    blk_lse is finite, so the weights are finite."""
+    out = (out e^lse + blk_out e^blk_lse) / (e^lse + e^blk_lse). The running lse starts at -inf;
+    a row with both at -inf (no key seen yet) keeps weight 0 rather than NaN."""
     o, m = out[..., rows:, :], lse[..., rows:]
     new = torch.logaddexp(m, blk_lse)
-    o.mul_((m - new).exp()[..., None]).add_(blk_out * (blk_lse - new).exp()[..., None])
+    # Rows that have seen no key yet, here either (document masking), stay at 0 and -inf.
+    seen = new > float("-inf")
+    keep = torch.where(seen, (m - new).exp(), 0.0)
+    add = torch.where(seen, (blk_lse - new).exp(), 0.0)
+    o.mul_(keep[..., None]).add_(blk_out * add[..., None])
     m.copy_(new)
 
 
@@ -324,22 +342,30 @@ def _finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return final.copy_(out)
 
 
-def _sub_block(q, q_pos, k_pos, bound, drop, block: int):
+def _sub_block(q, q_pos, k_pos, bound, drop, block: int, documents=None):
     """The part of a block to compute, from `bound` (_block_bounds): (rows, keys, mask, the
-    dropout's scaled keep-mask), or None when causality skips the block."""
+    dropout's scaled keep-mask), or None when causality skips the block, or the documents do.
+    The mask is (Sq, Sk), or (B, 1, 1, Sq, Sk) under document masking (the grouped heads'
+    shape); None where nothing is masked."""
     rows, keys, masked = bound
     if rows >= q.shape[2] or keys == 0:
         return None
-    mask = (q_pos[rows:, None] >= k_pos[None, :keys]) if masked else None
+    if documents is not None:
+        mask = attention_mask(q_pos[rows:], k_pos[:keys], documents)[:, :, None]
+        if not mask.any():  # every query of the block is in a later document than its keys
+            return None
+    else:
+        mask = (q_pos[rows:, None] >= k_pos[None, :keys]) if masked else None
     shape = (q.shape[0], q.shape[1], q.shape[2] - rows, keys)
     return rows, keys, mask, dropout_scale(drop, shape, q.device, block)
 
 
-def _attend(out, lse, q, k, v, q_pos, k_pos, bound, own: bool, drop, block: int) -> None:
+def _attend(out, lse, q, k, v, q_pos, k_pos, bound, own: bool, drop, block: int, docs) -> None:
     """Attend q (B, H, Sq, E) to the block k (B, K, Sk, E), v (B, K, Sk, V) at positions k_pos
     (Sk,) and merge into (out, lse); `bound` from _block_bounds says which part of the block to
-    compute; drop: (p, seed) of attention dropout or None; block: query rank x cp + key rank."""
-    part = _sub_block(q, q_pos, k_pos, bound, drop, block)
+    compute; drop: (p, seed) of attention dropout or None; block: query rank x cp + key rank;
+    docs: the documents, or None."""
+    part = _sub_block(q, q_pos, k_pos, bound, drop, block, docs)
     if part is None:
         return
     rows, keys, mask, scale = part
@@ -349,11 +375,11 @@ def _attend(out, lse, q, k, v, q_pos, k_pos, bound, own: bool, drop, block: int)
     _merge(out, lse, blk_out, blk_lse, rows)
 
 
-def _attend_backward(dq, q, k, v, do, out, lse, q_pos, k_pos, bound, own: bool, drop, block):
+def _attend_backward(dq, q, k, v, do, out, lse, q_pos, k_pos, bound, own, drop, block, docs):
     """Backward of _attend: adds the block's part of dq into `dq` (fp32) and returns its
     (dk, dv) for the block's first `keys` keys (fp32, (B, K, keys, E) and (B, K, keys, V)), or
     None if skipped."""
-    part = _sub_block(q, q_pos, k_pos, bound, drop, block)
+    part = _sub_block(q, q_pos, k_pos, bound, drop, block, docs)
     if part is None:
         return None
     rows, keys, mask, scale = part
@@ -394,7 +420,7 @@ class _AllGatherAttention(torch.autograd.Function):
     sum for its own block (checked: gloo reduce-scatters fp32 and bf16 in torch 2.13)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, k_pos, group, drop):
+    def forward(ctx, q, k, v, q_pos, k_pos, group, drop, docs):
         cp, rank, e = dist.get_world_size(group), dist.get_rank(group), k.shape[-1]
         kv = _all_gather(torch.cat((k, v), -1), group)  # (cp, B, K, S_local, E + V)
         k_pos_all = _gather_positions(k_pos, group)  # (cp, S_local)
@@ -404,10 +430,10 @@ class _AllGatherAttention(torch.autograd.Function):
             k_src, v_src = kv[src, ..., :e], kv[src, ..., e:]
             _attend(
                 out, lse, q, k_src, v_src, q_pos, k_pos_all[src], bound, src == rank, drop,
-                rank * cp + src,
+                rank * cp + src, docs,
             )  # fmt: skip
         out = _finish(out, q.dtype)
-        ctx.group, ctx.bounds, ctx.drop = group, bounds, drop
+        ctx.group, ctx.bounds, ctx.drop, ctx.docs = group, bounds, drop, docs
         ctx.save_for_backward(q, kv, q_pos, k_pos_all, out, lse)
         return out
 
@@ -421,7 +447,7 @@ class _AllGatherAttention(torch.autograd.Function):
         for src, bound in enumerate(ctx.bounds):
             grads = _attend_backward(
                 dq, q, kv[src, ..., :e], kv[src, ..., e:], do, out, lse, q_pos, k_pos_all[src],
-                bound, src == rank, ctx.drop, rank * cp + src,
+                bound, src == rank, ctx.drop, rank * cp + src, ctx.docs,
             )  # fmt: skip
             if grads is not None:
                 keys = grads[0].shape[2]
@@ -429,7 +455,7 @@ class _AllGatherAttention(torch.autograd.Function):
                 dkv[src, :, :, :keys, e:] = grads[1]
         mine = dkv.new_empty(dkv.shape[1:])  # (B, K, S_local, E + V)
         dist.reduce_scatter_single(mine, dkv.flatten(0, 1), group=ctx.group)
-        return dq.to(q.dtype), mine[..., :e], mine[..., e:], None, None, None, None
+        return dq.to(q.dtype), mine[..., :e], mine[..., e:], None, None, None, None, None
 
 
 # --- ring ------------------------------------------------------------------------------------
@@ -465,7 +491,7 @@ class _RingAttention(torch.autograd.Function):
     in backward also their dK/dV accumulators, in fp32)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, q_pos, k_pos, group, drop):
+    def forward(ctx, q, k, v, q_pos, k_pos, group, drop, docs):
         cp, rank = dist.get_world_size(group), dist.get_rank(group)
         # Every rank's key positions up front (one small all-gather), so each rank knows before
         # the ring starts which part of each block it will compute.
@@ -479,12 +505,12 @@ class _RingAttention(torch.autograd.Function):
             pending = _ring_start(blk, group) if step < cp - 1 else None
             _attend(
                 out, lse, q, *blk, q_pos, k_pos_all[src], bounds[src], src == rank, drop,
-                rank * cp + src,
+                rank * cp + src, docs,
             )  # fmt: skip
             if pending is not None:
                 blk = tuple(_ring_finish(pending))
         out = _finish(out, q.dtype)
-        ctx.group, ctx.bounds, ctx.drop = group, bounds, drop
+        ctx.group, ctx.bounds, ctx.drop, ctx.docs = group, bounds, drop, docs
         ctx.save_for_backward(q, k, v, q_pos, k_pos_all, out, lse)
         return out
 
@@ -507,7 +533,7 @@ class _RingAttention(torch.autograd.Function):
             pending_kv = _ring_start(blk, group) if step < cp - 1 else None
             grads = _attend_backward(
                 dq, q, *blk, do, out, lse, q_pos, k_pos_all[src], bounds[src], src == rank,
-                ctx.drop, rank * cp + src,
+                ctx.drop, rank * cp + src, ctx.docs,
             )  # fmt: skip
             if pending_acc is not None:  # src's accumulator, from the rank that held it last
                 acc = tuple(_ring_finish(pending_acc))
@@ -521,4 +547,4 @@ class _RingAttention(torch.autograd.Function):
                 blk = tuple(_ring_finish(pending_kv))
         if pending_acc is not None:
             acc = tuple(_ring_finish(pending_acc))  # this rank's own block, back home
-        return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None, None, None, None
+        return dq.to(q.dtype), acc[0].to(k.dtype), acc[1].to(v.dtype), None, None, None, None, None

@@ -202,10 +202,12 @@ def forward_only(
     y: torch.Tensor,
     loss_fn,
     positions: torch.Tensor | None = None,
+    documents: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Evaluation: run the batch through the stages in order, passing activations point to point
     (not every schedule has a forward-only mode); returns the loss on the last stage's rank.
-    `positions`: of the tokens in x (context parallelism), None meaning 0..S-1."""
+    `positions`: of the tokens in x (context parallelism), None meaning 0..S-1; `documents`:
+    document masking (models.layers)."""
     import torch.distributed as dist
 
     pp, me, group = mesh.size(), mesh.get_local_rank(), mesh.get_group()
@@ -220,7 +222,7 @@ def forward_only(
             h = torch.empty(*shape.tolist(), dtype=torch.float32, device=x.device)
             dist.recv(h, src=peer(s - 1), group=group)
             h = h.to(torch.get_default_dtype())
-        h = stages[s](h, positions)
+        h = stages[s](h, positions, documents)
         if s == n_stages - 1:
             return loss_fn(h, y)
         if stage_owner(s + 1, pp, schedule) != me:

@@ -20,6 +20,7 @@ from launcher.plan.rules import (
     reads_any,
     resolve_degrees,
 )
+from launcher.sources import data_use, repeat_warnings
 
 
 @dataclass
@@ -32,6 +33,7 @@ class Plan:
     context: Context | None = None
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
+    data: list = field(default_factory=list)  # sources.Use of each training source
 
     @property
     def valid(self) -> bool:
@@ -157,6 +159,9 @@ def make_plan(cfg: Config) -> Plan:
     plan.errors.extend(config_problems(cfg))
     if any(p.rule == "model" for p in plan.errors):
         return plan  # a broken model: every rule below reads it
+    if not plan.errors:  # (a broken value may be what data_use divides by)
+        plan.data = data_use(cfg)
+        plan.warnings.extend(Problem("data_epochs", w) for w in repeat_warnings(plan.data))
     unresolved = [a for a, v in degrees.items() if v < 1]
     if unresolved:
         stand_in = layout_of(cfg, {a: 1 if a in unresolved else v for a, v in degrees.items()})

@@ -102,6 +102,7 @@ class Context:
         self.cfg, self.model = cfg, m
         self.shape: Shape = shape(m)
         self.seq, self.global_batch = t.seq_len, t.global_batch_size
+        self.document_mask = cfg.data.attention.value == "document"
         self.devices_per_node, self.nodes = hw.devices_per_node, hw.nodes
         self.world = hw.nodes * hw.devices_per_node
         self.capacity = hw.memory_gib * GIB
@@ -123,6 +124,11 @@ class Context:
         cpu_fuses = s.d_qk == s.d_v and not self.dropout
         self.flash = m.flash_attention and (hw.device_type.value == "cuda" or cpu_fuses)
         self.cp_method = cfg.context.method.value
+        # Document masking keeps no mask for backward: the CPU fused kernel takes it rebuilt,
+        # everything else reruns the attention forward (models.layers.document_attention).
+        self.document_rerun = self.document_mask and not (
+            m.flash_attention and hw.device_type.value == "cpu" and cpu_fuses
+        )
         self.moe = m.n_routed_experts > 0
         self.model_flops_per_token = flops_per_token(m, self.seq)  # MFU's numerator
         self.active_params = active_matmul_params_per_token(self.shape, m)
@@ -337,6 +343,12 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
         # The block being recomputed holds its full activations meanwhile.
         activations += tokens * layer_activation(ctx, lay, rc_dense > 0, "none")
     other = ctx.reserve
+    if ctx.document_mask and lay.cp == 1:
+        # Document masking: the layer being computed holds its (B, 1, S, S) mask, additive in
+        # the compute dtype for the fused kernel, else bool; none is kept for backward, which
+        # rebuilds it from the (B, S) ids (models.layers.document_attention). Under CP each
+        # block's mask is a block's worth (cp_transient_bytes' scale).
+        other += lay.micro_batch_size * ctx.seq**2 * (ctx.act_b if ctx.flash else 1)
     if lay.cp > 1:  # one layer at a time holds them
         other += tokens * cp_transient_bytes(
             k=s.k_width,
@@ -370,6 +382,10 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
     # op under tp also reruns the attention output projection, whose partial sum it does not
     # keep (checkpointing.py; the MLP's, last in the block, the recompute stops before).
     core_rerun = recompute == "selective" or (recompute == "op" and not ctx.flash)
+    # Document masking reruns the attention forward in backward (models.layers
+    # document_attention) except in the CPU fused kernel, which takes the rebuilt mask itself;
+    # CP's blocks rebuild theirs in their own backward.
+    document_rerun = ctx.document_rerun and lay.cp == 1
     partial_rerun = 0
     if recompute == "op" and lay.tp > 1 and not ctx.compiled:
         partial_rerun = 2 * ctx.shape.o_width * m.dim
@@ -386,6 +402,9 @@ def step_time(ctx: Context, lay: Layout, ranks) -> Time:
             flops += (rerun + (rc_dense + rc_moe) * ctx.attn_core_flops) / 3
         elif core_rerun:
             flops += (rc_dense + rc_moe) * ctx.attn_core_flops / 3
+        if document_rerun:  # the layers that no recompute above reran already
+            again = rc_dense + rc_moe if recompute == "full" or core_rerun else 0
+            flops += (layers - again) * ctx.attn_core_flops / 3
         flops += (rc_dense + rc_moe) * partial_rerun
         flops += ctx.head_flops if r == head_rank else 0
         if flops > worst:

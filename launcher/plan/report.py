@@ -59,6 +59,14 @@ def mesh_rows(plan: Plan) -> list[tuple[str, str]]:
     return rows
 
 
+def data_line(u, steps: int) -> str:
+    """One training source: its tokens, its weight, and how often the run reads it."""
+    name = u.label.split("=", 1)[-1]  # the path, without data.path= or data.sources[i].path=
+    files = f" ({u.files} files)" if u.files > 1 else ""
+    weight = f", weight {u.weight:.3g}" if u.weight < 1 else ""
+    return f"{name}{files}: {u.n_tokens:,} tokens{weight}, {u.epochs:.2g} epochs in {steps} steps"
+
+
 def plan_table(plan: Plan) -> Group:
     cfg, t, hw = plan.cfg, plan.cfg.train, plan.cfg.hardware
     main = Table(title="plan", show_header=False, title_justify="left")
@@ -88,6 +96,8 @@ def plan_table(plan: Plan) -> Group:
         f"{cfg.precision.name} (compute {cfg.precision.compute_dtype.value},"
         f" master {cfg.precision.master_dtype.value})",
     )
+    if plan.data:
+        main.add_row("data", "\n".join(data_line(u, cfg.train.steps) for u in plan.data))
     lay = plan.layout
     if lay is not None:
         main.add_row(
@@ -234,6 +244,7 @@ def plan_json(plan: Plan) -> dict:
         "errors": [{"rule": p.rule, "message": p.message} for p in plan.errors],
         "warnings": [{"rule": p.rule, "message": p.message} for p in plan.warnings],
         "world_size": plan.world_size,
+        "data": [vars(u) for u in plan.data],
         "degrees": {a: plan.degrees[a] for a in AXES},
         "layout": layout_json(plan.layout) if plan.layout else None,
         "params": params,

@@ -26,6 +26,7 @@ from launcher.layout import (
 from launcher.limitations import refusals
 from launcher.plan import pipeline as pl
 from launcher.plan.ranges import range_problems
+from launcher.sources import run_sources, validation_sources
 from models import families
 
 PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -155,20 +156,23 @@ def config_problems(cfg: Config) -> list[Problem]:
         err("checkpoint", "checkpoint.initial_load_format=hf needs initial_load_path=HF_DIR")
     if t.eval_interval and t.eval_batches < 1:
         err("train", f"train.eval_batches={t.eval_batches} must be >= 1 when evaluating")
-    data = _data_sizes(cfg.data.path, err)
-    val_fraction = cfg.data.val_fraction
-    source = "the embedded corpus" if cfg.data.path is None else f"data.path={cfg.data.path}"
-    if data is not None and m.vocab_size < data[1]:
-        err(
-            "vocab",
-            f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of {source}, "
-            f"{data[1]:,} tokens ({name}): set model.vocab_size >= {data[1]}",
-        )
-    if data is not None:
-        try:
-            split_sizes(data[0], t.seq_len, val_fraction)
-        except ValueError as e:
-            err("data_size", f"{source}: {e}")
+    if cfg.data.sources or cfg.data.val_sources:
+        source_problems(cfg, err)
+    else:
+        data = _data_sizes(cfg.data.path, err)
+        val_fraction = cfg.data.val_fraction
+        source = "the embedded corpus" if cfg.data.path is None else f"data.path={cfg.data.path}"
+        if data is not None and m.vocab_size < data[1]:
+            err(
+                "vocab",
+                f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of {source}, "
+                f"{data[1]:,} tokens ({name}): set model.vocab_size >= {data[1]}",
+            )
+        if data is not None:
+            try:
+                split_sizes(data[0], t.seq_len, val_fraction)
+            except ValueError as e:
+                err("data_size", f"{source}: {e}")
     if cfg.pipeline.schedule not in SCHEDULES:
         err(
             "schedule",
@@ -267,6 +271,37 @@ def _routing_problems(m, name: str) -> list[Problem]:
                 f"{m.n_routed_experts // m.n_group} ({name})"
             )
     return [Problem("model", msg) for msg in out]
+
+
+def source_problems(cfg: Config, err) -> None:
+    """A blend's sources and the named validation sets: readable, agreeing on the tokenizer,
+    in the model's vocabulary, each large enough for its windows (launcher.sources)."""
+    m, t = cfg.model, cfg.train
+    train, problems = run_sources(cfg.data)
+    vals, more = validation_sources(cfg.data, train) if train else ([], [])
+    for message in problems + more:
+        err("data", message)
+    if not train or more:
+        return
+    vocab = train[0].vocab_size
+    if m.vocab_size < vocab:
+        err(
+            "vocab",
+            f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of the data "
+            f"sources, {vocab:,} tokens (model={m.name}): set model.vocab_size >= {vocab}",
+        )
+    for s in train:
+        try:
+            split_sizes(s.n_tokens, t.seq_len, cfg.data.val_fraction)
+        except ValueError as e:
+            err("data_size", f"{s.label}: {e}")
+    for v in vals:
+        if v.n_tokens < t.seq_len + 1:
+            err(
+                "data_size",
+                f"data.val_sources.{v.label}: n_tokens={v.n_tokens:,} is too few for one "
+                f"window of train.seq_len + 1 = {t.seq_len + 1} tokens",
+            )
 
 
 def _data_sizes(path: str | None, err) -> tuple[int, int] | None:

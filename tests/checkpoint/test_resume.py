@@ -13,6 +13,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from blend_data import BLEND
 from conftest import read_metrics, run_cli
 from group import Job
 from parity import BASE, ONE, STEPS, assert_parity, run_job
@@ -59,6 +60,9 @@ LAYOUTS = {
     "gpt tied pp=2 1f1b": [*GPT_TIED, *PP2],
     "gpt tied pp=2 zbv": [*GPT_TIED, *PP2, "pipeline=zbv"],
     "gpt tied one process": [*GPT_TIED, "hardware.devices_per_node=1"],
+    # A blend of three sources, document-masked: its order is a function of the step.
+    "blend dp_shard=2": [*BLEND, "hardware.devices_per_node=2"],
+    "blend tp=2": [*BLEND, "hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],
 }
 BITWISE = [
     "fsdp dp_shard=2",
@@ -73,6 +77,7 @@ BITWISE = [
     "mixtral ep=2",
     "gpt tied pp=2 1f1b",
     "gpt tied pp=2 zbv",
+    "blend dp_shard=2",
 ]
 RESHARD = [
     ("fsdp dp_shard=4", "dp_shard=2 x tp=2"),
@@ -86,6 +91,7 @@ RESHARD = [
     ("mixtral ep=2", "mixtral ep=4"),
     ("gpt tied pp=2 1f1b", "gpt tied one process"),
     ("gpt tied one process", "gpt tied pp=2 zbv"),
+    ("blend dp_shard=2", "blend tp=2"),
 ]
 
 

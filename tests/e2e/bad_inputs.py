@@ -215,6 +215,61 @@ TOKENS = [
 ]
 
 
+def sources_case(name: str, sources: str, expect: str, *extra: str) -> Case:
+    return Case(f"sources {name}", "plan", (f"data.sources=[{sources}]", *extra), expect)
+
+
+GOOD = "{W}/tok/good.bin"
+# -- blends and validation sets (launcher.sources) -----------------------------------------
+SOURCES = [
+    sources_case(
+        "weight 0", f"{{path: {GOOD}, weight: 0}}", "weight=0.0 must be a finite number > 0"
+    ),
+    sources_case("weight -1", f"{{path: {GOOD}, weight: -1}}", "weight=-1.0 must be a finite"),
+    sources_case("weight nan", f"{{path: {GOOD}, weight: nan}}", "weight=nan must be a finite"),
+    sources_case("missing path", "{path: {W}/nothere}", "does not exist"),
+    sources_case("no path", "{weight: 1}", "data.sources"),
+    sources_case("dir without tokens", "{path: {W}/out}", "directory without token files"),
+    sources_case("glob of nothing", "{path: {W}/tok/nomatch*.bin}", "matches no file"),
+    sources_case(
+        "no tokens",
+        "{path: {W}/tok/empty.bin}",
+        "holds no tokens",
+    ),
+    sources_case(
+        "tokenizers disagree",
+        f"{{path: {GOOD}}}, {{path: {{W}}/tok/vocab_larger_than_model.bin}}",
+        "(vocabulary 1,000, eos id 999, byte-level) does not match",
+    ),
+    sources_case(
+        "and data.path",
+        f"{{path: {GOOD}}}",
+        "data.path and data.sources are both set",
+        f"data.path={GOOD}",
+    ),
+    sources_case("too small", "{path: {W}/tok/tiny.bin}", "is too few for train.seq_len"),
+    Case(
+        "val_sources missing",
+        "plan",
+        ("data.val_sources={held: {W}/nothere.bin}",),
+        "data.val_sources.held=",
+    ),
+    Case(
+        "val_sources tokenizer",
+        "plan",
+        ("data.val_sources={held: {W}/tok/vocab_larger_than_model.bin}", "model.vocab_size=1000"),
+        "held (vocabulary 1,000, eos id 999, byte-level) does not match the embedded",
+    ),
+    config("data.attention=sliding", "expected one of [causal, document]"),
+    Case(
+        "sources ids outside vocab",
+        "train",
+        (f"data.sources=[{{path: {GOOD}}}, {{path: {{W}}/tok/ids_outside_vocab.bin}}]",),
+        "ids_outside_vocab.bin holds token id 300 at position 1,000, outside",
+    ),
+]
+
+
 def prepare_case(name: str, expect: str, *extra: str) -> Case:
     return Case(f"prepare {name}", "prepare", ("--out", "{W}/out/x", *extra), expect)
 
@@ -358,7 +413,7 @@ HF = [
     ),
 ]
 
-CASES = CONFIG + TOKENS + PREPARE + CHECKPOINTS + HF
+CASES = CONFIG + TOKENS + SOURCES + PREPARE + CHECKPOINTS + HF
 
 # The tiny model every train case and the checkpoint use (one process, seconds).
 TINY = (
@@ -426,6 +481,7 @@ def build(w: Path) -> None:
     bad[1000] = 300
     variant("ids_outside_vocab", changed(), bad.tobytes())
     variant("vocab_larger_than_model", changed(vocab_size=1000, eos_id=999))
+    variant("tiny", changed(n_tokens=100), good_bin[:200])
 
     # prepare input
     inputs = {

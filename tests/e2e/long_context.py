@@ -29,7 +29,7 @@ def job(out: Path, *overrides: str) -> None:
     assert plan.ok, plan.errors
     d = distributed.init("cpu", plan.layout)
     trainer = Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), d)
-    x, y = trainer.prepare(trainer.train_batches.at(0))[0]
+    x, y, docs = trainer.prepare(trainer.train_batches.at(0))[0]
     # Parameters and buffers (the RoPE table) are not activations. FSDP computes with unsharded
     # parameters that exist only from its pre-forward hook on, so each module's are noted when
     # the module itself is called.
@@ -52,7 +52,7 @@ def job(out: Path, *overrides: str) -> None:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = trainer.forward_loss(x, y)
+        loss = trainer.forward_loss(x, y, docs)
     loss.backward()
     mem = plan.memory
     record = {

@@ -89,3 +89,36 @@ def test_train_on_a_locally_trained_tokenizer(tmp_path):
     text = paragraphs[7]
     assert theirs(text)["input_ids"] == tok.encode(text).ids
     assert theirs.eos_token == "<|end_of_text|>"
+
+
+def test_a_blend_with_a_named_validation_set(tmp_path):
+    """Three sources by weight (tests/blend_data.py), document masking, and a named validation
+    set: the plan's data row names each source, every eval step logs eval_loss (the sources'
+    held-out tails) and eval/<name>, in metrics.jsonl and on the progress line."""
+    from blend_data import BLEND, ROOT
+
+    run_dir = tmp_path / "run"
+    result = run_cli(
+        "launcher.train",
+        *BLEND,
+        f"data.val_sources={{books: {ROOT}/books.bin}}",
+        "hardware.devices_per_node=1",
+        "train.steps=4",
+        "train.eval_interval=2",
+        "train.eval_batches=1",
+        "logging.wandb.mode=disabled",
+        f"hydra.run.dir={run_dir}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"│ data               │ {ROOT}/web.bin: " in result.stdout
+    assert f"{ROOT}/code (2 files): " in result.stdout and ", weight 0.3, " in result.stdout
+    rows = read_metrics(run_dir)
+    evals = [(r["step"], sorted(k for k in r if k.startswith("eval"))) for r in rows]
+    assert evals == [
+        (1, []),
+        (2, ["eval/books", "eval_loss"]),
+        (3, []),
+        (4, ["eval/books", "eval_loss"]),
+    ]
+    assert rows[-1]["eval/books"] != rows[-1]["eval_loss"]
+    assert f"eval/books {rows[-1]['eval/books']:.4f}" in result.stdout

@@ -45,13 +45,15 @@ def counted(name: str, which: str):
     return patched(cpa, name, wrapped)
 
 
-def reference(q, k, v, keep=None):
+def reference(q, k, v, keep=None, documents=None):
     """Full causal attention, the way a reader would write it; keep: the dropout's scaled
-    keep-mask (B, H, S, S) or None."""
+    keep-mask (B, H, S, S) or None; documents (B, S): each token sees its own document only."""
     repeat = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     mask = torch.ones(S, S, dtype=torch.bool).tril()
+    if documents is not None:
+        mask = mask & (documents[:, None, :, None] == documents[:, None, None, :])
     probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
     return (probs if keep is None else probs * keep) @ v
 
@@ -78,7 +80,8 @@ def errors(got: torch.Tensor, want: torch.Tensor) -> list[float]:
     return [err, err / want.abs().max().item()]
 
 
-def case(name: str, balanced: bool, heads: str, dtype: torch.dtype, group) -> dict:
+def case(name: str, balanced: bool, heads: str, dtype: torch.dtype, group, documents=None) -> dict:
+    """One method against the reference; documents (B, S): under document masking."""
     method, _, kernel = name.partition("-")
     cpa._fused = FUSED if kernel != "matmul" else (lambda *_: False)
     cp, rank = group.size(), group.rank()
@@ -91,8 +94,11 @@ def case(name: str, balanced: bool, heads: str, dtype: torch.dtype, group) -> di
     }
     grad_out = torch.randn(B, H, S, v_dim)
     leaves = {n: t.clone().requires_grad_() for n, t in full.items()}
-    reference(**leaves).backward(grad_out)
-    want = {"out": reference(**full), **{f"d{n}": t.grad for n, t in leaves.items()}}
+    reference(**leaves, documents=documents).backward(grad_out)
+    want = {
+        "out": reference(**full, documents=documents),
+        **{f"d{n}": t.grad for n, t in leaves.items()},
+    }
 
     def shard(t):
         return cpa.shard_sequence(t, cp, rank, balanced, dim=2)
@@ -101,7 +107,9 @@ def case(name: str, balanced: bool, heads: str, dtype: torch.dtype, group) -> di
     pos = cpa.chunk_positions(S, cp, rank, balanced)
     for counts in COUNTS.values():
         counts[:] = [0, 0]
-    out = cpa.context_attention(local["q"], local["k"], local["v"], pos, pos, group, method)
+    out = cpa.context_attention(
+        local["q"], local["k"], local["v"], pos, pos, group, method, documents=documents
+    )
     out.backward(shard(grad_out).to(dtype))
     got = {"out": out, **{f"d{n}": t.grad for n, t in local.items()}}
     result = {n: errors(got[n], shard(want[n])) for n in want}
@@ -145,6 +153,12 @@ def dropout_case(method: str, balanced: bool, group, p: float = 0.25) -> dict:
     return result
 
 
+# Document masking: row 0 two documents of 16, row 1 three (0-4, 5-15, 16-31). With the
+# boundary at the middle in both rows, a query in the second half sees no key of the first:
+# those blocks are skipped.
+DOCUMENTS = torch.tensor([[0] * 16 + [1] * 16, [0] * 5 + [1] * 11 + [2] * 16])
+
+
 def run(mesh) -> dict:
     group = mesh.get_group("cp")
     results = {"seq_len": S}
@@ -167,6 +181,14 @@ def run(mesh) -> dict:
         )
         for method in cpa.METHODS
         for balanced in (False, True)
+    }
+    results["documents"] = {
+        f"{method}/{'balanced' if balanced else 'contiguous'}/{heads}": case(
+            method, balanced, heads, torch.float32, group, DOCUMENTS
+        )
+        for method in METHODS
+        for balanced in (False, True)
+        for heads in ("gqa", "mla")
     }
     return results
 

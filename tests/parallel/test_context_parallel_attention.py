@@ -76,6 +76,25 @@ def test_dropout_drops_what_full_attention_with_the_same_masks_drops(recorded, c
 
 @pytest.mark.jobs(*JOBS.values())
 @pytest.mark.parametrize("cp", CPS)
+def test_document_masking_matches_full_attention_and_skips_masked_blocks(recorded, cp):
+    """Documents (cp_attention.DOCUMENTS: a boundary at the middle of both rows): output and
+    gradients equal full attention with the same documents, for each method and kernel,
+    balanced or not, GQA and MLA's narrower values; contiguous chunks skip the blocks whose
+    queries all lie in later documents than their keys, so fewer blocks run than causally."""
+    for rank, result in recorded[cp].items():
+        assert len(result["documents"]) == 12
+        for case, got in result["documents"].items():
+            errs = {n: got[n] for n in ("out", "dq", "dk", "dv")}
+            assert all(a <= 1e-5 and r <= 1e-5 for a, r in errs.values()), (rank, case, errs)
+            method, balance, heads = case.split("/")
+            causal = result[f"{method}/{balance}/{heads}/fp32"]["counts"]["forward"][0]
+            if balance == "contiguous" and rank >= cp // 2:
+                # rank r's queries are all in the second half: the first half's blocks go
+                assert got["counts"]["forward"][0] == causal - cp // 2, (rank, case, got)
+
+
+@pytest.mark.jobs(*JOBS.values())
+@pytest.mark.parametrize("cp", CPS)
 def test_blocks_computed_are_only_what_causality_needs(recorded, cp):
     """Contiguous: rank r sees the blocks of ranks 0..r only, r + 1 full blocks (rank 0 skips
     cp - 1 of them). Balanced: every rank computes its diagonal block and half of each other

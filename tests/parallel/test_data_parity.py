@@ -1,0 +1,56 @@
+"""A blended, document-masked run (tests/blend_data.py: three sources by weight, one of them two
+shards, data.attention=document) trains on each layout as on one process: losses within 1e-5,
+gradient norms within 5e-4, final parameters as the harness holds them (tests/parity.py). One
+process's document masking is itself held to each document run alone
+(tests/models/test_document_masking.py), so these rows carry that to every axis."""
+
+from __future__ import annotations
+
+import pytest
+from blend_data import BLEND
+from parity import assert_row, read_layout, reference_job, rows
+
+pytestmark = pytest.mark.dist
+
+LLAMA = ["model=llama3_debug", *BLEND]
+TWO = ["hardware.devices_per_node=2"]
+ROWS = {
+    "blend document dp_shard=2": (LLAMA, TWO),
+    "blend document tp=2 sp": (
+        LLAMA, [*TWO, "parallel.tp=2", "parallel.dp_shard=1", "tensor=sequence_parallel"]
+    ),
+    "blend document pp=2 1f1b": (LLAMA, [*TWO, "parallel.pp=2", "parallel.dp_shard=1"]),
+    "blend document cp=2 ring": (
+        LLAMA, [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring"]
+    ),
+    "blend document cp=2 allgather recompute=op": (
+        LLAMA,
+        [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=allgather", "recompute=op"],
+    ),
+    "gpt blend document tp=2": (
+        ["model=gpt_debug", "model.dropout=0.0", *BLEND],
+        [*TWO, "parallel.tp=2", "parallel.dp_shard=1"],
+    ),
+    "mixtral blend document ep=2": (["model=mixtral_debug", *BLEND], [*TWO, "parallel.ep=2"]),
+    "deepseek blend document cp=2 ring": (
+        ["model=deepseek_debug", *BLEND],
+        [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring"],
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("row", rows(ROWS))
+def test_matches_single_process(row, group):
+    assert_row(group, row)
+
+
+CAUSAL = reference_job(["model=llama3_debug", BLEND[0]])  # the same blend, attending across EOS
+MASKED = reference_job(LLAMA)
+
+
+@pytest.mark.jobs(CAUSAL, MASKED)
+def test_the_rows_train_with_document_masking_on(group):
+    """The masked run's first loss is not the causal run's: the rows above hold the masking
+    itself to one process, not a causal run twice."""
+    causal, masked = (read_layout(group.result(j), "loss") for j in (CAUSAL, MASKED))
+    assert abs(causal[0] - masked[0]) > 1e-3, (causal[0], masked[0])
