@@ -5,7 +5,11 @@ Inputs, in the order given (a progress bar runs over their bytes):
   NAME.jsonl    one document per line, its text under --text-field (default: text); blank
                 lines are skipped; a line that is not a JSON object holding that string field
                 stops prepare with FILE:LINE
+  NAME.parquet  one document per row, its text in the --text-field column (read with pyarrow,
+                a row group at a time)
   any other     UTF-8 text, the whole file one document
+  --workers N tokenizes N input files at a time, each in a process of its own; the output is
+  the same, in the order given.
 
 Tokenizer:
   (default)     byte-level: UTF-8 bytes are ids 0-255, 256 ends a document (vocabulary 257)
@@ -20,6 +24,9 @@ Output:
   DIR/NAME.bin  the token ids, uint16 when the vocabulary fits in 16 bits, else uint32
   DIR/NAME.json its header: n_tokens, dtype, vocab_size, eos_id, eos_token, the tokenizer's
                 path and sha256, the sources; written once the .bin is complete
+  --shard-tokens N writes the directory DIR/NAME/ instead, of shards NAME-00000.bin (+ .json),
+  ... of at most N tokens each, cut between documents (a longer document is a shard of its own):
+  `data.sources=[{path: DIR/NAME, weight: W}]` reads them as one stream.
 
 Example:
   python -m launcher.prepare --tokenizer llama3/tokenizer.json --out data/web \\
@@ -34,6 +41,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -142,21 +150,63 @@ def documents(
 ) -> Iterator[str]:
     """The text of every document, file after file; read(bytes, documents) reports progress."""
     for path in files:
-        if path.suffix != ".jsonl":
-            raw = path.read_bytes()
-            read(len(raw), 1)
-            yield text_of(raw, str(path))
-            continue
-        found = 0
-        with open(path, "rb") as f:
-            for lineno, line in enumerate(f, 1):
-                blank = not line.strip()
-                read(len(line), 0 if blank else 1)
-                if not blank:
-                    found += 1
-                    yield jsonl_text(line, text_field, f"{path}:{lineno}")
-        if not found:
-            raise InputError(f"{path} holds no JSON-lines records: nothing to tokenize")
+        yield from file_documents(path, text_field, read)
+
+
+def file_documents(path: Path, text_field: str, read: Callable[[int, int], None]) -> Iterator[str]:
+    """The text of every document of one input file (see the module docstring)."""
+    if path.suffix == ".parquet":
+        yield from parquet_documents(path, text_field, read)
+        return
+    if path.suffix != ".jsonl":
+        raw = path.read_bytes()
+        read(len(raw), 1)
+        yield text_of(raw, str(path))
+        return
+    found = 0
+    with open(path, "rb") as f:
+        for lineno, line in enumerate(f, 1):
+            blank = not line.strip()
+            read(len(line), 0 if blank else 1)
+            if not blank:
+                found += 1
+                yield jsonl_text(line, text_field, f"{path}:{lineno}")
+    if not found:
+        raise InputError(f"{path} holds no JSON-lines records: nothing to tokenize")
+
+
+def parquet_documents(path: Path, text_field: str, read) -> Iterator[str]:
+    """The --text-field column of a Parquet file, a row group at a time; a row that is not a
+    string (a null) is refused naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        f = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{path} is not a Parquet file ({str(e)[:200]})") from None
+    if f.metadata.num_rows == 0:
+        raise InputError(f"{path} holds no rows: nothing to tokenize")
+    names = f.schema_arrow.names
+    if text_field not in names:
+        raise InputError(
+            f"{path}: no column {text_field!r} (columns: {', '.join(names[:8])}); see --text-field"
+        )
+    if not pa.types.is_string(
+        f.schema_arrow.field(text_field).type
+    ) and not pa.types.is_large_string(f.schema_arrow.field(text_field).type):
+        kind = f.schema_arrow.field(text_field).type
+        raise InputError(f"{path}: column {text_field!r} is {kind}, not a string")
+    row = 0
+    share = path.stat().st_size / max(f.metadata.num_row_groups, 1)
+    for group in range(f.metadata.num_row_groups):
+        texts = f.read_row_group(group, columns=[text_field]).column(0).to_pylist()
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InputError(f"{path}: row {row + i:,} of column {text_field!r} is null")
+        read(int(share), len(texts))
+        row += len(texts)
+        yield from texts
 
 
 def text_of(raw: bytes, where: str) -> str:
@@ -242,16 +292,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--text-field",
         default="text",
         metavar="FIELD",
-        help="the JSON-lines field holding the text (text)",
+        help="the JSON-lines field or Parquet column holding the text (text)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="input files tokenized at a time, each in a process of its own (1)",
+    )
+    parser.add_argument(
+        "--shard-tokens",
+        type=int,
+        metavar="N",
+        help="write DIR/NAME/ of shards of at most N tokens, cut between documents",
     )
     return parser.parse_args(argv)
 
 
 def prepare(args: argparse.Namespace) -> str:
-    """Write the token file; returns the line that reports it."""
+    """Write the token file (or shards); returns the line that reports it."""
     missing = [str(f) for f in args.files if not f.is_file()]
     if missing:
         raise InputError(f"not a file: {', '.join(missing)}")
+    if args.workers < 1:
+        raise InputError(f"--workers {args.workers} must be at least 1")
+    if args.shard_tokens is not None and args.shard_tokens < 1:
+        raise InputError(f"--shard-tokens {args.shard_tokens} must be at least 1")
     if args.tokenizer is None:
         if args.eos is not None:
             raise InputError("--eos needs --tokenizer: the byte-level tokenizer's EOS is id 256")
@@ -270,17 +337,145 @@ def prepare(args: argparse.Namespace) -> str:
         n_docs += docs
         progress.update(task, advance=n_bytes, docs=n_docs)
 
+    sources = [str(f) for f in args.files]
+    base = token_file_base(args.out)
     with progress:
         task = progress.add_task("", total=sum(f.stat().st_size for f in args.files), docs=0)
-        texts = documents(args.files, args.text_field, read)
-        header = write_tokens(
-            args.out, token_chunks(texts, tok), tok.header, [str(f) for f in args.files]
-        )
+        if args.workers > 1 and len(args.files) > 1:
+            chunks = parallel_chunks(args, read, base)
+        else:
+            chunks = token_chunks(documents(args.files, args.text_field, read), tok)
+        if args.shard_tokens is None:
+            header = write_tokens(args.out, chunks, tok.header, sources)
+            where = f"{base}.bin"
+        else:
+            header, shards = write_shards(base, chunks, tok.header, sources, args.shard_tokens)
+            where = f"{base}/ in {shards} shard(s) of at most {args.shard_tokens:,} tokens"
     return (
-        f"wrote {header['n_tokens']:,} tokens from {n_docs:,} document(s) to "
-        f"{token_file_base(args.out)}.bin ({header['dtype']}, vocabulary "
-        f"{header['vocab_size']:,}, {eos})"
+        f"wrote {header['n_tokens']:,} tokens from {n_docs:,} document(s) to {where} "
+        f"({header['dtype']}, vocabulary {header['vocab_size']:,}, {eos})"
     )
+
+
+# -- several input files at a time ----------------------------------------------------------
+_worker_encoder: list = []  # a worker process's encoder, made by its first file
+
+
+def _tokenize_file(task: tuple) -> tuple[int, int]:
+    """In a worker process: one input file's ids, each document ended by EOS, into `out` (raw
+    little-endian uint32); (documents, bytes read)."""
+    path, out, tokenizer, eos, text_field = task
+    if not _worker_encoder:
+        _worker_encoder.append(
+            byte_encoder() if tokenizer is None else hf_encoder(tokenizer, eos)[0]
+        )
+    counts = [0, 0]
+
+    def read(n_bytes: int, docs: int) -> None:
+        counts[0] += docs
+        counts[1] += n_bytes
+
+    with open(out, "wb") as f:
+        for ids in token_chunks(file_documents(path, text_field, read), _worker_encoder[0]):
+            ids.astype("<u4").tofile(f)
+    return counts[0], counts[1]
+
+
+def _one_thread() -> None:
+    # Each worker encodes on one thread: --workers processes use --workers cores.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+
+
+def parallel_chunks(args: argparse.Namespace, read, base: Path) -> Iterator[np.ndarray]:
+    """The ids of every input file, in the order given, tokenized --workers files at a time
+    in processes of their own (spawned: the tokenizers library's threads do not survive a
+    fork); each file's ids wait in a scratch file beside the output until their turn."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    import shutil
+    import tempfile
+
+    base.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{base.name}.prepare-", dir=base.parent))
+    pool = cf.ProcessPoolExecutor(
+        args.workers, mp_context=mp.get_context("spawn"), initializer=_one_thread
+    )
+    try:
+        futures = [
+            pool.submit(
+                _tokenize_file,
+                (f, scratch / f"{i:06d}.u32", args.tokenizer, args.eos, args.text_field),
+            )
+            for i, f in enumerate(args.files)
+        ]
+        for i, future in enumerate(futures):
+            docs, n_bytes = future.result()
+            read(n_bytes, docs)
+            part = scratch / f"{i:06d}.u32"
+            ids = np.fromfile(part, dtype="<u4")
+            part.unlink()
+            yield ids
+    finally:
+        pool.shutdown(cancel_futures=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+# -- shards ---------------------------------------------------------------------------------
+
+
+def shard_bounds(ids: np.ndarray, eos_id: int, limit: int) -> list[tuple[int, int]]:
+    """(start, end) of each shard: as many whole documents as fit in `limit` tokens, a longer
+    document alone."""
+    ends = np.concatenate(
+        [
+            np.flatnonzero(ids[o : o + (1 << 24)] == eos_id) + o + 1
+            for o in range(0, len(ids), 1 << 24)
+        ]
+        or [np.zeros(0, dtype=np.int64)]
+    )
+    if not len(ends) or ends[-1] != len(ids):
+        ends = np.append(ends, len(ids))
+    bounds, start = [], 0
+    while start < len(ids):
+        i = int(np.searchsorted(ends, start + limit, side="right")) - 1
+        end = (
+            int(ends[i])
+            if i >= 0 and ends[i] > start
+            else int(ends[np.searchsorted(ends, start, side="right")])
+        )
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+def write_shards(
+    base: Path, chunks: Iterable[np.ndarray], tokenizer: dict, sources: list[str], limit: int
+) -> tuple[dict, int]:
+    """DIR/NAME/NAME-00000.bin (+ .json), ...: the ids cut into shards between documents. All
+    of them are written under DIR/NAME.partial/ first, which replaces DIR/NAME only when
+    complete. Returns the header of the whole and the number of shards."""
+    import shutil
+
+    staging = base.with_name(base.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        whole = write_tokens(str(staging / "whole"), chunks, tokenizer, sources)
+        ids = np.memmap(staging / "whole.bin", dtype=whole["dtype"], mode="r")
+        bounds = shard_bounds(ids, tokenizer["eos_id"], limit)
+        for k, (a, b) in enumerate(bounds):
+            write_tokens(str(staging / f"{base.name}-{k:05d}"), [ids[a:b]], tokenizer, sources)
+        del ids
+        for name in ("whole.bin", "whole.json"):
+            (staging / name).unlink()
+        if base.exists():
+            shutil.rmtree(base)
+        staging.rename(base)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return whole, len(bounds)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,6 +74,23 @@ def train(out: Path, *overrides: str) -> None:
     Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), d).train(_NoSignals())
 
 
+def trainer_of(out: Path, overrides, timeout_s: float = 120.0):
+    """(config, Dist, Trainer) of these overrides on this job's group: the engine's own Trainer
+    for the planned layout, as a job that runs pieces of a step needs it."""
+    from omegaconf import OmegaConf
+
+    from launcher import distributed
+    from launcher.cli import compose
+    from launcher.plan import make_plan
+    from launcher.trainer import Trainer
+
+    cfg = compose(list(overrides))
+    plan = make_plan(cfg)
+    assert plan.ok, plan.errors
+    d = distributed.init("cpu", plan.layout, timeout_s)
+    return cfg, d, Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), d)
+
+
 def mesh_job(target: str, shape: tuple[int, ...], names: tuple[str, ...], *args, label="") -> Job:
     """The job writing `target(mesh, *args)` ("module:function" under tests/) of every rank of
     a mesh of this shape and these dimension names to OUT/RANK.json."""

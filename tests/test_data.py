@@ -427,3 +427,79 @@ def test_cli_refuses_unfit_token_files_before_any_process(small_files, name, rul
     plan = run_cli("launcher.plan", f"data.path={path}", "plan.format=json")
     assert plan.returncode == 2 and "Traceback" not in plan.stderr
     assert json.loads(plan.stdout)["errors"] == [{"rule": rule, "message": expected.format(path)}]
+
+
+def write_parquet(path, texts, column="text", row_group_size=None):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(
+        pa.table({column: texts, "id": list(range(len(texts)))}),
+        path,
+        row_group_size=row_group_size,
+    )
+
+
+def test_parquet_jsonl_and_text_with_workers_and_shards_give_one_stream(tmp_path, bpe):
+    """Parquet (its text column, several row groups), JSON lines and text, tokenized two files
+    at a time in processes of their own and cut into shards between documents: the same ids,
+    in the order given, as one process writing one file; the shards read as one source."""
+    path, tok = bpe
+    texts = [f"Document {i}: " + "word " * (i % 7 + 1) for i in range(60)]
+    write_parquet(tmp_path / "a.parquet", texts[:30], row_group_size=8)
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[30:50]))
+    (tmp_path / "c.txt").write_text(texts[50])
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[51:]))
+    inputs = [tmp_path / n for n in ("a.parquet", "b.jsonl", "c.txt", "d.jsonl")]
+    one = tmp_path / "one" / "all"
+    status, msg = prepare("--tokenizer", path, "--out", one, *inputs)
+    assert status == 0 and "from 60 document(s)" in msg, msg
+    sharded = tmp_path / "sharded" / "all"
+    status, msg = prepare(
+        "--tokenizer", path, "--workers", 2, "--shard-tokens", 100, "--out", sharded, *inputs
+    )
+    assert status == 0 and "from 60 document(s)" in msg and "shard(s) of at most 100" in msg, msg
+    whole = np.asarray(load_tokens(str(one.with_suffix(".bin")))[0])
+    assert [tok.decode(d) for d in documents_of(one.with_suffix(".bin"), 0)] == texts
+    shards = sorted(sharded.glob("all-*.bin"))
+    assert len(shards) > 3
+    parts = [np.asarray(load_tokens(str(s))[0]) for s in shards]
+    assert (np.concatenate(parts) == whole).all()
+    assert all(len(p) <= 100 and p[-1] == 0 for p in parts)  # cut after an EOS, within the limit
+    from launcher.sources import read_source
+
+    source = read_source("x", str(sharded), 1.0)
+    assert source.files == tuple(str(s) for s in shards) and source.n_tokens == len(whole)
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda p: write_parquet(p, ["a"], column="body"), "no column 'text' (columns: body, id)"),
+        (lambda p: write_parquet(p, ["a", None]), "row 1 of column 'text' is null"),
+        (lambda p: p.write_bytes(b"PAR1 not really"), "is not a Parquet file"),
+        (lambda p: write_parquet(p, []), "holds no rows"),
+    ],
+    ids=["no column", "null row", "not parquet", "no rows"],
+)
+def test_bad_parquet_exits_2_naming_it(tmp_path, make, expected):
+    make(tmp_path / "in.parquet")
+    status, msg = prepare("--out", tmp_path / "x", tmp_path / "in.parquet")
+    assert status == 2 and expected in msg and "Traceback" not in msg, msg
+
+
+def test_a_bad_file_in_a_worker_exits_2_naming_it(tmp_path):
+    (tmp_path / "a.txt").write_text("fine")
+    (tmp_path / "b.jsonl").write_text('{"txt": 1}\n')
+    status, msg = prepare(
+        "--workers", 2, "--out", tmp_path / "x", tmp_path / "a.txt", tmp_path / "b.jsonl"
+    )
+    assert status == 2 and "b.jsonl:1: no field 'text'" in msg, msg
+    assert not list(tmp_path.glob(".x.prepare-*")) and not (tmp_path / "x.bin").exists()
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--workers", 0), ("--shard-tokens", 0)])
+def test_workers_and_shard_size_must_be_positive(tmp_path, flag, value):
+    (tmp_path / "a.txt").write_text("fine")
+    status, msg = prepare(flag, value, "--out", tmp_path / "x", tmp_path / "a.txt")
+    assert status == 2 and f"{flag} 0 must be at least 1" in msg, msg

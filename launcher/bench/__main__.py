@@ -10,6 +10,8 @@
   same batch. Goal: the engine at least as fast (a ratio >= 1).
 - Checkpoint integrity: a save with checksums against one without (launcher/bench/checkpoint.py).
   Goal: at most 1.05.
+- Prepare: `launcher.prepare --workers 2` against the tokenizers library's own batch encoding
+  of the same documents on 2 threads (launcher/bench/prepare.py). Goal: at least 0.8.
 - The planner: plans per second, the 405B search; and one CPU thread's fp32 matmul rate (the
   cpu preset's peak_tflops).
 
@@ -146,6 +148,27 @@ def checkpoint_table(console: Console, overrides: list[str]) -> Table:
     return table
 
 
+def prepare_table(console: Console) -> Table:
+    from launcher.bench.prepare import prepare_throughput
+
+    with console.status("") as status:
+        r = prepare_throughput(progress=status.update)
+    table = Table(title="prepare (tokenizing JSON lines)", title_justify="left")
+    for col in ("comparison", "ratio", "goal", "seconds", "MB/s"):
+        table.add_column(col, justify="left" if col == "comparison" else "right")
+    lib, ours = r["seconds"]["library"], r["seconds"]["prepare"]
+    mb = r["bytes"] / 1e6
+    table.add_row(
+        f"launcher.prepare --workers {r['workers']} / tokenizers encode_batch, "
+        f"{r['workers']} threads ({mb:,.1f} MB)",
+        f"{r['ratio']:.3f}",
+        ">= 0.8",
+        f"{ours:.2f} vs {lib:.2f}",
+        f"{mb / ours:,.1f} vs {mb / lib:,.1f}",
+    )
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = bench_parser("python -m launcher.bench", __doc__, "config overrides of the run")
     parser.add_argument("--rounds", type=int, default=6, help="turns each contender takes")
@@ -172,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
             json.dump(result, f, indent=1)
     for overrides in ([*args.overrides], [*args.overrides, *LARGER]):
         console.print(checkpoint_table(console, overrides))
+    console.print(prepare_table(console))
     if not args.no_planner:
         console.print(planner_table(console))
 

@@ -103,7 +103,7 @@ def plain_loop(model: nn.Module, w: Workload, forward: Callable | None = None) -
 
     def step() -> torch.Tensor:
         total = torch.zeros((), device=w.device)
-        for x, y, _ in w.micro:
+        for x, y, *_ in w.micro:  # (documents, if any: the bare loop is causal)
             with w.autocast():
                 logits = forward(x)
             loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())

@@ -131,3 +131,14 @@ def test_bad_config_exits_2_naming_it(argv, message, capsys):
         assert e.value.code == 2
         err = capsys.readouterr().err
         assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_prepare_comparison_runs_both_on_the_same_files(monkeypatch):
+    """The prepare table's two contenders, on a small corpus, one round (timed by make bench)."""
+    from launcher.bench import prepare
+
+    monkeypatch.setattr(prepare, "TARGET_BYTES", 1 << 20)
+    monkeypatch.setattr(prepare, "FILES", 2)
+    r = prepare.prepare_throughput(workers=2, rounds=1, progress=lambda *_: None)
+    assert r["bytes"] > 500_000 and set(r["seconds"]) == {"library", "prepare"}
+    assert r["ratio"] == r["seconds"]["library"] / r["seconds"]["prepare"] > 0

@@ -3,14 +3,12 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 
 import pytest
 from conftest import read_metrics, run_cli
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from launcher.data import EMBEDDED
+from launcher.bench.prepare import byte_level_bpe, embedded_paragraphs
 
 pytestmark = pytest.mark.e2e
 
@@ -19,17 +17,8 @@ def test_train_on_a_locally_trained_tokenizer(tmp_path):
     """A 512-token byte-level BPE of the embedded corpus, as the Hugging Face files a model
     ships (tokenizer.json + tokenizer_config.json), tokenizes the corpus as JSON lines; 20 steps
     on one process lower the loss."""
-    with gzip.open(EMBEDDED) as f:
-        paragraphs = [p for p in f.read().decode("utf-8").split("\n\n") if p.strip()]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=512,
-        special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(paragraphs, trainer)
+    paragraphs = embedded_paragraphs()
+    tok = byte_level_bpe(paragraphs, 512, ["<|begin_of_text|>", "<|end_of_text|>"])
     hf = tmp_path / "hf"
     hf.mkdir()
     tok.save(str(hf / "tokenizer.json"))

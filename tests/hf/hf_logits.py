@@ -13,15 +13,11 @@ import json
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
+from jobs import trainer_of
 from torch.distributed.tensor import DTensor
 
 from hf import hf_models
-from launcher import distributed
-from launcher.cli import compose
 from launcher.parallel import pipeline
-from launcher.plan import make_plan
-from launcher.trainer import Trainer
 
 BATCH = (2, 24)
 
@@ -31,11 +27,7 @@ def batch(vocab: int) -> torch.Tensor:
 
 
 def job(out: Path, *overrides: str) -> None:
-    cfg = compose(list(overrides))
-    plan = make_plan(cfg)
-    assert plan.ok, plan.errors
-    d = distributed.init("cpu", plan.layout, 120.0)
-    trainer = Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), d)
+    cfg, d, trainer = trainer_of(out, overrides)
     read = [0]
     load_hf = trainer.load_hf
     trainer.load_hf = lambda path: read.__setitem__(0, load_hf(path))

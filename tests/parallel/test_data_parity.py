@@ -8,7 +8,11 @@ from __future__ import annotations
 
 import pytest
 from blend_data import BLEND
+from group import Job
+from jobs import devices
 from parity import assert_row, read_layout, reference_job, rows
+
+from parallel import document_logits
 
 pytestmark = pytest.mark.dist
 
@@ -27,6 +31,7 @@ ROWS = {
         LLAMA,
         [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=allgather", "recompute=op"],
     ),
+    "blend document dp_shard=2 recompute=full": (LLAMA, [*TWO, "recompute=full"]),
     "gpt blend document tp=2": (
         ["model=gpt_debug", "model.dropout=0.0", *BLEND],
         [*TWO, "parallel.tp=2", "parallel.dp_shard=1"],
@@ -54,3 +59,49 @@ def test_the_rows_train_with_document_masking_on(group):
     itself to one process, not a causal run twice."""
     causal, masked = (read_layout(group.result(j), "loss") for j in (CAUSAL, MASKED))
     assert abs(causal[0] - masked[0]) > 1e-3, (causal[0], masked[0])
+
+
+TWO_LAYOUTS = {
+    "one process": ["hardware.devices_per_node=1"],
+    "cp=2 ring": [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring"],
+    "cp=2 allgather": [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=allgather"],
+    "tp=2 sp": [*TWO, "parallel.tp=2", "parallel.dp_shard=1", "tensor=sequence_parallel"],
+    "pp=2": [*TWO, "parallel.pp=2", "parallel.dp_shard=1"],
+}
+LOGITS = {
+    name: Job(
+        "parallel.document_logits:job",
+        devices(layout),
+        ("model=llama3_debug", "precision=fp32", "logging.wandb.mode=disabled", *layout),
+        f"document logits {name}",
+    )
+    for name, layout in TWO_LAYOUTS.items()
+}
+
+
+@pytest.mark.parametrize("name", list(LOGITS), ids=list(LOGITS))
+def test_masked_logits_equal_each_document_alone(name, group):
+    """Each layout's logits of a batch of several documents (document_logits.batch) equal the
+    logits of each document run alone on one process, within 1e-5 (fp32)."""
+    import torch
+
+    from launcher.cli import compose
+    from launcher.trainer import build_model
+
+    job = LOGITS[name]
+    got = torch.zeros(2, 128, 320)
+    seen = torch.zeros(128, dtype=torch.bool)
+    for path in sorted(group.result(job).glob("logits.*.pt")):
+        part = torch.load(path)
+        got[:, part["positions"]] = part["logits"]
+        seen[part["positions"]] = True
+    assert seen.all(), f"{name}: positions {(~seen).nonzero().flatten().tolist()} missing"
+    model = build_model(compose(list(job.args)), compose(list(job.args)).train.seed).eval()
+    x = document_logits.batch()
+    with torch.no_grad():
+        for row in range(2):
+            ends = [i + 1 for i, t in enumerate(x[row].tolist()) if t == document_logits.EOS]
+            for a, b in zip([0, *ends], [*ends, 128], strict=True):
+                if a < b:
+                    alone = model(x[row : row + 1, a:b])[0]
+                    torch.testing.assert_close(got[row, a:b], alone, rtol=0, atol=1e-5)
