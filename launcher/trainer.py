@@ -131,6 +131,11 @@ class Trainer:
             isinstance(self.parts[0], FSDPModule)
         )
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype.value]
+        # MFU's denominator: the device's peak. A CPU preset's is one thread's matmul rate, and
+        # a process computes on torch's intra-op threads (one per rank under torchrun, every
+        # core for a run of one process).
+        threads = torch.get_num_threads() if d.device.type == "cpu" else 1
+        self.peak_flops = cfg.hardware.peak_tflops * 1e12 * threads
         data = run_data(cfg.data, t.seq_len)
         self.eos_id, self.documents = data.eos_id, cfg.data.attention.value == "document"
         lay = self.layout
@@ -385,7 +390,7 @@ class Trainer:
             "lr": lr,
             "grad_norm": grad_norm.item(),
             "tokens_per_s": tps,
-            "mfu": tps * self.plan.flops_per_token / (self.cfg.hardware.peak_tflops * 1e12),
+            "mfu": tps * self.plan.flops_per_token / self.peak_flops,
             "step_time_s": elapsed,
             "peak_memory_gib": peak_memory_gib(d.device),
             **balance,
