@@ -413,9 +413,11 @@ def parallel_chunks(args: argparse.Namespace, read, base: Path) -> Iterator[np.n
             docs, n_bytes = future.result()
             read(n_bytes, docs)
             part = scratch / f"{i:06d}.u32"
-            ids = np.fromfile(part, dtype="<u4")
+            if part.stat().st_size:  # read back a slice at a time, never a whole file's ids
+                ids = np.memmap(part, dtype="<u4", mode="r")
+                yield from (ids[o : o + (1 << 24)] for o in range(0, len(ids), 1 << 24))
+                del ids
             part.unlink()
-            yield ids
     finally:
         pool.shutdown(cancel_futures=True)
         shutil.rmtree(scratch, ignore_errors=True)

@@ -23,7 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.data import ByteTokenizer, data_sizes, embedded_n_tokens, read_header
+from launcher.data import (
+    ByteTokenizer,
+    data_sizes,
+    embedded_n_tokens,
+    read_header,
+    token_file_base,
+)
 
 PERIOD = 10_000  # sequences in one turn of the blend; weights are rounded to 1 / PERIOD
 
@@ -54,7 +60,7 @@ def token_files(path: str) -> list[str]:
         if not found:
             raise ValueError("is a directory without token files (NAME.bin + NAME.json)")
     elif p.with_suffix(".json").exists() or p.exists():
-        found = [path]
+        return [f"{token_file_base(path)}.bin"]  # NAME, NAME.bin or NAME.json, as data.path
     else:
         raise ValueError("does not exist")
     bins = sorted(
