@@ -139,6 +139,15 @@ class HardwareConfig:
     intra_node_gbps: float = 100.0  # GB/s per device inside a node
     inter_node_gbps: float = 10.0  # GB/s per device across nodes
     storage_gbps: float = 2.0  # GB/s per node written to the checkpoint storage
+    memory_gbps: float = 20.0  # GB/s of the device's own memory (HBM), for memory-bound work
+    # The collective model (launcher/plan/comm.py): a collective costs collective_latency_us,
+    # plus one hop per step of its algorithm (intra_node_hop_us inside a node,
+    # inter_node_hop_us across nodes), plus its bytes over the bandwidth of the level it crosses.
+    collective_latency_us: float = 100.0
+    intra_node_hop_us: float = 50.0
+    inter_node_hop_us: float = 100.0
+    # Host time per operator the engine launches (Python, dispatch, kernel launch), per op.
+    op_overhead_us: float = 10.0
     # Fraction of peak_tflops the engine's compute achieves, as measured for the run as
     # configured (compile included), from `python -m launcher.plan.calibrate --from SWEEP_DIR`.
     # 0: the fit to the Megatron-LM A100 table, 0.586 x dim / (dim + 440), times
@@ -347,6 +356,9 @@ class PlanConfig:
     dry_run: bool = False  # build the real mesh and sharded meta model over a fake group
     search: bool = False  # enumerate layouts for this model, hardware and batch
     top_k: int = 5
+    # plan.search: also rank the layouts the planner models but launcher.train does not run
+    # yet (each marked, with the limitation that refuses it).
+    planner_only: bool = False
     # k >= 0: train the k-th fastest layout of plan.search that launcher.train runs (0 the
     # fastest) instead of the layout the config describes; sweep it to try the best few:
     # `python -m launcher.train -m "plan.candidate=range(3)" ...`. -1: off.

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from launcher.config import ModelConfig
 from launcher.layout import Layout, last_stage_rank
-from launcher.plan.estimate import Context, layout_ranks
+from launcher.plan.context import Context, layout_ranks
 from launcher.plan.memory import BYTES
 from models import families
 
@@ -98,12 +98,19 @@ def checkpoint_size(ctx: Context, lay: Layout) -> CheckpointSize:
     per_rank = [
         stage_bytes(ctx, lay, r, *held) / sharing + RANK_EXTRA_BYTES for r, held in enumerate(ranks)
     ]
-    nodes = node_bytes(per_rank, sharing, ctx.devices_per_node, ctx.nodes)
-    nodes[0] += ONCE_EXTRA_BYTES  # global rank 0's
+    per_node = ctx.devices_per_node
+    if sharing % per_node == 0:
+        # Every node lies inside one pipeline rank's group: it writes per_node of its shares
+        # (node 0 also global rank 0's extra).
+        node = max(per_node * max(per_rank), per_node * per_rank[0] + ONCE_EXTRA_BYTES)
+    else:
+        nodes = node_bytes(per_rank, sharing, per_node, ctx.nodes)
+        nodes[0] += ONCE_EXTRA_BYTES  # global rank 0's
+        node = max(nodes)
     return CheckpointSize(
         total=sum(per_rank) * sharing + ONCE_EXTRA_BYTES,
         rank=max(max(per_rank), per_rank[0] + ONCE_EXTRA_BYTES),
-        node=max(nodes),
+        node=node,
         storage_gbps=ctx.cfg.hardware.storage_gbps,
     )
 

@@ -114,6 +114,11 @@ RANGES: dict[str, Range] = {
     "hardware.intra_node_gbps": above(0),
     "hardware.inter_node_gbps": above(0),
     "hardware.storage_gbps": above(0),
+    "hardware.memory_gbps": above(0),
+    "hardware.collective_latency_us": COUNT,
+    "hardware.intra_node_hop_us": COUNT,
+    "hardware.inter_node_hop_us": COUNT,
+    "hardware.op_overhead_us": COUNT,
     "hardware.efficiency": Range(0, 1, why="a fraction of peak_tflops; 0: the Megatron-LM fit"),
     "hardware.efficiency_scale": above(0, "this generation's efficiency relative to the A100 fit"),
     # layout details (the degrees: rules.resolve_degrees)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
@@ -146,12 +148,7 @@ def plan_table(plan: Plan) -> Group:
     est = plan.estimate
     if est is not None and est.time is not None:
         tm = est.time
-        main.add_row(
-            "step time",
-            f"{tm.step:.4g} s = compute {tm.compute:.3g} + TP {tm.tp:.3g} + "
-            f"CP {tm.cp:.3g} + EP {tm.ep:.3g} + bubble {tm.bubble:.3g} "
-            f"({tm.bubble_fraction:.1%}) + DP {tm.dp:.3g}",
-        )
+        main.add_row("step time", f"{tm.step:.4g} s = " + time_sum(tm))
         main.add_row(
             "throughput",
             f"{est.tokens_per_s_per_device:,.0f} tokens/s per device, MFU {est.mfu:.1%}",
@@ -197,12 +194,30 @@ def memory_json(m, capacity_gib: float) -> dict:
     }
 
 
+def time_sum(tm) -> str:
+    """The step's terms as a sum: "compute 16.9 + tp 1.44 + pp 4.3 (bubble 23.4%) + ..."."""
+    parts = []
+    for t in tm.terms:
+        part = f"{t.name} {t.exposed:.3g}"
+        if t.name == "pp":
+            part += f" (bubble {tm.bubble_fraction:.1%})"
+        if t.hidden > 0 and t.exposed < t.work:
+            part += f" (of {t.work:.3g}, hidden by {t.overlaps})"
+        parts.append(part)
+    return " + ".join(parts)
+
+
 def predicted_json(est) -> dict:
     return {
         "step_time_s": est.time.step,
         "tokens_per_s_per_device": est.tokens_per_s_per_device,
         "mfu": est.mfu,
         "bubble_fraction": est.time.bubble_fraction,
+        # Each cost term: seconds it adds to the step, seconds of its work before overlap.
+        "terms": {
+            t.name: {"exposed_s": t.exposed, "work_s": t.work, "overlaps": t.overlaps}
+            for t in est.time.terms
+        },
     }
 
 
@@ -255,13 +270,9 @@ def plan_json(plan: Plan) -> dict:
 
 
 def layout_json(lay) -> dict:
+    """Every setting of a Layout but its degrees (those are "degrees"), from its fields."""
     return {
-        "zero_stage": lay.zero_stage,
-        "schedule": lay.schedule,
-        "stages_per_rank": lay.stages_per_rank,
-        "micro_batch_size": lay.micro_batch_size,
-        "microbatches": lay.microbatches,
-        "recompute": lay.recompute,
-        "recompute_every": lay.recompute_every,
-        "sequence_parallel": lay.sequence_parallel,
+        f.name: list(v) if isinstance(v := getattr(lay, f.name), tuple) else v
+        for f in dataclasses.fields(lay)
+        if f.name not in AXES
     }

@@ -153,23 +153,91 @@ def verdicts(cfg: Config, est: Estimate) -> dict[str, bool]:
     return {"valid": not errors, "fits": est.memory.total <= cfg.hardware.memory_gib * GIB}
 
 
+def time_shares(est: Estimate, n: int = 3) -> str:
+    """The step's largest terms as shares of it: "compute 68%, pp 19%, tp 6%"."""
+    step = est.time.step
+    terms = sorted(est.time.terms, key=lambda t: -t.exposed)[:n]
+    return ", ".join(f"{t.name} {t.exposed / step:.0%}" for t in terms if t.exposed >= 0.01 * step)
+
+
+SEARCH_WIDTH = 170  # the table's width when not printed to a terminal (logs, docs)
+
+
+LAYOUT_FIELDS = (
+    "tp",
+    "cp",
+    "pp",
+    "dp_replicate",
+    "dp_shard",
+    "ep",
+    "zero_stage",
+    "schedule",
+    "stages_per_rank",
+    "micro_batch_size",
+    "recompute",
+)
+
+
+def runner_up(ranked: list[Estimate]) -> int:
+    """The index of the layout to explain the first against: the fastest whose degrees differ
+    from the first's (layouts that differ only in schedule or ZeRO stage often tie), else the
+    second."""
+    first = ranked[0].layout.degrees
+    return next((i for i, e in enumerate(ranked) if e.layout.degrees != first), 1)
+
+
+def explain(first: Estimate, second: Estimate, rank: int = 2) -> str:
+    """Why `first` ranks above `second` (#`rank`), in one line: what differs in the layouts
+    and the terms that differ most."""
+    a, b = first.layout, second.layout
+    changed = [
+        f"{f} {getattr(a, f)} vs {getattr(b, f)}"
+        for f in LAYOUT_FIELDS
+        if getattr(a, f) != getattr(b, f)
+    ]
+    names = dict.fromkeys(t.name for t in (*first.time.terms, *second.time.terms))
+    deltas = sorted(((n, second.time[n] - first.time[n]) for n in names), key=lambda d: -abs(d[1]))
+    terms = [f"{n} {abs(d):.3g} s {'less' if d > 0 else 'more'}" for n, d in deltas[:3] if d]
+    gain = second.time.step / first.time.step - 1
+    layout = ", ".join(changed) or "the same layout"
+    return (
+        f"#1 over #{rank}: {gain:.1%} faster ({first.time.step:.3g} s vs "
+        f"{second.time.step:.3g} s per step) with {layout}: "
+        f"{', '.join(terms) or 'no term differs'}"
+    )
+
+
+def why_first(ranked: list[Estimate]) -> str:
+    """The first layout against its runner-up, or "" with fewer than two."""
+    if len(ranked) < 2:
+        return ""
+    i = runner_up(ranked)
+    return explain(ranked[0], ranked[i], i + 1)
+
+
 def run_search(cfg: Config, as_json: bool) -> int:
     """Print the top plan.top_k layouts; exit status 0 when at least one fits."""
-    console = Console(stderr=as_json, width=None if Console().is_terminal else 150)
+    console = Console(stderr=as_json, width=None if Console().is_terminal else SEARCH_WIDTH)
     with console.status(
         f"searching layouts of {cfg.model.name} on {cfg.hardware.nodes} x "
         f"{cfg.hardware.devices_per_node} {cfg.hardware.name}"
     ):
         evaluated, fitting = search(cfg)
+    # The planner plans layouts launcher.train cannot run yet (refused by name when
+    # launched): shown only under plan.planner_only=true.
+    problems = [[str(p) for p in engine_problems(cfg, e.layout)] for e in fitting]
+    if not cfg.plan.planner_only:
+        fitting = [e for e, why in zip(fitting, problems, strict=True) if not why]
+        problems = [[] for _ in fitting]
     top = fitting[: cfg.plan.top_k]
-    # The planner plans layouts launcher.train cannot run yet (refused by name when launched).
-    refused = [[str(p) for p in engine_problems(cfg, e.layout)] for e in top]
+    refused = problems[: cfg.plan.top_k]
     if as_json:
         print(
             json.dumps(
                 {
                     "evaluated": evaluated,
                     "fitting": len(fitting),
+                    "planner_only": cfg.plan.planner_only,
                     "top": [
                         {
                             **verdicts(cfg, e),
@@ -179,18 +247,20 @@ def run_search(cfg: Config, as_json: bool) -> int:
                         }
                         for e, why in zip(top, refused, strict=True)
                     ],
+                    "why_first": why_first(fitting),
                 },
                 indent=2,
             )
         )
         return 0 if top else 2
+    which = "that fit" if cfg.plan.planner_only else "that fit and launcher.train runs"
     table = Table(
-        title=f"{len(fitting):,} of {evaluated:,} layouts fit; fastest "
+        title=f"{len(fitting):,} of {evaluated:,} layouts {which}; fastest "
         f"{len(top)} (model={cfg.model.name}, global batch "
         f"{cfg.train.global_batch_size} x {cfg.train.seq_len})",
         title_justify="left",
     )
-    for col in (
+    columns = [
         "#",
         "tp",
         "cp",
@@ -205,13 +275,16 @@ def run_search(cfg: Config, as_json: bool) -> int:
         "step s",
         "tok/s/dev",
         "MFU",
-        "trains",
-    ):
-        table.add_column(col, justify="right")
+        "largest terms",
+    ]
+    if cfg.plan.planner_only:
+        columns.append("trains")
+    for col in columns:
+        table.add_column(col, justify="left" if col == "largest terms" else "right")
     for i, (e, why) in enumerate(zip(top, refused, strict=True), 1):
         lay = e.layout
         sched = f"{lay.schedule}/{lay.stages_per_rank}" if lay.pp > 1 else "-"
-        table.add_row(
+        row = [
             str(i),
             str(lay.tp),
             str(lay.cp),
@@ -226,15 +299,20 @@ def run_search(cfg: Config, as_json: bool) -> int:
             f"{e.time.step:.3g}",
             f"{e.tokens_per_s_per_device:,.0f}",
             f"{e.mfu:.1%}",
-            "no" if why else "yes",
-        )
+            time_shares(e),
+        ]
+        if cfg.plan.planner_only:
+            row.append("no" if why else "yes")
+        table.add_row(*row)
     console.print(table)
+    if len(fitting) > 1:
+        console.print(why_first(fitting), soft_wrap=True, markup=False)
     for i, why in enumerate(refused, 1):
         if why:
             console.print(f"#{i} is planner only: {why[0]}", soft_wrap=True, markup=False)
             break
-    # The fastest layout launcher.train runs, possibly below the top_k shown.
-    best = next((i for i, e in enumerate(fitting) if not engine_problems(cfg, e.layout)), None)
+    # The fastest layout launcher.train runs (under planner_only possibly below the top_k).
+    best = next((i for i, why in enumerate(problems) if not why), None)
     if best is not None:
         e = fitting[best]
         shown = "" if best < len(top) else f" ({e.time.step:.3g} s per step, {e.mfu:.1%} MFU)"

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from launcher.parallel import expert_parallel
-from launcher.plan.estimate import ep_layer_bytes
+from launcher.plan.terms.ep import ep_layer_bytes
 from models import moe
 from parallel.expert_bias import build_trainer
 

@@ -24,7 +24,8 @@ from group import per_rank
 from jobs import mesh_job
 
 from launcher.plan import make_plan
-from launcher.plan.estimate import cp_bytes_sent, layer_activation
+from launcher.plan.estimate import layer_activation
+from launcher.plan.terms.cp import cp_bytes_sent
 from parallel import saved_bytes
 
 SETTINGS = [(2, 1, False), (4, 1, False), (2, 2, False), (2, 2, True)]  # (cp, tp, sp)

@@ -9,7 +9,8 @@ import pytest
 from conftest import compose_config
 
 from launcher.plan import make_plan
-from launcher.plan.estimate import cp_bytes_sent, cp_layer_time, layer_activation
+from launcher.plan.estimate import layer_activation
+from launcher.plan.terms.cp import cp_bytes_sent, cp_layer_time
 
 SEQ, CP, TP, KV_WIDTH = 131072, 16, 8, 8 * 128  # 8 kv heads of 128
 
@@ -39,9 +40,12 @@ def test_allgather_is_all_exposed_and_small_next_to_attention():
     ctx, lay = plan.context, plan.layout
     forward, backward = cp_bytes_sent(ctx, lay)
     exposed = cp_layer_time(ctx, lay)
-    assert exposed == pytest.approx((forward + backward) / ctx.inter)
+    # Three all-gathers' worth (forward, the gradients' reduce-scatter, the rerun under
+    # per-op recompute), each with its start-up and 15 steps across nodes (one rank per node).
+    latency = ctx.links.base_latency + (CP - 1) * ctx.links.inter_hop
+    assert exposed == pytest.approx((forward + backward) / ctx.inter + 3 * latency)
     tokens = SEQ // CP
-    attention = tokens * ctx.attn_core_flops / TP / ctx.sustained  # forward + backward
+    attention = tokens * ctx.attn_core_flops / TP / ctx.attention_rate  # forward + backward
     assert exposed < 0.2 * attention
 
 
@@ -50,11 +54,16 @@ def test_ring_hides_each_hop_behind_one_block():
     accumulators' last hop home is exposed. With no compute to hide behind, all of it is."""
     plan = plan_128k("ring")
     ctx, lay = plan.context, plan.layout
-    last_hop = SEQ // CP * 2 * KV_WIDTH // TP * 4 / ctx.inter  # fp32 dK/dV
+    hop_latency = ctx.links.base_latency + ctx.links.inter_hop
+    last_hop = SEQ // CP * 2 * KV_WIDTH // TP * 4 / ctx.inter + hop_latency  # fp32 dK/dV
     assert cp_layer_time(ctx, lay) == pytest.approx(last_hop)
     forward, backward = cp_bytes_sent(ctx, lay)
-    ctx.sustained = float("inf")
-    assert cp_layer_time(ctx, lay) == pytest.approx((forward + backward) / ctx.inter)
+    ctx.attention_rate = float("inf")
+    # Every message exposed: 15 K/V hops forward, again for the rerun and in backward, and 16
+    # accumulator hops.
+    messages = 3 * (CP - 1) + CP
+    exposed = (forward + backward) / ctx.inter + messages * hop_latency
+    assert cp_layer_time(ctx, lay) == pytest.approx(exposed)
 
 
 def test_allgather_keeps_the_gathered_kv_and_nothing_else():

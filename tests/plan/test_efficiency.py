@@ -1,6 +1,7 @@
 """Compute efficiency per hardware generation and under train.compile (docs/planner.md,
-"Calibration"): the A100 fit times the preset's efficiency_scale times EFFICIENCY_COMPILED, unless
-hardware.efficiency gives a measured one."""
+"Calibration"): each GEMM at the A100 fit for its narrowest dimension times the preset's
+efficiency_scale (times EFFICIENCY_COMPILED when compiled), the memory-bound work at the
+preset's memory bandwidth, unless hardware.efficiency gives a measured rate."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import re
 import pytest
 from conftest import compose_config
 
-from launcher.plan import calibrate, make_plan
-from launcher.plan.estimate import EFFICIENCY_COMPILED, compute_efficiency
+from launcher.plan import calibrate, kernels, make_plan
+from launcher.plan.terms.compute import layer_cost
 
 # Llama 3 8B, FSDP over one node: tp=1, so compile changes no saved activation (compiled
 # sequence parallelism keeps its gathered inputs: the activation count's business, not this).
@@ -23,29 +24,48 @@ def plan(*overrides: str):
     return p
 
 
+def cost(p):
+    return layer_cost(p.context, p.layout, False, p.layout.micro_batch_size * 4096)
+
+
 def test_hopper_reaches_its_scale_of_the_a100_fit():
     a100, h100 = plan(*FSDP_8B, "hardware=a100_80g"), plan(*FSDP_8B, "hardware=h100_80g")
     assert a100.cfg.hardware.efficiency_scale == 1.0
-    assert h100.cfg.hardware.efficiency_scale == 0.62
-    assert a100.context.efficiency == compute_efficiency(4096)
-    assert h100.context.efficiency == pytest.approx(0.62 * a100.context.efficiency)
-    # Same layout, same FLOPs: compute time goes as 1 / (peak x efficiency).
-    ratio = a100.estimate.time.compute / h100.estimate.time.compute
-    assert ratio == pytest.approx(989 * 0.62 / 312)
+    assert h100.cfg.hardware.efficiency_scale == 0.45
+    assert a100.context.efficiency == kernels.model_efficiency(4096, 1.0)
+    assert h100.context.efficiency == pytest.approx(0.45 * a100.context.efficiency)
+    # Same layout, same FLOPs: GEMM time goes as 1 / (peak x efficiency), the memory-bound
+    # work as 1 / memory bandwidth.
+    a, h = cost(a100), cost(h100)
+    assert a.gemm / h.gemm == pytest.approx(989 * 0.45 / 312)
+    assert a.core / h.core == pytest.approx(989 * 0.45 / 312)
+    assert a.memory / h.memory == pytest.approx(3350 / 2039)
+
+
+def test_a_gemm_narrower_than_the_model_runs_slower_per_flop():
+    """Tensor parallelism shards the GEMMs: 1/8 of the FLOPs at a lower efficiency."""
+    one, eight = (
+        plan(*FSDP_8B, "hardware=h100_80g"),
+        plan(*FSDP_8B, "hardware=h100_80g", "parallel.tp=8"),
+    )
+    assert cost(eight).gemm > cost(one).gemm / 8
+    assert (
+        kernels.gemm_efficiency(512, 1) < kernels.gemm_efficiency(4096, 1) < kernels.EFFICIENCY_MAX
+    )
 
 
 @pytest.mark.parametrize("preset", ["h800", "h200", "b200"])
 def test_the_other_hopper_and_blackwell_presets_take_the_h100_scale(preset):
-    assert plan(f"hardware={preset}").cfg.hardware.efficiency_scale == 0.62
+    assert plan(f"hardware={preset}").cfg.hardware.efficiency_scale == 0.45
 
 
-def test_compile_divides_compute_time_by_its_factor_and_leaves_memory():
+def test_compile_speeds_the_kernels_fuses_the_memory_bound_work_and_leaves_memory():
     eager = plan(*FSDP_8B, "hardware=h100_80g")
     compiled = plan(*FSDP_8B, "hardware=h100_80g", "train.compile=true")
-    assert compiled.context.efficiency == pytest.approx(
-        EFFICIENCY_COMPILED * eager.context.efficiency
-    )
-    assert eager.estimate.time.compute / compiled.estimate.time.compute == pytest.approx(1.16)
+    e, c = cost(eager), cost(compiled)
+    assert e.gemm / c.gemm == pytest.approx(kernels.EFFICIENCY_COMPILED)
+    assert c.memory / e.memory == pytest.approx(kernels.ELEMENTWISE_COMPILED)
+    assert compiled.estimate.time["compute"] < eager.estimate.time["compute"]
     assert compiled.estimate.memory == eager.estimate.memory
 
 
@@ -53,27 +73,31 @@ def test_compile_leaves_tensor_parallel_time_exposed_as_it_was():
     """DTensor TP has no async TP: its collectives do not shrink with faster blocks."""
     args = ["recipe=llama3_405b_8192gpu", "recompute.every=1"]
     eager, compiled = plan(*args), plan(*args, "train.compile=true")
-    assert compiled.estimate.time.tp == eager.estimate.time.tp > 0
-    assert compiled.estimate.time.compute < eager.estimate.time.compute
+    assert compiled.estimate.time["tp"] == eager.estimate.time["tp"] > 0
+    assert compiled.estimate.time["compute"] < eager.estimate.time["compute"]
 
 
 @pytest.mark.parametrize("compile_", ["false", "true"])
 def test_an_explicit_efficiency_is_taken_as_measured(compile_):
-    """hardware.efficiency is the run's measured efficiency as configured: neither the
-    generation's scale nor the compile factor rescales it."""
+    """hardware.efficiency is the measured rate of the kernels as configured: neither the
+    generation's scale, nor the compile factor, nor a GEMM's width rescales it."""
     p = plan(*FSDP_8B, "hardware=h100_80g", "hardware.efficiency=0.3", f"train.compile={compile_}")
     assert p.context.efficiency == 0.3
     reference = plan(*FSDP_8B, "hardware=h100_80g", "hardware.efficiency=0.3")
-    assert p.estimate.time.compute == reference.estimate.time.compute
+    assert cost(p).gemm == cost(reference).gemm
+    flops = 6 * p.context.shape.dense_layer * 4096 * p.layout.micro_batch_size
+    assert cost(p).gemm == pytest.approx(flops / (989e12 * 0.3), rel=1e-3)
 
 
-def test_the_h100_scale_is_what_calibrate_fits_to_torchtitan(capsys):
+def test_the_h100_scale_and_compile_factor_are_what_calibrate_fits_to_torchtitan(capsys):
     calibrate.main(["--hopper"])
     out = capsys.readouterr().out
     fitted = float(re.search(r"efficiency_scale ([0-9.]+) fitted", out).group(1))
-    assert fitted == pytest.approx(0.62, abs=0.005)
-    # The compiled rows, not fitted, check EFFICIENCY_COMPILED: within 10% of torchtitan's.
+    assert fitted == pytest.approx(0.45, abs=0.005)
+    factor = float(re.search(r"compile\s+factor\s+([0-9.]+)", out).group(1))
+    assert factor == pytest.approx(kernels.EFFICIENCY_COMPILED, abs=0.005)
+    # torchtitan's 8B rows, eager and compiled, within 10%.
     for line in out.splitlines():
-        if "compiled" in line:
+        if "torchtitan 8B" in line:
             residual = float(re.search(r"([+-][0-9.]+)%", line).group(1))
             assert abs(residual) < 10, line

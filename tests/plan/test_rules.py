@@ -236,7 +236,7 @@ def test_reshard_each_microbatch_needs_fsdp_under_a_full_backward_pipeline():
     default, _, _ = rules(PIPE)  # gathered parameters, unreduced gradients in param dtype
     assert plan.memory.params == pytest.approx(default.memory.params / 2)
     assert plan.memory.total < default.memory.total
-    assert plan.estimate.time.dp > default.estimate.time.dp
+    assert plan.estimate.time["dp"] > default.estimate.time["dp"]
 
 
 def test_interleaved_microbatches_multiple_of_pp():

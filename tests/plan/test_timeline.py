@@ -155,7 +155,8 @@ def test_inflight_is_monotone_in_the_rank(schedule):
     ids=["zbv-underfilled", "interleaved", "dualpipev-moe", "1f1b-uneven"],
 )
 def test_memory_verdict_is_the_most_loaded_pipeline_rank(overrides):
-    from launcher.plan.estimate import rank_layers, rank_memory
+    from launcher.plan.context import rank_layers
+    from launcher.plan.estimate import rank_memory
 
     cfg = compose_config(
         ["hardware=h100_80g", "hardware.nodes=64", "parallel.tp=8", "train.micro_batch_size=1"]

@@ -1,0 +1,54 @@
+"""How fast a device runs a step's kernels: each GEMM at an efficiency set by its shape, the
+attention core, the memory-bound work between them at the device's memory bandwidth, and the
+host's time per operator.
+
+The constants and where they come from:
+- EFFICIENCY_MAX, EFFICIENCY_DIM: a GEMM runs at EFFICIENCY_MAX x w / (w + EFFICIENCY_DIM) of
+  peak, w its narrowest dimension as this rank runs it (a tp shard's width, the tokens an
+  expert receives). Fitted to the Megatron-LM table (A100, docs/sources.md) by `python -m
+  launcher.plan.calibrate`; the attention core runs at EFFICIENCY_MAX.
+- EFFICIENCY_COMPILED: torchtitan's compiled over eager Llama 3.1 8B runs on H100 (6,667 /
+  5,762 tokens/s on 8 GPUs, 6,514 / 5,605 on 128; benchmarks/llama3_h100_202412_torchtitan.md,
+  Tables 1 and 3): compiled blocks' device work runs this much faster.
+- ELEMENTWISE: bytes the non-matmul operators of one block read and write per token, forward
+  and backward, counted on this engine's own blocks with a TorchDispatchMode over every ATen
+  operator other than matmuls, attention and views (llama3_debug at dim 128 and 256, FFN 384
+  and 768; gpt_debug at sequence 128 and 256): elements per token = a x dim + b x MLP hidden
+  width (+ c x heads x sequence where attention is unfused), counted at the compute dtype.
+  Compiled blocks fuse chains of them: a third of the traffic (an assumption).
+- OPS: ATen operators per block, forward and backward (the same count): 187 for a dense llama
+  block, 182 for gpt, 273 for a mixtral block, 36 for the embedding, head and loss. Compiled
+  blocks launch about a tenth as many (an assumption).
+- DTENSOR_HOST: an operator of a tensor-parallel block costs the host this many times a plain
+  one, every operator of the block counted as a DTensor one: (t * 2 + 1).sum() forward and
+  backward on a replicated 64 x 64 DTensor took 141 us against 31.4 us on a plain tensor (one
+  process of torchrun, one thread, gloo, on the 2-core CPU machine).
+"""
+
+from __future__ import annotations
+
+EFFICIENCY_MAX = 0.94
+EFFICIENCY_DIM = 830.0
+EFFICIENCY_COMPILED = 1.05
+
+# (per dim, per MLP hidden unit): rotary families (llama, mixtral, deepseek) keep RoPE and
+# fp32 RMSNorm chains; gpt's LayerNorm and biases are fewer.
+ELEMENTWISE = {"gpt": (16.0, 16.0)}
+ELEMENTWISE_ROTARY = (103.0, 16.0)
+ELEMENTWISE_SCORES = 19.4  # per score of unfused attention (softmax, mask, dropout)
+ELEMENTWISE_COMPILED = 1 / 3
+
+OPS_DENSE, OPS_MOE, OPS_OUTSIDE = 187, 273, 36
+OPS_COMPILED = 0.1
+DTENSOR_HOST = 4.5
+
+
+def gemm_efficiency(width: float, scale: float) -> float:
+    """Fraction of peak a GEMM sustains whose narrowest dimension is `width`."""
+    return EFFICIENCY_MAX * scale * width / (width + EFFICIENCY_DIM)
+
+
+def model_efficiency(dim: int, scale: float) -> float:
+    """The efficiency of a whole block of width `dim` without tensor parallelism (its GEMMs'
+    narrowest dimension): the figure the report shows as the model's."""
+    return gemm_efficiency(dim, scale)

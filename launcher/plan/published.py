@@ -1,0 +1,242 @@
+"""Published training runs the planner is held to: `python -m launcher.plan.calibrate
+--published` predicts each and prints the errors, row by row and in aggregate.
+
+Each row is (name, source, the overrides that describe its run, published tokens/s per GPU,
+published MFU, published peak memory in GiB or None, its engine kind, what it is used for).
+MFU errors are in points of the source's own MFU: a row's predicted MFU is its published MFU
+times predicted over published tokens/s (the same FLOP count on both sides). `use`: "fit" rows
+set the constants (EFFICIENCY_MAX / DIM: even Megatron rows; efficiency_scale and
+EFFICIENCY_COMPILED: torchtitan's 8-GPU rows), "held-out" rows only check them. Engine kinds:
+"fsdp2" (FSDP2 / DTensor in plain PyTorch, this engine's kind), "megatron" (Megatron-LM, NeMo:
+fused kernels, overlapped TP), "meta" (Llama 3's own stack).
+
+Sources (docs/sources.md, "Published runs"): Narayanan et al. 2021, Table 1 (A100; MFU is the
+reported TFLOP/s over 312, Megatron's FLOP count with recompute); torchtitan
+benchmarks/llama3_h100_202412_torchtitan.md Tables 1 and 3, docs/performance.md (405B,
+A100 8B/70B), benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md (the vanilla-TP bf16 rows);
+NVIDIA/dgxc-benchmarking llama3.1/README.md at 741c886 (NeMo 25.02.01, bf16, no activation
+checkpointing); NVIDIA-NeMo/Automodel docs/performance-summary.md (70B FSDP2 + CP 2); Dubey et
+al. 2024, Table 4 (tokens/s at the planner's FLOPs per token).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    overrides: str
+    tokens_per_s: float  # per GPU
+    mfu: float | None  # as its source counts it (None: at the planner's FLOPs per token)
+    memory_gib: float | None
+    engine: str  # "fsdp2", "megatron" or "meta": which kind of engine ran it
+    use: str  # "fit" or "held-out"
+    stack: str = "torchtitan"  # whose kernels: sets its efficiency scale (STACKS)
+
+
+MEGATRON = [  # (recipe, TFLOP/s per GPU)
+    ("megatron_gpt_1_7b", 137),
+    ("megatron_gpt_3_6b", 138),
+    ("megatron_gpt_7_5b", 142),
+    ("megatron_gpt_18_4b", 135),
+    ("megatron_gpt_39_1b", 138),
+    ("megatron_gpt_76_1b", 140),
+    ("megatron_gpt_145_6b", 148),
+    ("megatron_gpt_310_1b", 155),
+    ("megatron_gpt_529_6b", 163),
+    ("megatron_gpt_1008b", 163),
+]
+
+H100 = "hardware=h100_80g"
+L8B = f"{H100} model=llama3_8b train.seq_len=8192"
+L70B = f"{H100} model=llama3_70b train.seq_len=8192"
+L405B = f"{H100} model=llama3_405b train.seq_len=8192"
+TT_8B = f"{L8B} train.micro_batch_size=2 recompute=op"
+# Fused-kernel stacks (Megatron-LM, NeMo's Transformer Engine, Meta's) run as compiled blocks
+# here: their norms, activations and RoPE are fused, their launches few.
+FUSED = "train.compile=true"
+NEMO = f"train.micro_batch_size=1 recompute=none tensor=sequence_parallel {FUSED}"
+
+# Each stack's kernels reach their own share of the A100 fit on H100: torchtitan's is the
+# hardware preset's efficiency_scale (calibrate --hopper), Transformer Engine's (NeMo, NeMo
+# AutoModel) and Meta's are fitted to the run of theirs marked "fit" and held to the others.
+STACKS = ("torchtitan", "te", "meta")
+
+RUNS = [
+    # torchtitan, FSDP2 on Grand Teton H100s (500 W, HBM2e), bf16.
+    Run(
+        "torchtitan 8B FSDP 8",
+        f"{TT_8B} train.global_batch_size=16",
+        5762,
+        0.33,
+        82.4,
+        "fsdp2",
+        "fit",
+    ),
+    Run(
+        "torchtitan 8B FSDP 8 compiled",
+        f"{TT_8B} train.global_batch_size=16 train.compile=true",
+        6667,
+        0.39,
+        77.0,
+        "fsdp2",
+        "fit",
+    ),
+    Run(
+        "torchtitan 8B FSDP 128",
+        f"{TT_8B} hardware.nodes=16 train.global_batch_size=256",
+        5605,
+        0.33,
+        67.0,
+        "fsdp2",
+        "held-out",
+    ),
+    Run(
+        "torchtitan 8B FSDP 128 compiled",
+        f"{TT_8B} hardware.nodes=16 train.global_batch_size=256 train.compile=true",
+        6514,
+        0.38,
+        62.0,
+        "fsdp2",
+        "held-out",
+    ),
+    Run(
+        "torchtitan 405B FSDP 16 x TP 8",
+        f"{L405B} hardware.nodes=16 parallel.tp=8 tensor=sequence_parallel "
+        "train.micro_batch_size=2 train.global_batch_size=32 recompute=full",
+        109,
+        0.29,
+        None,
+        "fsdp2",
+        "held-out",
+    ),
+    Run(
+        "torchtitan 70B FSDP 32 x TP 8 compiled",
+        f"{L70B} hardware.nodes=32 parallel.tp=8 tensor=sequence_parallel "
+        "train.micro_batch_size=16 train.global_batch_size=512 recompute=full train.compile=true",
+        597.3,
+        None,
+        None,
+        "fsdp2",
+        "held-out",
+    ),
+    Run(
+        "torchtitan 8B FSDP 8 x TP 8 compiled",
+        f"{L8B} hardware.nodes=8 parallel.tp=8 tensor=sequence_parallel "
+        "train.micro_batch_size=12 train.global_batch_size=96 recompute=op train.compile=true",
+        4378,
+        None,
+        None,
+        "fsdp2",
+        "held-out",
+    ),
+    Run(
+        "torchtitan 8B FSDP 64 (A100)",
+        "hardware=a100_80g hardware.nodes=8 model=llama3_8b train.seq_len=8192 "
+        "train.micro_batch_size=1 train.global_batch_size=64 recompute=op",
+        2973,
+        0.582,
+        None,
+        "fsdp2",
+        "held-out",
+    ),
+    Run(
+        "torchtitan 70B FSDP 64 (A100)",
+        "hardware=a100_80g hardware.nodes=8 model=llama3_70b train.seq_len=8192 "
+        "train.micro_batch_size=1 train.global_batch_size=64 recompute=full",
+        331,
+        0.517,
+        None,
+        "fsdp2",
+        "held-out",
+    ),
+    Run(
+        "NeMo AutoModel 70B FSDP2 32 x CP 2 compiled",
+        f"{L70B} hardware.nodes=8 parallel.cp=2 train.micro_batch_size=1 "
+        "train.global_batch_size=128 recompute=full train.compile=true",
+        866.77,
+        0.393,
+        None,
+        "fsdp2",
+        "held-out",
+        "te",
+    ),
+    # NVIDIA DGX Cloud benchmarking, NeMo 25.02.01, bf16, no activation checkpointing.
+    Run(
+        "NeMo 8B CP 2 on 8",
+        f"{L8B} parallel.cp=2 train.global_batch_size=128 {NEMO}",
+        85459 / 8,
+        0.6247,
+        None,
+        "megatron",
+        "fit",
+        "te",
+    ),
+    Run(
+        "NeMo 70B TP 4 PP 4 CP 2 VP 5 on 64",
+        f"{L70B} hardware.nodes=8 parallel.tp=4 parallel.pp=4 parallel.cp=2 "
+        f"pipeline=interleaved_1f1b pipeline.stages_per_rank=5 train.global_batch_size=128 {NEMO}",
+        71526 / 64,
+        0.5432,
+        None,
+        "megatron",
+        "held-out",
+        "te",
+    ),
+    Run(
+        "NeMo 405B TP 8 PP 8 CP 2 VP 8 on 512",
+        f"{L405B} hardware.nodes=64 parallel.tp=8 parallel.pp=8 parallel.cp=2 "
+        f"pipeline=interleaved_1f1b pipeline.stages_per_rank=8 train.global_batch_size=256 {NEMO}",
+        106024 / 512,
+        0.5547,
+        None,
+        "megatron",
+        "held-out",
+        "te",
+    ),
+    # Llama 3 405B (Meta), Table 4: TFLOP/s per GPU over the planner's 2.524e12 FLOPs/token.
+    Run(
+        "Llama 3 405B on 8,192",
+        f"recipe=llama3_405b_8192gpu recompute=none data.attention=causal {FUSED}",
+        430e12 / 2.524e12,
+        0.43,
+        None,
+        "meta",
+        "fit",
+        "meta",
+    ),
+    Run(
+        "Llama 3 405B on 16,384",
+        f"recipe=llama3_405b_16384gpu recompute=none data.attention=causal {FUSED}",
+        400e12 / 2.524e12,
+        0.41,
+        None,
+        "meta",
+        "held-out",
+        "meta",
+    ),
+]
+
+
+def megatron_runs(megatron_flops, compose) -> list[Run]:
+    """The Megatron-LM table as Runs (Megatron's fused kernels as compiled blocks): even rows
+    fit the GEMM curve, odd rows are held out."""
+    out = []
+    for i, (recipe, tflops) in enumerate(MEGATRON):
+        cfg = compose([f"recipe={recipe}"])
+        per_token = megatron_flops(cfg) / (cfg.train.global_batch_size * cfg.train.seq_len)
+        out.append(
+            Run(
+                recipe,
+                f"recipe={recipe} {FUSED}",
+                tflops * 1e12 / per_token,
+                tflops / 312,
+                None,
+                "megatron",
+                "fit" if i % 2 == 0 else "held-out",
+                "megatron",
+            )
+        )
+    return out

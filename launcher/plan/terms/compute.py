@@ -1,0 +1,108 @@
+"""compute: the forward and backward kernels of every micro-batch on the bottleneck rank,
+priced by their shapes (launcher/plan/kernels.py), plus the host's time launching them where
+the kernels do not hide it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from launcher.layout import Layout
+from launcher.plan import kernels
+from launcher.plan.context import Context
+from launcher.plan.kernels import gemm_efficiency
+from launcher.plan.terms.base import Step, Term
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Seconds of one layer's forward + backward for one micro-batch on one rank."""
+
+    gemm: float  # its matmuls
+    core: float  # the attention core (scores and weighted sum)
+    memory: float  # the memory-bound operators between them
+
+    @property
+    def total(self) -> float:
+        return self.gemm + self.core + self.memory
+
+
+def gemm_seconds(ctx: Context, flops: float, width: float) -> float:
+    """Seconds of `flops` of GEMMs whose narrowest dimension is `width`."""
+    if flops <= 0:
+        return 0.0
+    eff = ctx.measured or gemm_efficiency(width, ctx.scale)
+    return flops / (ctx.peak * eff)
+
+
+def layer_cost(ctx: Context, lay: Layout, moe: bool, tokens: float) -> LayerCost:
+    """One dense (or MoE) layer on a rank of `lay`, for a micro-batch of `tokens` tokens."""
+    s, m, tp = ctx.shape, ctx.model, lay.tp
+    # GEMMs: 6 FLOPs per weight and token (forward, input and weight gradients); a tp shard
+    # runs 1/tp of the weights on every token of the micro-batch.
+    attention = gemm_seconds(
+        ctx, 6 * s.attn_params / tp * tokens, min(m.dim, s.o_width / tp, tokens)
+    )
+    if not moe:
+        mlp = gemm_seconds(
+            ctx, 6 * s.dense_mlp_params / tp * tokens, min(m.dim, m.ffn_dim / tp, tokens)
+        )
+        hidden = m.ffn_dim
+    else:
+        shared = gemm_seconds(
+            ctx, 6 * s.moe_shared_params / tp * tokens, min(m.dim, m.moe_ffn_dim, tokens)
+        )
+        # Balanced routing: each rank's E / ep experts get the top_k copies of the ep group's
+        # tokens that chose them.
+        per_expert = tokens / tp * m.top_k * lay.ep / m.n_routed_experts
+        routed = gemm_seconds(
+            ctx,
+            6 * m.top_k * 3 * m.dim * m.moe_ffn_dim * tokens / tp,
+            min(m.dim, m.moe_ffn_dim, max(1.0, per_expert)),
+        )
+        mlp = shared + routed
+        hidden = (m.top_k + m.n_shared_experts) * m.moe_ffn_dim
+    core = tokens * ctx.attn_core_flops / tp / ctx.attention_rate
+    width = m.dim / (tp if lay.sequence_parallel else 1)
+    elements = (
+        ctx.elementwise_dim * width
+        + ctx.elementwise_mlp * hidden / tp
+        + ctx.elementwise_scores * ctx.seq / tp
+    )
+    memory = tokens * elements * ctx.act_b / ctx.memory_bw
+    return LayerCost(attention + mlp, core, memory)
+
+
+def head_seconds(ctx: Context, lay: Layout, tokens: float) -> float:
+    """The output projection and the loss over its logits (compute dtype and fp32, three
+    passes), for one micro-batch."""
+    m = ctx.model
+    vocab = m.vocab_size / lay.tp
+    gemm = gemm_seconds(ctx, 6 * vocab * m.dim * tokens, min(m.dim, vocab, tokens))
+    return gemm + 3 * tokens * vocab * (ctx.act_b + 4) / ctx.memory_bw
+
+
+def rank_micro(ctx: Context, lay: Layout, layers: int, dense: int, ends: bool, head: bool):
+    """(device, host) seconds of one micro-batch's forward + backward on a pipeline rank."""
+    tokens = lay.micro_batch_size * ctx.seq / lay.cp
+    device = dense * layer_cost(ctx, lay, False, tokens).total
+    if layers > dense:
+        device += (layers - dense) * layer_cost(ctx, lay, True, tokens).total
+    if head:
+        device += head_seconds(ctx, lay, tokens)
+    ops = dense * ctx.ops_dense + (layers - dense) * ctx.ops_moe
+    ops *= kernels.DTENSOR_HOST if lay.tp > 1 else 1.0
+    ops += ctx.ops_outside if ends else 0
+    return device, ops * ctx.op_overhead
+
+
+def exposed_host(ctx: Context, device: float, host: float) -> float:
+    """Host time the step waits for: all of it on a CPU (the same cores run the kernels),
+    on a GPU what the kernels queued meanwhile do not cover."""
+    return host if ctx.host_serial else max(0.0, host - device)
+
+
+def compute(step: Step) -> Term:
+    mbs = step.microbatches
+    host = exposed_host(step.ctx, step.device, step.host)
+    seconds = mbs * (step.device + host)
+    return Term("compute", seconds, seconds)

@@ -1,0 +1,46 @@
+"""recompute: forward work rerun in backward, on the bottleneck rank.
+
+full reruns the recomputed blocks' forward (a third of their forward + backward); selective
+reruns their attention core, and so does op when the core is unfused (op keeps fused
+attention's output); op under tp also reruns the attention output projection, whose partial
+sum it does not keep (checkpointing.py; the MLP's, last in the block, the recompute stops
+before). Document masking reruns the attention forward in backward (models.layers
+document_attention) in the layers no recompute reran already, except in the CPU fused kernel,
+which takes the rebuilt mask itself; CP's blocks rebuild theirs in their own backward.
+"""
+
+from __future__ import annotations
+
+from launcher.plan import kernels
+from launcher.plan.terms.base import Step, Term
+from launcher.plan.terms.compute import exposed_host, gemm_seconds, layer_cost
+
+
+def recompute(step: Step) -> Term | None:
+    ctx, lay = step.ctx, step.lay
+    mode = lay.recompute
+    tokens = step.mb_tokens
+    dense = layer_cost(ctx, lay, False, tokens)
+    moe = layer_cost(ctx, lay, True, tokens) if step.rc_moe else dense
+    core = dense.core / 3  # one attention forward
+    rerun = host = 0.0
+    core_rerun = mode == "selective" or (mode == "op" and not ctx.flash)
+    if mode == "full":
+        rerun = (step.rc_dense * dense.total + step.rc_moe * moe.total) / 3
+        host = (step.rc_dense * ctx.ops_dense + step.rc_moe * ctx.ops_moe) / 3 * ctx.op_overhead
+        host *= kernels.DTENSOR_HOST if lay.tp > 1 else 1.0
+    elif core_rerun:
+        rerun = step.recomputed * core
+    if ctx.document_rerun and lay.cp == 1:
+        again = step.recomputed if mode == "full" or core_rerun else 0
+        rerun += (step.layers - again) * core
+    if mode == "op" and lay.tp > 1 and not ctx.compiled:
+        m = ctx.model
+        o_proj = 2 * ctx.shape.o_width * m.dim * tokens / lay.tp
+        width = min(m.dim, ctx.shape.o_width / lay.tp)
+        rerun += step.recomputed * gemm_seconds(ctx, o_proj, width)
+    if not rerun and not host:
+        return None  # nothing reruns
+    mbs = step.microbatches
+    seconds = mbs * (rerun + exposed_host(ctx, rerun, host))
+    return Term("recompute", seconds, seconds)
