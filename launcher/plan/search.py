@@ -11,7 +11,7 @@ cheaper one fits.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from rich.console import Console
 from rich.table import Table
@@ -163,19 +163,7 @@ def time_shares(est: Estimate, n: int = 3) -> str:
 SEARCH_WIDTH = 170  # the table's width when not printed to a terminal (logs, docs)
 
 
-LAYOUT_FIELDS = (
-    "tp",
-    "cp",
-    "pp",
-    "dp_replicate",
-    "dp_shard",
-    "ep",
-    "zero_stage",
-    "schedule",
-    "stages_per_rank",
-    "micro_batch_size",
-    "recompute",
-)
+LAYOUT_FIELDS = tuple(f.name for f in fields(Layout))
 
 
 def runner_up(ranked: list[Estimate]) -> int:
