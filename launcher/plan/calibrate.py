@@ -212,7 +212,7 @@ def refit(cfgs, measured: list[float], knobs) -> dict[str, float]:
                 k.low,
                 k.high,
             )
-            moved |= abs(values[k.field] / before - 1) > 1e-3
+            moved |= abs(values[k.field] - before) > 1e-3 * abs(before) or not before
         if not moved:
             break
     return values
