@@ -20,8 +20,8 @@ from launcher.plan.terms.base import Step, Term
 BUCKET = 25 * 2**20  # DDP's default bucket, bytes
 
 
-def rank_parameters(step: Step) -> tuple[float, float]:
-    """(parameters of the bottleneck rank before data-parallel sharding, its largest block)."""
+def rank_parameters(step: Step) -> float:
+    """Parameters of the bottleneck rank before data-parallel sharding."""
     ctx, lay = step.ctx, step.lay
     s = ctx.shape
     dense = s.attn_params + s.dense_mlp_params
@@ -29,15 +29,14 @@ def rank_parameters(step: Step) -> tuple[float, float]:
     params = (step.dense * dense + step.moe * moe) / lay.tp + step.moe * s.expert_params / lay.ep
     params += (s.embedding if step.holds_embedding else 0) / lay.tp
     params += (s.head if step.holds_head else 0) / lay.tp
-    unit = max(dense / lay.tp, moe / lay.tp + s.expert_params / lay.ep if step.moe else 0)
-    return params, unit
+    return params
 
 
 def dp(step: Step) -> Term | None:
     ctx, lay = step.ctx, step.lay
     if lay.dp_cp == 1:
         return None
-    params, _ = rank_parameters(step)
+    params = rank_parameters(step)
     units = max(1, step.layers)  # FSDP's units: one per block
     shard = lay.dp_shard * lay.cp
     compute = step.exposed("compute", "recompute")

@@ -11,7 +11,7 @@ from launcher.plan.terms.dp import rank_parameters
 
 def optimizer(step: Step) -> Term:
     ctx, lay = step.ctx, step.lay
-    params, _ = rank_parameters(step)
+    params = rank_parameters(step)
     shard = lay.dp_shard * lay.cp
     if lay.zero_stage >= 1 and shard > 1:
         params /= shard
