@@ -1,25 +1,24 @@
-"""`python -m launcher.plan.calibrate`: fit the compute efficiency to the Megatron-LM table;
-`--from SWEEP_DIR`: refit it from this engine's own measured runs.
+"""`python -m launcher.plan.calibrate`: fit the planner's constants to published runs and to
+this engine's own (docs/planner.md, "Calibration"; the runs: launcher/plan/published.py).
 
-Each row of Narayanan et al. 2021, Table 1 is a recipe (recipes/megatron_gpt_*.yaml). For a
-candidate efficiency the planner predicts each row's step time; the achieved TFLOP/s per GPU
-follows with Megatron's own FLOP count, 96 B s l h^2 (1 + s/(6h) + V/(16 l h)) per iteration
-(full recomputation, attention counted without the causal mask). The efficiency minimising the
-squared relative error (efficiency = max x dim / (dim + d0)) is printed with each
-row's residual; EFFICIENCY_MAX and EFFICIENCY_DIM in launcher/plan/estimate.py hold the fit.
+(no option) The GEMM curve, EFFICIENCY_MAX x w / (w + EFFICIENCY_DIM) in
+launcher/plan/kernels.py, to the even rows of Narayanan et al. 2021, Table 1 (recipes
+megatron_gpt_*, planned as compiled blocks for Megatron's fused kernels), checked on the odd
+ones: each row's TFLOP/s per GPU with Megatron's own FLOP count, 96 B s l h^2 (1 + s/(6h) +
+V/(16 l h)) per iteration (full recomputation, attention counted without the causal mask),
+grid search on the squared relative error.
 
-`--hopper` fits `hardware.efficiency_scale` of the Hopper presets (the share of the A100 fit
-that H100 reaches) to torchtitan's published eager bf16 runs on H100, and prints those runs'
-residuals with the runs that check it: torchtitan's compiled runs (EFFICIENCY_COMPILED) and
-Llama 3 405B's own run.
+`--hopper`: `hardware.efficiency_scale` of the Hopper presets to torchtitan's eager H100 runs
+marked "fit", then EFFICIENCY_COMPILED to its compiled ones; every torchtitan H100 run's
+residual.
 
-`--from SWEEP_DIR` reads a sweep's completed jobs (launcher/sweep.py: each job's overrides and
-its measured tokens/s per device, the median step after the first) and fits, per hardware
-preset and train.compile, the one constant efficiency (a fraction of peak_tflops) whose
-predictions come closest, in squared relative error. It prints every job's residual before
-(the efficiency its config used) and after, and the override to use: `hardware.efficiency=X`,
-the efficiency of runs as configured (the compile factor does not rescale it). The Megatron
-fit stays the default.
+`--published`: every published run's prediction and error, fitted and held-out marked, each
+fused stack's scale fitted to its own fit runs; the held-out aggregates.
+
+`--from SWEEP_DIR`: a sweep's completed jobs (launcher/sweep.py: each job's overrides and its
+measured tokens/s per device, the median step after the first), per hardware preset and
+train.compile: refits the constants the runs determine (KNOBS), prints every job's residual
+before and after with its terms, the residual by term, and the overrides to use.
 """
 
 from __future__ import annotations
@@ -35,38 +34,6 @@ from rich.table import Table
 from launcher.cli import compose, fail
 from launcher.plan import kernels, make_plan
 from launcher.plan.published import FUSED, MEGATRON
-
-# Published bf16 runs on H100 SXM (peak 989 TFLOP/s), tokens/s per GPU: (run, its overrides,
-# published, fitted). torchtitan's rows: Llama 3.1 on H100s capped at 500 W (their footnote: the
-# real peak lies between SXM's and NVL's, so these understate a 700 W H100), seq 8192; the 8B rows
-# from benchmarks/llama3_h100_202412_torchtitan.md Tables 1 and 3 (selective op AC), the 405B
-# row from docs/performance.md (mid-2024, "Optimizations: None", compile off in its toml).
-# The eager rows are this engine's kind of stack (FSDP2, DTensor TP, plain PyTorch blocks) and
-# fit the scale ("scale"); the compiled rows then fit EFFICIENCY_COMPILED ("compile"), what
-# compiling gains beyond the fused memory-bound work and fewer launches kernels.py counts.
-# Llama 3 405B (Dubey et al. 2024, Table 4: 430 TFLOP/s per GPU, 43% MFU, on docs/sources.md's
-# 8,192-GPU layout without activation checkpointing) is Meta's own tuned stack, shown for
-# contrast: 430e12 / 2.524e12 model FLOPs per token (the planner's count; Meta does not give its
-# own) = 170 tokens/s.
-TT_8B = "model=llama3_8b train.seq_len=8192 train.micro_batch_size=2 recompute=selective"
-ON_8, ON_128 = "train.global_batch_size=16", "hardware.nodes=16 train.global_batch_size=256"
-TT_405B = (
-    "model=llama3_405b hardware.nodes=16 parallel.tp=8 tensor=sequence_parallel "
-    "train.seq_len=8192 train.micro_batch_size=2 train.global_batch_size=32 recompute=full"
-)
-HOPPER = [
-    ("torchtitan 8B, FSDP 8", f"{TT_8B} {ON_8}", 5762, "scale"),
-    ("torchtitan 8B, FSDP 128", f"{TT_8B} {ON_128}", 5605, "scale"),
-    ("torchtitan 405B, FSDP 16 x TP 8, full AC", TT_405B, 109, "scale"),
-    ("torchtitan 8B, FSDP 8, compiled", f"{TT_8B} {ON_8} train.compile=true", 6667, "compile"),
-    ("torchtitan 8B, FSDP 128, compiled", f"{TT_8B} {ON_128} train.compile=true", 6514, "compile"),
-    (
-        "Llama 3 405B (Meta), 8,192 GPUs, no AC",
-        "recipe=llama3_405b_8192gpu recompute=none",
-        170,
-        "",
-    ),
-]
 
 
 def megatron_flops(cfg) -> float:
@@ -233,18 +200,29 @@ def compiled_speed(cfg, factor: float) -> float:
 
 
 def calibrate_hopper() -> None:
-    """Fit hardware.efficiency_scale for H100 to the HOPPER rows marked "scale", then
-    EFFICIENCY_COMPILED to those marked "compile"."""
-    cfgs = [compose(["hardware=h100_80g", *overrides.split()]) for _, overrides, _, _ in HOPPER]
-    rows = list(zip(HOPPER, cfgs, strict=True))
-    eager = [(c, row[2]) for row, c in rows if row[3] == "scale"]
-    scale = best_factor(scaled_speed, [c for c, _ in eager], [m for _, m in eager], 0.1, 2.0)
-    cfgs = [replace(c, hardware=replace(c.hardware, efficiency_scale=scale)) for c in cfgs]
-    rows = list(zip(HOPPER, cfgs, strict=True))
-    compiled = [(c, row[2]) for row, c in rows if row[3] == "compile"]
-    factor = best_factor(
-        compiled_speed, [c for c, _ in compiled], [m for _, m in compiled], 0.5, 2.0
-    )
+    """Fit hardware.efficiency_scale for H100 to torchtitan's eager runs marked "fit" in
+    launcher/plan/published.py (this engine's kind of stack: FSDP2, DTensor TP, plain PyTorch
+    blocks), then EFFICIENCY_COMPILED to its compiled ones (what compiling gains beyond the
+    fused memory-bound work and the fewer launches kernels.py counts); print every torchtitan
+    H100 run with its residual, the held-out ones included."""
+    from launcher.plan.published import RUNS
+
+    runs = [r for r in RUNS if r.stack == "torchtitan" and "hardware=h100_80g" in r.overrides]
+    cfgs = [compose(r.overrides.split()) for r in runs]
+    compiled = ["train.compile=true" in r.overrides for r in runs]
+    fit = [
+        (c, r.tokens_per_s)
+        for r, c, k in zip(runs, cfgs, compiled, strict=True)
+        if r.use == "fit" and not k
+    ]
+    scale = best_factor(scaled_speed, [c for c, _ in fit], [m for _, m in fit], 0.1, 2.0)
+    cfgs = [with_hardware(c, efficiency_scale=scale) for c in cfgs]
+    fit = [
+        (c, r.tokens_per_s)
+        for r, c, k in zip(runs, cfgs, compiled, strict=True)
+        if r.use == "fit" and k
+    ]
+    factor = best_factor(compiled_speed, [c for c, _ in fit], [m for _, m in fit], 0.5, 2.0)
     table = Table(
         title=f"h100_80g: efficiency_scale {scale:.3f} fitted to torchtitan's eager rows (in use: "
         f"{hopper_scale_in_use()}), compile factor {factor:.3f} to its compiled rows (in use: "
@@ -253,14 +231,15 @@ def calibrate_hopper() -> None:
     )
     for col in ("run", "fits", "published tok/s/GPU", "predicted", "residual"):
         table.add_column(col, justify="left" if col == "run" else "right")
-    for (name, _, published, used), cfg in rows:
+    for run, cfg, k in zip(runs, cfgs, compiled, strict=True):
         p = compiled_speed(cfg, factor)
+        fits = ("compile" if k else "scale") if run.use == "fit" else "-"
         table.add_row(
-            name,
-            used or "-",
-            f"{published:,}",
+            run.name,
+            fits,
+            f"{run.tokens_per_s:,.0f}",
             f"{p:,.0f}",
-            f"{(p - published) / published:+.1%}",
+            f"{(p - run.tokens_per_s) / run.tokens_per_s:+.1%}",
         )
     Console(width=120).print(table)
 

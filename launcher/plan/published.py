@@ -6,7 +6,8 @@ published MFU, published peak memory in GiB or None, its engine kind, what it is
 MFU errors are in points of the source's own MFU: a row's predicted MFU is its published MFU
 times predicted over published tokens/s (the same FLOP count on both sides). `use`: "fit" rows
 set the constants (EFFICIENCY_MAX / DIM: even Megatron rows; efficiency_scale and
-EFFICIENCY_COMPILED: torchtitan's 8-GPU rows), "held-out" rows only check them. Engine kinds:
+EFFICIENCY_COMPILED: torchtitan's eager and compiled H100 rows without tensor parallelism, and
+its 405B eager row), "held-out" rows only check them. Engine kinds:
 "fsdp2" (FSDP2 / DTensor in plain PyTorch, this engine's kind), "megatron" (Megatron-LM, NeMo:
 fused kernels, overlapped TP), "meta" (Llama 3's own stack).
 
@@ -91,7 +92,7 @@ RUNS = [
         None,
         67.0,
         "fsdp2",
-        "held-out",
+        "fit",
     ),
     Run(
         "torchtitan 8B FSDP 128 compiled",
@@ -100,7 +101,7 @@ RUNS = [
         None,
         62.0,
         "fsdp2",
-        "held-out",
+        "fit",
     ),
     Run(
         "torchtitan 405B FSDP 16 x TP 8",
@@ -110,7 +111,7 @@ RUNS = [
         0.29,
         None,
         "fsdp2",
-        "held-out",
+        "fit",
     ),
     Run(
         "torchtitan 70B FSDP 32 x TP 8 compiled",

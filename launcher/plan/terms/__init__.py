@@ -14,7 +14,7 @@ from launcher.layout import Layout, last_stage_rank
 from launcher.plan.context import Context, layout_ranks, layout_recomputed
 from launcher.plan.terms.base import Step, Term, Time
 from launcher.plan.terms.checkpoint import checkpoint
-from launcher.plan.terms.compute import compute, rank_micro
+from launcher.plan.terms.compute import compute, layer_costs, rank_micro
 from launcher.plan.terms.cp import cp
 from launcher.plan.terms.dp import dp
 from launcher.plan.terms.ep import ep
@@ -31,10 +31,11 @@ def bottleneck(ctx: Context, lay: Layout, ranks) -> Step:
     """The pipeline rank whose micro-batches take longest (its layers, reruns and head)."""
     head_rank = last_stage_rank(lay.pp, lay.schedule)
     recomputed = layout_recomputed(ctx, lay)
+    costs = layer_costs(ctx, lay)
     best = None
     for r, (layers, dense) in enumerate(ranks):
         head = r == head_rank
-        device, host = rank_micro(ctx, lay, layers, dense, head or r == 0, head)
+        device, host = rank_micro(ctx, lay, costs, layers, dense, head or r == 0, head)
         rc_dense, rc_moe = recomputed[r]
         step = Step(
             ctx=ctx,
@@ -47,6 +48,7 @@ def bottleneck(ctx: Context, lay: Layout, ranks) -> Step:
             holds_head=head,
             holds_embedding=r == 0,
             mb_tokens=lay.micro_batch_size * ctx.seq / lay.cp,
+            costs=costs,
             device=device,
             host=host,
         )

@@ -57,6 +57,7 @@ class Step:
     holds_head: bool
     holds_embedding: bool
     mb_tokens: float  # tokens of one micro-batch on this rank (the sequence split over cp)
+    costs: tuple  # (dense, MoE or None) LayerCost of one layer and micro-batch (compute.py)
     device: float  # seconds of one micro-batch's forward + backward kernels, no reruns
     host: float  # seconds the host spends launching them
     done: dict[str, Term] = field(default_factory=dict)

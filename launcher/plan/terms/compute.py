@@ -81,14 +81,23 @@ def head_seconds(ctx: Context, lay: Layout, tokens: float) -> float:
     return gemm + 3 * tokens * vocab * (ctx.act_b + 4) / ctx.memory_bw
 
 
-def rank_micro(ctx: Context, lay: Layout, layers: int, dense: int, ends: bool, head: bool):
-    """(device, host) seconds of one micro-batch's forward + backward on a pipeline rank."""
+def layer_costs(ctx: Context, lay: Layout) -> tuple[LayerCost, LayerCost | None]:
+    """(a dense layer's, an MoE layer's or None) cost for one micro-batch on a rank of `lay`:
+    the same on every pipeline rank."""
     tokens = lay.micro_batch_size * ctx.seq / lay.cp
-    device = dense * layer_cost(ctx, lay, False, tokens).total
+    moe = layer_cost(ctx, lay, True, tokens) if ctx.moe else None
+    return layer_cost(ctx, lay, False, tokens), moe
+
+
+def rank_micro(ctx: Context, lay: Layout, costs, layers: int, dense: int, ends: bool, head: bool):
+    """(device, host) seconds of one micro-batch's forward + backward on a pipeline rank that
+    holds `layers` layers, `dense` of them dense, at the per-layer `costs` (layer_costs)."""
+    dense_cost, moe_cost = costs
+    device = dense * dense_cost.total
     if layers > dense:
-        device += (layers - dense) * layer_cost(ctx, lay, True, tokens).total
+        device += (layers - dense) * moe_cost.total
     if head:
-        device += head_seconds(ctx, lay, tokens)
+        device += head_seconds(ctx, lay, lay.micro_batch_size * ctx.seq / lay.cp)
     ops = dense * ctx.ops_dense + (layers - dense) * ctx.ops_moe
     ops *= kernels.DTENSOR_HOST if lay.tp > 1 else 1.0
     ops += ctx.ops_outside if ends else 0

@@ -13,20 +13,19 @@ from __future__ import annotations
 
 from launcher.plan import kernels
 from launcher.plan.terms.base import Step, Term
-from launcher.plan.terms.compute import exposed_host, gemm_seconds, layer_cost
+from launcher.plan.terms.compute import exposed_host, gemm_seconds
 
 
 def recompute(step: Step) -> Term | None:
     ctx, lay = step.ctx, step.lay
     mode = lay.recompute
     tokens = step.mb_tokens
-    dense = layer_cost(ctx, lay, False, tokens)
-    moe = layer_cost(ctx, lay, True, tokens) if step.rc_moe else dense
+    dense, moe = step.costs
     core = dense.core / 3  # one attention forward
     rerun = host = 0.0
     core_rerun = mode == "selective" or (mode == "op" and not ctx.flash)
     if mode == "full":
-        rerun = (step.rc_dense * dense.total + step.rc_moe * moe.total) / 3
+        rerun = (step.rc_dense * dense.total + (step.rc_moe * moe.total if step.rc_moe else 0)) / 3
         host = (step.rc_dense * ctx.ops_dense + step.rc_moe * ctx.ops_moe) / 3 * ctx.op_overhead
         host *= kernels.DTENSOR_HOST if lay.tp > 1 else 1.0
     elif core_rerun:
