@@ -24,6 +24,7 @@ before and after with its terms, the residual by term, and the overrides to use.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -76,13 +77,37 @@ def fit(cfgs, reported) -> tuple[float, float, list[float]]:
     return best[1], best[2], best[3]
 
 
+def bench_rows(directory: Path) -> list[dict]:
+    """`python -m launcher.bench.gpu --json` files in `directory`, as sweep summary rows: the
+    engine's measured tokens/s on one device for the bench's overrides."""
+    rows = []
+    for path in sorted(directory.glob("*.json")):
+        result = json.loads(path.read_text())
+        engine = result.get("contenders", {}).get("engine", {}) if "overrides" in result else {}
+        if "tokens_per_s" not in engine:
+            continue  # another file (or a bench whose engine did not finish)
+        overrides = ["hardware.devices_per_node=1", "hardware.nodes=1", *result["overrides"]]
+        rows.append(
+            {
+                "job": path.stem,
+                "status": "completed",
+                "overrides": overrides,
+                "tokens_per_s": engine["tokens_per_s"],
+                "layout": " ".join(o for o in result["overrides"] if not o.startswith("model=")),
+            }
+        )
+    return rows
+
+
 def measured_runs(sweep_dir: str) -> list[tuple[dict, object]]:
-    """(summary row, Config) of every completed job of the sweep with a measured speed."""
+    """(summary row, Config) of every completed job of the sweep with a measured speed, or of
+    every one-device benchmark (`launcher.bench.gpu --json`) in the directory."""
     from launcher import sweep
     from launcher.plan.search import candidate_overrides, with_overrides
 
     out = []
-    for row in sweep.summarize(sweep_dir):
+    rows = bench_rows(Path(sweep_dir)) or sweep.summarize(sweep_dir)
+    for row in rows:
         if row["status"] != "completed" or not row.get("tokens_per_s"):
             continue
         cfg = compose(row["overrides"])
@@ -242,6 +267,54 @@ def calibrate_hopper() -> None:
             f"{(p - run.tokens_per_s) / run.tokens_per_s:+.1%}",
         )
     Console(width=120).print(table)
+    calibrate_h200()
+
+
+# This engine's own runs on one H200 (launcher.bench.gpu --json, docs/speed.md "On one GPU"):
+# the h200 preset's efficiency_scale is fitted to its eager run at 8,192 tokens, the others are
+# held out.
+H200_RUNS = Path(__file__).resolve().parents[2] / "docs" / "measured" / "h200-2026-11-26"
+H200_FIT = "bench_eager"
+
+
+def calibrate_h200() -> None:
+    """Fit hardware.efficiency_scale for H200 to this engine's measured eager run there and
+    print every measured run's residual (tokens/s and peak memory without the reserve)."""
+    runs = measured_runs(str(H200_RUNS))
+    fit = [(cfg, row["tokens_per_s"]) for row, cfg in runs if row["job"] == H200_FIT]
+    scale = best_factor(scaled_speed, [c for c, _ in fit], [m for _, m in fit], 0.1, 2.0)
+    in_use = compose(["hardware=h200"]).hardware.efficiency_scale
+    table = Table(
+        title=f"h200: efficiency_scale {scale:.3f} fitted to this engine's {H200_FIT} run "
+        f"(in use: {in_use}), {H200_RUNS.name}",
+        title_justify="left",
+    )
+    cols = ("run", "point", "fits", "measured tok/s", "predicted", "residual", "memory GiB")
+    for col in (*cols, "predicted GiB"):
+        table.add_column(col, justify="left" if col in ("run", "point") else "right")
+    for row, cfg in runs:
+        plan = make_plan(with_hardware(cfg, efficiency=0.0, efficiency_scale=scale))
+        pred, got = plan.estimate.tokens_per_s_per_device, row["tokens_per_s"]
+        memory = plan.memory.total - plan.context.reserve
+        measured = json.loads((H200_RUNS / f"{row['job']}.json").read_text())
+        peak = measured["contenders"]["engine"]["peak_allocated_gib"]
+        table.add_row(
+            row["job"],
+            f"seq {cfg.train.seq_len}, micro-batch {cfg.train.micro_batch_size}"
+            + (", compiled" if cfg.train.compile else ", eager")
+            + (
+                f", recompute={cfg.recompute.mode.value}"
+                if cfg.recompute.mode.value != "none"
+                else ""
+            ),
+            "scale" if row["job"] == H200_FIT else "-",
+            f"{got:,.0f}",
+            f"{pred:,.0f}",
+            f"{pred / got - 1:+.1%}",
+            f"{peak:.2f}",
+            f"{memory / 2**30:.2f} ({memory / 2**30 / peak - 1:+.0%})",
+        )
+    Console(width=150).print(table)
 
 
 def hopper_scale_in_use() -> float:
@@ -408,7 +481,12 @@ def calibrate_published() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m launcher.plan.calibrate", description=__doc__)
-    parser.add_argument("--from", dest="sweep_dir", help="refit from this sweep's measured runs")
+    parser.add_argument(
+        "--from",
+        dest="sweep_dir",
+        help="refit from this sweep's measured runs, or from the one-device benchmarks "
+        "(python -m launcher.bench.gpu --json FILE) in this directory",
+    )
     parser.add_argument(
         "--hopper", action="store_true", help="fit the Hopper presets' efficiency_scale"
     )
@@ -422,7 +500,7 @@ def main(argv: list[str] | None = None) -> None:
         return calibrate_hopper()
     if args.sweep_dir:
         if not Path(args.sweep_dir).is_dir():
-            fail(f"--from {args.sweep_dir}: no such sweep directory")
+            fail(f"--from {args.sweep_dir}: no such directory (a sweep's, or benchmarks')")
         return calibrate_from(args.sweep_dir)
     # Megatron's fused kernels as compiled blocks; the even rows fit, the odd ones check.
     cfgs = [compose([f"recipe={name}", FUSED]) for name, _ in MEGATRON]

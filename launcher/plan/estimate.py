@@ -22,6 +22,14 @@ from launcher.plan.memory import (
 from launcher.plan.terms import Time, step_time
 from models import families
 
+# The loss's peak per logit element (launcher.trainer.loss_fn: cross-entropy of the logits cast
+# to fp32), in its backward: the fp32 log-softmax it saved, the gradient nll_loss writes and
+# log-softmax's gradient, 4 bytes each (the compute-dtype logits are freed after the forward;
+# its forward peaks lower, at 2 + 4 + 4 in bf16). Measured: CPU allocator events of loss_fn
+# (tests/plan/test_loss_memory.py); on an H200 the planner without it was 6.6 GiB (15%) low on
+# Llama 3.2 1B at 8,192 tokens, 12 - 6 bytes x 8,192 x 128,256 = 5.9 GiB (docs/speed.md).
+LOSS_BYTES_PER_LOGIT = 12
+
 
 @dataclass
 class Memory:
@@ -142,8 +150,8 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
             recompute=lay.recompute,
             act_b=ctx.act_b,
         )
-    if last:  # logits in compute dtype plus their fp32 log-softmax, vocab-parallel over tp
-        other += tokens * m.vocab_size / lay.tp * (ctx.act_b + 4)
+    if last:  # the loss's peak, vocab-parallel over tp (LOSS_BYTES_PER_LOGIT)
+        other += tokens * m.vocab_size / lay.tp * LOSS_BYTES_PER_LOGIT
     # The largest FSDP unit (one block) as this rank holds it.
     unit = (s.attn_params + s.dense_mlp_params) / lay.tp
     if ctx.moe:
