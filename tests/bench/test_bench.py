@@ -142,3 +142,38 @@ def test_prepare_comparison_runs_both_on_the_same_files(monkeypatch):
     r = prepare.prepare_throughput(workers=2, rounds=1, progress=lambda *_: None)
     assert r["bytes"] > 500_000 and set(r["seconds"]) == {"library", "prepare"}
     assert r["ratio"] == r["seconds"]["library"] / r["seconds"]["prepare"] > 0
+
+
+def test_calibrate_refits_from_the_benchmarks_json(tmp_path, capsys):
+    """`launcher.bench.gpu --json` files are runs `calibrate --from DIR` refits from (how the
+    h200 preset's measured runs in docs/measured are read)."""
+    from launcher.plan import calibrate
+
+    overrides = ["model=llama3_debug", "hardware=cpu", "train.compile=false", *TINY]
+    r = gpu.run(overrides, steps=2, warmup=1, peers=[], progress=lambda _: 0)
+    (tmp_path / "tiny.json").write_text(json.dumps(r))
+    (tmp_path / "other.json").write_text(json.dumps({"device": "not a benchmark"}))
+    calibrate.main(["--from", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "1 measured run(s)" in out and "tiny" in out
+    after = float(out.split("before, ")[1].split("%")[0])
+    assert after < 1.0  # one run, one constant: the refit lands on it
+
+
+def test_cuda_paths_checks_judge_what_they_are_given():
+    """The CUDA-path checks (launcher.bench.cuda_paths) on CPU: the grouped experts against the
+    loop and fp32, and the resume verdicts on metrics that agree or differ."""
+    from launcher.bench import cuda_paths
+
+    for model, r in cuda_paths.grouped_mm_checks("cpu").items():
+        assert r["grouped_mm_reached"] and r["ok"], model
+        assert 0 < max(r["grouped_vs_fp32"].values()) < 2e-2  # bf16's rounding, seen
+    rows = [{"step": s, "loss": 5.0 - s, "grad_norm": 1.0, "peak_memory_gib": 0.1} for s in (1, 2)]
+    rows += [{"step": s, "loss": 5.0 - s, "grad_norm": 1.0, "peak_memory_gib": 0.1} for s in (3, 4)]
+    resumed = [dict(r) for r in rows[2:]]
+    got = {"source": rows, "control": rows, "recompute": rows, "resumed": resumed}
+    verdict = cuda_paths.rng_checks(got)
+    assert verdict["rng_resume"]["bitwise"] and verdict["recompute_dropout"]["loss_equal"]
+    resumed[0]["loss"] += 1e-6  # another dropout mask at step 3
+    verdict = cuda_paths.rng_checks(got)
+    assert not verdict["rng_resume"]["step3_loss_equal"] and not verdict["rng_resume"]["bitwise"]
