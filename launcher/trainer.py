@@ -109,6 +109,12 @@ class Trainer:
         torch.manual_seed(t.seed)
         if d.device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        # Compiled blocks compile the loss too: the fp32 cast and the log-softmax fuse, and its
+        # backward keeps the logits and their gradient in the compute dtype, 4 bytes per logit
+        # in bf16 where eager peaks at 12 (launcher/plan/estimate.py, loss_bytes_per_logit).
+        # Not under loss parallelism (DTensor logits, reduced inside loss_parallel()).
+        compiled_loss = t.compile and not self.layout.loss_parallel
+        self.loss = torch.compile(loss_fn) if compiled_loss else loss_fn
         self._build_model()
         # Each micro-batch's balance losses weigh 1 / micro-batches, like its main loss (the
         # pipeline schedules divide every gradient by the micro-batch count themselves). Every
@@ -198,7 +204,7 @@ class Trainer:
                 lay.n_stages,
                 lay.schedule,
                 lay.microbatches,
-                loss_fn,
+                self.loss,
                 d.mesh["pp"],
                 d.device,
                 reshard_each_microbatch=lay.reshard_each_microbatch,
@@ -231,7 +237,7 @@ class Trainer:
 
     def forward_loss(self, x: torch.Tensor, y: torch.Tensor, docs) -> torch.Tensor:
         with torch.autocast(self.d.device.type, dtype=self.compute_dtype, enabled=self.autocast):
-            return loss_fn(self.parts[0](x, self.positions, docs), y)
+            return self.loss(self.parts[0](x, self.positions, docs), y)
 
     def forward_backward(self, micro: list) -> torch.Tensor | None:
         """Forward and backward of this rank's share of a global batch; its mean loss (None on
@@ -337,7 +343,7 @@ class Trainer:
                     self.d.mesh["pp"],
                     x,
                     y,
-                    loss_fn,
+                    self.loss,
                     self.positions,
                     docs,
                 )

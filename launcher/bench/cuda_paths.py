@@ -14,6 +14,8 @@ CUDA device reaches, each by the smallest run that reaches it (../shared/GPU.md,
   below the device's memory.
 - grouped_mm: the MoE experts of mixtral_debug and deepseek_debug in bf16, F.grouped_mm against
   the per-expert loop, forward and gradients (bf16 tolerance).
+- cp_block: context parallelism's block kernel, CUDA's flash (returning the log-sum-exp) against
+  the matmul form, forward and backward, own and other blocks, GQA and not (within 1e-2).
 - compiled_bf16: llama3_debug, mixtral_debug and deepseek_debug in bf16, compiled blocks
   against eager, 4 steps each: losses within 2%.
 
@@ -218,6 +220,49 @@ def kernels(device: str, x, counts, ws) -> list[str]:
     return sorted({e.key[:80] for e in prof.key_averages() if e.device_type.name == "CUDA"})
 
 
+def cp_block_checks(device: str) -> dict:
+    """Context parallelism's block kernel (launcher/parallel/context_parallel.py): the fused
+    flash kernel, CUDA's in bf16 (CPU's on CPU), against the matmul form, for this rank's own
+    block (causal) and another's (unmasked), with GQA and without; one block is the whole
+    attention here, so its output and log-sum-exp are the merged ones backward takes."""
+    from launcher.parallel import context_parallel as cp
+
+    out = {}
+    dev = torch.device(device)
+    for heads, kv_heads, e in ((8, 2, 128), (4, 4, 64)):
+        for own in (True, False):
+            gen = torch.Generator().manual_seed(0)
+            shapes = ((2, heads, 512, e), (2, kv_heads, 512, e), (2, kv_heads, 512, e))
+            q, k, v, do = (
+                torch.randn(*s, generator=gen).to(dev, torch.bfloat16) for s in (*shapes, shapes[0])
+            )
+            mask = torch.ones(512, 512, dtype=torch.bool, device=dev).tril() if own else None
+            runs = []
+            for fused in (True, False):
+                saved = cp._fused
+                if not fused:
+                    cp._fused = lambda *a: False
+                try:
+                    reached = cp._fused(q, v, mask, own)
+                    o, lse = cp._block_forward(q, k, v, mask, own)
+                    grads = cp._block_backward(q, k, v, do, o.to(q.dtype), lse, mask, own)
+                finally:
+                    cp._fused = saved
+                runs.append((reached, [o, lse, *grads]))
+            names = ("out", "lse", "dq", "dk", "dv")
+            errors = {
+                n: float((a.float() - b.float()).norm() / b.float().norm())
+                for n, a, b in zip(names, runs[0][1], runs[1][1], strict=True)
+            }
+            name = f"H{heads} K{kv_heads} E{e} {'own' if own else 'other'} block"
+            out[name] = {
+                "fused_reached": runs[0][0],
+                "rel_err": errors,
+                "ok": max(errors.values()) < 1e-2,
+            }
+    return out
+
+
 def run(device: str, root: Path, timeout: float, log=print) -> dict:
     plan = runs(device)
     source = start("source", plan.pop("source"), root, log)
@@ -231,6 +276,7 @@ def run(device: str, root: Path, timeout: float, log=print) -> dict:
     log("grouped_mm")
     result = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu"}
     result["grouped_mm"] = grouped_mm_checks(device)
+    result["cp_block"] = cp_block_checks(device)
     got.update(finish(started, root, timeout))
     result.update(rng_checks(got))
     result["compiled_bf16"] = compiled_checks(got)

@@ -253,17 +253,28 @@ def _grouped(x: torch.Tensor, kv_heads: int) -> torch.Tensor:
 
 
 def _fused(q: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, own: bool) -> bool:
-    """Whether a block runs in torch's fused flash kernel for CPU: it returns the log-sum-exp
-    the merge needs and supports GQA, but takes no mask, only the top-left causal one, which is
-    exactly this rank's own block (same ascending positions on both sides), and one head size
-    for q, k and v (not MLA's). With positions from chunk_positions every other block is
-    unmasked. Other devices use the matmul form: the fused CUDA kernels are not wired here (no
-    GPU was available to test them)."""
-    return (
-        q.device.type == "cpu"
-        and q.shape[-1] == v.shape[-1]
-        and (mask is None or (own and mask.dim() == 2))
-    )
+    """Whether a block runs in torch's fused flash kernel (CPU's, or CUDA's in bf16 / fp16 with
+    a head size that kernel takes): both return the log-sum-exp the merge needs, but take no
+    mask, only the top-left causal one, which is exactly this rank's own block (same ascending
+    positions on both sides), and one head size for q, k and v (not MLA's). With positions
+    from chunk_positions every other block is unmasked. Elsewhere the matmul form runs."""
+    if q.shape[-1] != v.shape[-1] or not (mask is None or (own and mask.dim() == 2)):
+        return False
+    if q.device.type == "cuda":
+        e = q.shape[-1]
+        return q.dtype in (torch.bfloat16, torch.float16) and e % 8 == 0 and e <= 256
+    return q.device.type == "cpu"
+
+
+def _kv_per_head(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """k or v (B, K, S, E) repeated to q's H heads (query head h reads kv head h // G), for
+    CUDA's flash kernel, given GQA as separate heads (their gradients are summed back)."""
+    return t.repeat_interleave(q.shape[1] // t.shape[1], dim=1) if t.shape[1] != q.shape[1] else t
+
+
+def _kv_grad(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """A per-query-head gradient (B, H, S, E) summed over each kv head's G query heads, fp32."""
+    return grad.float().unflatten(1, (kv_heads, -1)).sum(2)
 
 
 def _block_forward(q, k, v, mask, own: bool, scale=None):
@@ -272,6 +283,11 @@ def _block_forward(q, k, v, mask, own: bool, scale=None):
     output (B, H, Sq, V) and log-sum-exp (B, H, Sq), both fp32. scale: dropout_scale's mask
     (B, H, Sq, Sk) or None."""
     if scale is None and _fused(q, v, mask, own):
+        if q.device.type == "cuda":
+            out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
+                q, _kv_per_head(q, k), _kv_per_head(q, v), 0.0, mask is not None
+            )[:2]
+            return out.float(), lse
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
             q, k, v, 0.0, mask is not None
         )
@@ -293,6 +309,16 @@ def _block_backward(q, k, v, do, out, lse, mask, own: bool, scale=None):
     sqrt(E) - lse) is then the block's part of the global softmax. Returns fp32 dq (B, H, Sq,
     E), dk (B, K, Sk, E), dv (B, K, Sk, V)."""
     if scale is None and _fused(q, v, mask, own):
+        if q.device.type == "cuda":
+            # Dense inputs: no cumulative sequence lengths; no dropout, so no generator state.
+            seed = torch.zeros(2, dtype=torch.uint64, device=q.device)
+            offset = torch.zeros((), dtype=torch.uint64, device=q.device)
+            dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+                do.contiguous(), q, _kv_per_head(q, k), _kv_per_head(q, v), out.contiguous(),
+                lse.contiguous(), None, None, q.shape[2], k.shape[2], 0.0, mask is not None,
+                seed, offset,
+            )  # fmt: skip
+            return dq.float(), _kv_grad(dk, k.shape[1]), _kv_grad(dv, k.shape[1])
         grads = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
             do, q, k, v, out, lse, 0.0, mask is not None
         )

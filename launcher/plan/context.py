@@ -112,6 +112,12 @@ class Context:
 
 
 @lru_cache(maxsize=4096)
+def loss_compiled(ctx: Context, lay: Layout) -> bool:
+    """Whether the trainer compiles the loss for `lay`: with compiled blocks, except under loss
+    parallelism (launcher/trainer.py)."""
+    return ctx.compiled and not lay.loss_parallel
+
+
 def rank_layers(
     n_layers: int, n_dense: int, pp: int, v: int, schedule: str, split: tuple[int, ...] = ()
 ):

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 
 from launcher.layout import Layout, last_stage_rank
 from launcher.plan import pipeline as pl
-from launcher.plan.context import Context, layout_ranks, layout_recomputed, rank_params
+from launcher.plan.context import (
+    Context,
+    layout_ranks,
+    layout_recomputed,
+    loss_compiled,
+    rank_params,
+)
 from launcher.plan.memory import (
     cp_transient_bytes,
     layer_activation_bytes,
@@ -23,12 +29,19 @@ from launcher.plan.terms import Time, step_time
 from models import families
 
 # The loss's peak per logit element (launcher.trainer.loss_fn: cross-entropy of the logits cast
-# to fp32), in its backward: the fp32 log-softmax it saved, the gradient nll_loss writes and
-# log-softmax's gradient, 4 bytes each (the compute-dtype logits are freed after the forward;
-# its forward peaks lower, at 2 + 4 + 4 in bf16). Measured: CPU allocator events of loss_fn
-# (tests/plan/test_loss_memory.py); on an H200 the planner without it was 6.6 GiB (15%) low on
-# Llama 3.2 1B at 8,192 tokens, 12 - 6 bytes x 8,192 x 128,256 = 5.9 GiB (docs/speed.md).
+# to fp32), in its backward: eager, the fp32 log-softmax it saved, the gradient nll_loss writes
+# and log-softmax's gradient, 4 bytes each (the compute-dtype logits are freed after the forward,
+# which peaks lower, at 2 + 4 + 4 in bf16). Measured: CPU allocator events of loss_fn
+# (tests/plan/test_loss_memory.py); on an H200, 11.5 bytes, and the planner counting 6 was
+# 6.6 GiB (15%) low on Llama 3.2 1B at 8,192 tokens (docs/speed.md). Compiled (the trainer
+# compiles the loss with the blocks, except under loss parallelism), the cast and log-softmax
+# fuse and it keeps the logits and their gradient in the compute dtype only.
 LOSS_BYTES_PER_LOGIT = 12
+
+
+def loss_bytes_per_logit(ctx: Context, lay: Layout) -> float:
+    """Bytes per logit element at the loss's peak, as the trainer runs the loss for `lay`."""
+    return 2 * ctx.act_b if loss_compiled(ctx, lay) else LOSS_BYTES_PER_LOGIT
 
 
 @dataclass
@@ -150,8 +163,8 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
             recompute=lay.recompute,
             act_b=ctx.act_b,
         )
-    if last:  # the loss's peak, vocab-parallel over tp (LOSS_BYTES_PER_LOGIT)
-        other += tokens * m.vocab_size / lay.tp * LOSS_BYTES_PER_LOGIT
+    if last:  # the loss's peak, vocab-parallel over tp
+        other += tokens * m.vocab_size / lay.tp * loss_bytes_per_logit(ctx, lay)
     # The largest FSDP unit (one block) as this rank holds it.
     unit = (s.attn_params + s.dense_mlp_params) / lay.tp
     if ctx.moe:

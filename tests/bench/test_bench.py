@@ -168,6 +168,9 @@ def test_cuda_paths_checks_judge_what_they_are_given():
     for model, r in cuda_paths.grouped_mm_checks("cpu").items():
         assert r["grouped_mm_reached"] and r["ok"], model
         assert 0 < max(r["grouped_vs_fp32"].values()) < 2e-2  # bf16's rounding, seen
+    for name, r in cuda_paths.cp_block_checks("cpu").items():  # CPU's flash kernel here
+        assert r["fused_reached"] and r["ok"], name
+        assert max(r["rel_err"].values()) > 0  # two kernels, bf16: not the same computation
     rows = [{"step": s, "loss": 5.0 - s, "grad_norm": 1.0, "peak_memory_gib": 0.1} for s in (1, 2)]
     rows += [{"step": s, "loss": 5.0 - s, "grad_norm": 1.0, "peak_memory_gib": 0.1} for s in (3, 4)]
     resumed = [dict(r) for r in rows[2:]]

@@ -29,19 +29,26 @@ def allocator_peak(run) -> int:
     return peak
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_loss_peak_per_logit(dtype):
+def test_loss_peak_per_logit(dtype, compiled):
+    """Eager, LOSS_BYTES_PER_LOGIT; compiled (as the trainer runs it under train.compile),
+    the logits and their gradient in the compute dtype."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, TOKENS, DIM, generator=gen).to(dtype).requires_grad_()
     head = torch.randn(VOCAB, DIM, generator=gen).to(dtype).requires_grad_()
     targets = torch.randint(0, VOCAB, (1, TOKENS), generator=gen)
+    loss = torch.compile(loss_fn) if compiled else loss_fn
 
     def step():
-        loss_fn(x @ head.T, targets).backward()
+        loss(x @ head.T, targets).backward()
 
+    step()  # compiles outside the measured step
+    x.grad = head.grad = None
     # The head's input and weight gradients are allocated too: at most 0.2 bytes per logit.
     per_logit = allocator_peak(step) / (TOKENS * VOCAB)
-    assert per_logit == pytest.approx(LOSS_BYTES_PER_LOGIT, rel=0.05)
+    expected = 2 * dtype.itemsize if compiled else LOSS_BYTES_PER_LOGIT
+    assert per_logit == pytest.approx(expected, rel=0.05)
 
 
 def test_last_stage_counts_the_loss_peak():
@@ -60,3 +67,9 @@ def test_last_stage_counts_the_loss_peak():
     )
     grown = large.memory.other - small.memory.other
     assert grown == pytest.approx(2048 * 128_256 * LOSS_BYTES_PER_LOGIT)
+    small, large = (
+        make_plan(compose_config([*base, "train.compile=true", f"train.seq_len={s}"]))
+        for s in (2048, 4096)
+    )
+    grown = large.memory.other - small.memory.other
+    assert grown == pytest.approx(2048 * 128_256 * 2 * 2)  # bf16 logits and their gradient

@@ -34,7 +34,7 @@ def test_each_stack_is_fitted_to_its_own_fit_run_only(report):
     and each lies between torchtitan's eager H100 runs and the A100 fit's 1."""
     te = figure(report, r"te ([0-9.]+) \(fitted")
     meta = figure(report, r"meta ([0-9.]+) \(fitted")
-    assert 0.436 < te < 1 and 0.436 < meta < 1
+    assert 0.437 < te < 1 and 0.437 < meta < 1
     for line in report.splitlines():
         if "│ fit " in line and ("NeMo 8B" in line or "on 8,192" in line):
             assert re.search(r"[+-]0\.\d%", line), line

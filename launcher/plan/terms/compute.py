@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from launcher.layout import Layout
 from launcher.plan import kernels
-from launcher.plan.context import Context
+from launcher.plan.context import Context, loss_compiled
 from launcher.plan.kernels import gemm_efficiency
 from launcher.plan.terms.base import Step, Term
 
@@ -73,12 +73,14 @@ def layer_cost(ctx: Context, lay: Layout, moe: bool, tokens: float) -> LayerCost
 
 
 def head_seconds(ctx: Context, lay: Layout, tokens: float) -> float:
-    """The output projection and the loss over its logits (compute dtype and fp32, three
-    passes), for one micro-batch."""
+    """The output projection and the loss over its logits (the bytes it moves per logit,
+    kernels.loss_traffic_bytes, eager or compiled as the trainer runs it), for one
+    micro-batch."""
     m = ctx.model
     vocab = m.vocab_size / lay.tp
     gemm = gemm_seconds(ctx, 6 * vocab * m.dim * tokens, min(m.dim, vocab, tokens))
-    return gemm + 3 * tokens * vocab * (ctx.act_b + 4) / ctx.memory_bw
+    traffic = kernels.loss_traffic_bytes(ctx.act_b, loss_compiled(ctx, lay))
+    return gemm + tokens * vocab * traffic / ctx.memory_bw
 
 
 def layer_costs(ctx: Context, lay: Layout) -> tuple[LayerCost, LayerCost | None]:
