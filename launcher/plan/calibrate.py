@@ -10,13 +10,16 @@ grid search on the squared relative error.
 
 `--hopper`: `hardware.efficiency_scale` of the Hopper presets to torchtitan's eager H100 runs
 marked "fit", then EFFICIENCY_COMPILED to its compiled ones; every torchtitan H100 run's
-residual.
+residual. Then the h200 preset's scale to this engine's own eager run on one H200
+(docs/measured/h200-2026-11-26), each of its measured runs' speed and memory residuals.
 
 `--published`: every published run's prediction and error, fitted and held-out marked, each
 fused stack's scale fitted to its own fit runs; the held-out aggregates.
 
 `--from SWEEP_DIR`: a sweep's completed jobs (launcher/sweep.py: each job's overrides and its
-measured tokens/s per device, the median step after the first), per hardware preset and
+measured tokens/s per device, the median step after the first), or the one-device benchmarks
+in a directory (`python -m launcher.bench.gpu --json`: its overrides and the engine's
+tokens/s), per hardware preset and
 train.compile: refits the constants the runs determine (KNOBS), prints every job's residual
 before and after with its terms, the residual by term, and the overrides to use.
 """
@@ -82,10 +85,15 @@ def bench_rows(directory: Path) -> list[dict]:
     engine's measured tokens/s on one device for the bench's overrides."""
     rows = []
     for path in sorted(directory.glob("*.json")):
-        result = json.loads(path.read_text())
-        engine = result.get("contenders", {}).get("engine", {}) if "overrides" in result else {}
+        try:
+            result = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # not a benchmark's file
+        if not isinstance(result, dict) or "overrides" not in result:
+            continue
+        engine = result.get("contenders", {}).get("engine", {})
         if "tokens_per_s" not in engine:
-            continue  # another file (or a bench whose engine did not finish)
+            continue  # a benchmark whose engine did not finish
         overrides = ["hardware.devices_per_node=1", "hardware.nodes=1", *result["overrides"]]
         rows.append(
             {

@@ -111,13 +111,13 @@ class Context:
         self.ops_outside = kernels.OPS_OUTSIDE
 
 
-@lru_cache(maxsize=4096)
 def loss_compiled(ctx: Context, lay: Layout) -> bool:
     """Whether the trainer compiles the loss for `lay`: with compiled blocks, except under loss
     parallelism (launcher/trainer.py)."""
     return ctx.compiled and not lay.loss_parallel
 
 
+@lru_cache(maxsize=4096)
 def rank_layers(
     n_layers: int, n_dense: int, pp: int, v: int, schedule: str, split: tuple[int, ...] = ()
 ):

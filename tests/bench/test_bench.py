@@ -153,6 +153,7 @@ def test_calibrate_refits_from_the_benchmarks_json(tmp_path, capsys):
     r = gpu.run(overrides, steps=2, warmup=1, peers=[], progress=lambda _: 0)
     (tmp_path / "tiny.json").write_text(json.dumps(r))
     (tmp_path / "other.json").write_text(json.dumps({"device": "not a benchmark"}))
+    (tmp_path / "broken.json").write_text("{not json")
     calibrate.main(["--from", str(tmp_path)])
     out = capsys.readouterr().out
     assert "1 measured run(s)" in out and "tiny" in out
