@@ -101,6 +101,7 @@ def bench_rows(directory: Path) -> list[dict]:
                 "status": "completed",
                 "overrides": overrides,
                 "tokens_per_s": engine["tokens_per_s"],
+                "peak_allocated_gib": engine.get("peak_allocated_gib"),
                 "layout": " ".join(o for o in result["overrides"] if not o.startswith("model=")),
             }
         )
@@ -304,8 +305,7 @@ def calibrate_h200() -> None:
         plan = make_plan(with_hardware(cfg, efficiency=0.0, efficiency_scale=scale))
         pred, got = plan.estimate.tokens_per_s_per_device, row["tokens_per_s"]
         memory = plan.memory.total - plan.context.reserve
-        measured = json.loads((H200_RUNS / f"{row['job']}.json").read_text())
-        peak = measured["contenders"]["engine"]["peak_allocated_gib"]
+        peak = row["peak_allocated_gib"]
         table.add_row(
             row["job"],
             f"seq {cfg.train.seq_len}, micro-batch {cfg.train.micro_batch_size}"
