@@ -36,6 +36,15 @@ class Recompute(str, Enum):
     op = "op"  # keep block inputs, matmul, attention and reduction outputs; recompute the rest
 
 
+class OpMatmuls(str, Enum):
+    """Under recompute=op, which matmul outputs a block keeps."""
+
+    all = "all"  # every one
+    # The 1st, 3rd, 5th, ... in forward order; the others recomputed (torchtitan's op policy:
+    # a Llama block keeps q, v, w1, w2 and recomputes k, wo, w3).
+    alternate = "alternate"
+
+
 class LRSchedule(str, Enum):
     """After the linear warmup, from train.lr to train.min_lr at the last step (optim.DECAY)."""
 
@@ -150,11 +159,13 @@ class HardwareConfig:
     op_overhead_us: float = 10.0
     # Fraction of peak_tflops the engine's compute achieves, as measured for the run as
     # configured (compile included), from `python -m launcher.plan.calibrate --from SWEEP_DIR`.
-    # 0: the fit to the Megatron-LM A100 table, 0.586 x dim / (dim + 440), times
-    # efficiency_scale, times 1.16 under train.compile (docs/planner.md, "Calibration").
+    # 0: the GEMM curve fitted to the Megatron-LM A100 table (EFFICIENCY_MAX x w / (w +
+    # EFFICIENCY_DIM) in launcher/plan/kernels.py), times efficiency_scale, times
+    # EFFICIENCY_COMPILED under train.compile (docs/planner.md, "Calibration").
     efficiency: float = 0.0
-    # What this hardware generation reaches of the A100 fit, relative to its own peak: 1 for
-    # A100; Hopper and Blackwell run the same kernels at a smaller share of their higher peak.
+    # The share of that curve the kernels reach on this hardware, relative to its own peak: 1
+    # is Megatron-LM's on A100; the GPU presets carry this engine's kind of stack's (fitted to
+    # torchtitan's runs, and on h200 to this engine's own).
     efficiency_scale: float = 1.0
 
 
@@ -221,6 +232,7 @@ class ContextConfig:
 class RecomputeConfig:
     mode: Recompute = Recompute.none
     every: int = 1  # recompute blocks 0, k, 2k, ... only (the others keep everything)
+    matmuls: OpMatmuls = OpMatmuls.all  # under op: keep all matmul outputs, or alternate ones
 
 
 @dataclass
@@ -252,6 +264,9 @@ class TrainConfig:
     eval_interval: int = 50  # 0 turns evaluation off
     eval_batches: int = 4  # global batches of the held-out split per evaluation
     compile: bool = False  # torch.compile each block (inductor; needs a C compiler on CPU)
+    # With compile: the loss too (its fp32 cast and log-softmax fused: 2 x the compute dtype per
+    # logit at its peak instead of 12 bytes). Off under loss parallelism either way.
+    compile_loss: bool = True
     save_final: bool = False  # write DIR/final_model.pt, the gathered full state dict
     # Local launches: torchrun restarts every rank this many times after one fails; each
     # restart resumes from the newest complete checkpoint.

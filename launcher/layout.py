@@ -109,6 +109,7 @@ class Layout:
     reshard_each_microbatch: bool = False  # FSDP under pp: reshard after every backward
     loss_parallel: bool = False  # vocab-sharded logits and loss (tp > 1)
     recompute_every: int = 1  # recompute blocks 0, k, 2k, ... only
+    recompute_matmuls: str = "all"  # under op: "all" matmul outputs kept, or "alternate" ones
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -182,6 +183,8 @@ class Layout:
         out.append(f"recompute={self.recompute}")
         if self.recompute_every > 1:
             out.append(f"recompute.every={self.recompute_every}")
+        if self.recompute_matmuls != "all":
+            out.append(f"recompute.matmuls={self.recompute_matmuls}")
         out.append(f"tensor.sequence_parallel={str(self.sequence_parallel).lower()}")
         out.append(f"tensor.loss_parallel={str(self.loss_parallel).lower()}")
         if self.pp > 1:

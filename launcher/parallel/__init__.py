@@ -63,7 +63,13 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
     if layout.cp > 1:
         apply_cp(model, d.mesh["cp"].get_group(), cfg.context.method.value)
     if layout.recompute != "none":
-        apply_ac(model, layout.recompute, layout.recompute_every, cfg.train.compile)
+        apply_ac(
+            model,
+            layout.recompute,
+            layout.recompute_every,
+            cfg.train.compile,
+            layout.recompute_matmuls,
+        )
     if cfg.train.compile:
         apply_compile(model)
     if d.mesh is None or layout.dp_cp == 1:

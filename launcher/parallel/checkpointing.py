@@ -7,13 +7,16 @@
   q, k, v, its output and the log-sum-exp anyway, so selective saves the score matrices
   (b H s^2 per block) only when model.flash_attention=false, as Korthikanti et al. define it.
 - op: per-op selective checkpointing (torch.utils.checkpoint's selective-checkpoint API, the
-  policy torchtitan's "op" mode uses, without its every-other-matmul rule): each block keeps
+  policy torchtitan's "op" mode uses): each block keeps
   its input, the outputs of its matmuls (projections, the grouped experts' matmuls), of fused
   attention, and of the collectives that reduce (all-reduce, reduce-scatter), and recomputes
   the rest in backward: norms, rotations, activations, the non-fused attention core, and the
   sequence-parallel all-gathers (gathered again, as Korthikanti et al. do). Under tp a
   row-parallel matmul's output is a partial sum that only its reduction reads: the block keeps
-  the reduction and recomputes the matmul (_PartialSum).
+  the reduction and recomputes the matmul (_PartialSum). `matmuls="alternate"` keeps only
+  every other matmul's output, the 1st, 3rd, 5th, ... of each block's forward (torchtitan's
+  rule: a Llama block keeps q, v, w1, w2 and recomputes k, wo, w3); the count runs over the
+  block's mm and addmm, the partial sums recomputed under tp included.
 `every` = k applies the mode to blocks 0, k, 2k, ... only (torchtitan's frequency); the others
 keep everything.
 """
@@ -77,11 +80,28 @@ class _PartialSum:
         cls.next_is_partial = False
 
 
-def _op_policy(ctx, func, *args, **kwargs) -> CheckpointPolicy:
-    if func in MATMULS and _PartialSum.next_is_partial:
-        _PartialSum.next_is_partial = False
-        return CheckpointPolicy.PREFER_RECOMPUTE
-    return CheckpointPolicy.MUST_SAVE if func in OP_SAVED else CheckpointPolicy.PREFER_RECOMPUTE
+def _op_policy(ctx, func, *args, counts=None, **kwargs) -> CheckpointPolicy:
+    """`counts`: under matmuls="alternate", the matmuls seen so far in this block's forward and
+    in its recompute (counted apart, as each may consult the policy)."""
+    recompute = CheckpointPolicy.PREFER_RECOMPUTE
+    if func in MATMULS:
+        skip = False
+        if counts is not None:
+            counts[ctx.is_recompute] += 1
+            skip = counts[ctx.is_recompute] % 2 == 0
+        if _PartialSum.next_is_partial:
+            _PartialSum.next_is_partial = False
+            return recompute
+        if skip:
+            return recompute
+    return CheckpointPolicy.MUST_SAVE if func in OP_SAVED else recompute
+
+
+def _op_context(alternate: bool):
+    """The selective-checkpoint contexts of one checkpointed forward (a fresh matmul count
+    for each under alternate)."""
+    counts = {False: 0, True: 0} if alternate else None
+    return create_selective_checkpoint_contexts(partial(_op_policy, counts=counts))
 
 
 def row_parallel(module: nn.Module) -> bool:
@@ -94,7 +114,13 @@ def row_parallel(module: nn.Module) -> bool:
     )
 
 
-def apply_ac(model: nn.Module, mode: str, every: int = 1, compiled: bool = False) -> None:
+def apply_ac(
+    model: nn.Module,
+    mode: str,
+    every: int = 1,
+    compiled: bool = False,
+    matmuls: str = "all",
+) -> None:
     """Wrap blocks (full, op) or their attention cores (selective) in place; every k-th.
     Under op, eager blocks recompute their row-parallel partial sums (_PartialSum); compiled
     ones keep them: the policy then runs while the graph is traced, not in step with Python
@@ -110,7 +136,7 @@ def apply_ac(model: nn.Module, mode: str, every: int = 1, compiled: bool = False
                 for sub in block.modules():
                     if row_parallel(sub):
                         sub.register_forward_pre_hook(_PartialSum.mark)
-            context = partial(create_selective_checkpoint_contexts, _op_policy)
+            context = partial(_op_context, matmuls == "alternate")
             model.layers[name] = checkpoint_wrapper(block, context_fn=context)
         elif mode == "selective":
             block.attention.core = checkpoint_wrapper(block.attention.core)

@@ -98,6 +98,7 @@ def layout_of(cfg: Config, degrees: dict[str, int]) -> Layout:
         or max(1, cfg.train.global_batch_size // max(1, b * dp)),
         recompute=cfg.recompute.mode.value,
         recompute_every=cfg.recompute.every,
+        recompute_matmuls=cfg.recompute.matmuls.value,
         sequence_parallel=cfg.tensor.sequence_parallel,
         stage_layers=configured_split(cfg, degrees["pp"]),
         reshard_each_microbatch=cfg.pipeline.reshard_each_microbatch,

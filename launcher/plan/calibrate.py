@@ -37,7 +37,7 @@ from rich.table import Table
 
 from launcher.cli import compose, fail
 from launcher.plan import kernels, make_plan
-from launcher.plan.published import FUSED, MEGATRON
+from launcher.plan.published import FUSED, MEGATRON, MEGATRON_KERNELS
 
 
 def megatron_flops(cfg) -> float:
@@ -233,34 +233,46 @@ def compiled_speed(cfg, factor: float) -> float:
         kernels.EFFICIENCY_COMPILED = saved
 
 
+# The presets whose efficiency_scale torchtitan's published runs set (its eager "fit" rows on
+# each).
+TORCHTITAN_PRESETS = ("h100_80g", "a100_80g")
+
+
 def calibrate_hopper() -> None:
-    """Fit hardware.efficiency_scale for H100 to torchtitan's eager runs marked "fit" in
-    launcher/plan/published.py (this engine's kind of stack: FSDP2, DTensor TP, plain PyTorch
-    blocks), then EFFICIENCY_COMPILED to its compiled ones (what compiling gains beyond the
-    fused memory-bound work and the fewer launches kernels.py counts); print every torchtitan
-    H100 run with its residual, the held-out ones included."""
+    """Fit hardware.efficiency_scale for H100 and A100 to torchtitan's eager runs marked "fit"
+    on each in launcher/plan/published.py (this engine's kind of stack: FSDP2, DTensor TP,
+    plain PyTorch blocks), then EFFICIENCY_COMPILED to its compiled ones (what compiling gains
+    beyond the fused memory-bound work and the fewer launches kernels.py counts); print every
+    torchtitan run with its residual, the held-out ones included."""
     from launcher.plan.published import RUNS
 
-    runs = [r for r in RUNS if r.stack == "torchtitan" and "hardware=h100_80g" in r.overrides]
+    runs = [r for r in RUNS if r.stack == "torchtitan"]
     cfgs = [compose(r.overrides.split()) for r in runs]
     compiled = ["train.compile=true" in r.overrides for r in runs]
-    fit = [
-        (c, r.tokens_per_s)
-        for r, c, k in zip(runs, cfgs, compiled, strict=True)
-        if r.use == "fit" and not k
-    ]
-    scale = best_factor(scaled_speed, [c for c, _ in fit], [m for _, m in fit], 0.1, 2.0)
-    cfgs = [with_hardware(c, efficiency_scale=scale) for c in cfgs]
+    scales = {}
+    for preset in TORCHTITAN_PRESETS:
+        fit = [
+            (c, r.tokens_per_s)
+            for r, c, k in zip(runs, cfgs, compiled, strict=True)
+            if r.use == "fit" and not k and c.hardware.name == preset
+        ]
+        scales[preset] = best_factor(
+            scaled_speed, [c for c, _ in fit], [m for _, m in fit], 0.1, 2.0
+        )
+    cfgs = [with_hardware(c, efficiency_scale=scales[c.hardware.name]) for c in cfgs]
     fit = [
         (c, r.tokens_per_s)
         for r, c, k in zip(runs, cfgs, compiled, strict=True)
         if r.use == "fit" and k
     ]
     factor = best_factor(compiled_speed, [c for c, _ in fit], [m for _, m in fit], 0.5, 2.0)
+    fitted = ", ".join(
+        f"{p} {scales[p]:.3f} (in use: {compose([f'hardware={p}']).hardware.efficiency_scale})"
+        for p in TORCHTITAN_PRESETS
+    )
     table = Table(
-        title=f"h100_80g: efficiency_scale {scale:.3f} fitted to torchtitan's eager rows (in use: "
-        f"{hopper_scale_in_use()}), compile factor {factor:.3f} to its compiled rows (in use: "
-        f"{kernels.EFFICIENCY_COMPILED})",
+        title=f"efficiency_scale fitted to torchtitan's eager rows: {fitted}; compile factor "
+        f"{factor:.3f} to its compiled rows (in use: {kernels.EFFICIENCY_COMPILED})",
         title_justify="left",
     )
     for col in ("run", "fits", "published tok/s/GPU", "predicted", "residual"):
@@ -511,7 +523,7 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"--from {args.sweep_dir}: no such directory (a sweep's, or benchmarks')")
         return calibrate_from(args.sweep_dir)
     # Megatron's fused kernels as compiled blocks; the even rows fit, the odd ones check.
-    cfgs = [compose([f"recipe={name}", FUSED]) for name, _ in MEGATRON]
+    cfgs = [compose([f"recipe={name}", FUSED, MEGATRON_KERNELS]) for name, _ in MEGATRON]
     reported = [r for _, r in MEGATRON]
     fitted = [i % 2 == 0 for i in range(len(MEGATRON))]
     eff_max, eff_dim, _ = fit(

@@ -2,10 +2,16 @@
 
 A collective over a group of ranks costs a fixed start-up latency, one hop latency per step of
 its algorithm (a step inside a node costs an intra-node hop, one that crosses nodes an
-inter-node hop), and its bytes over the per-device bandwidth of the slowest link level it
-crosses. The shape is NCCL's own cost model (`ncclTopoTuneModel` in NCCL's
+inter-node hop), and its bytes over the bandwidth of the slowest link level it crosses. The shape is NCCL's own cost model (`ncclTopoTuneModel` in NCCL's
 src/graph/tuning.cc: base latency + intra steps x intra hop + inter steps x inter hop +
 bytes / bandwidth); the hardware presets carry the constants and say where they come from.
+
+Bandwidth across nodes: each device has its own network port (inter_bandwidth). A ring or tree
+over a group with k members on each node runs one channel per port (NCCL's rings and trees,
+`nChannels` x `bwInter` in tuning.cc), so the group's bytes leave each node through k ports at
+once: k x inter_bandwidth per device's share, capped by the link inside the node (a node's
+8 x 400 Gb/s ports give a full-node ring 400 GB/s of bus bandwidth). An all-to-all or a
+send/recv moves each rank's own bytes through its own port: one port's bandwidth.
 
 Algorithms, as the engine's collectives run them (NCCL on CUDA, gloo on CPU):
 - all-gather, reduce-scatter: a ring, n - 1 steps, (n - 1) / n of the full tensor per rank;
@@ -47,6 +53,14 @@ class Group:
     def per_node(self) -> int:
         return max(1, self.size // self.nodes)
 
+    @property
+    def ring_bandwidth(self) -> float:
+        """Bytes/s of a ring or tree over the group: across nodes, its members' ports on each
+        node carry one channel each, up to the link inside the node."""
+        if self.nodes == 1:
+            return self.bandwidth
+        return min(self.links.intra_bandwidth, self.per_node * self.bandwidth)
+
 
 def group(links: Links, size: int, stride: int = 1) -> Group:
     """The group of `size` ranks `stride` apart (the engine's mesh: consecutive ranks fill a
@@ -64,7 +78,7 @@ def group(links: Links, size: int, stride: int = 1) -> Group:
 
 def _ring(g: Group, steps: int, inter_steps: int, data: float) -> float:
     lat = g.links.base_latency + (steps - inter_steps) * g.links.intra_hop
-    return lat + inter_steps * g.links.inter_hop + data / g.bandwidth
+    return lat + inter_steps * g.links.inter_hop + data / g.ring_bandwidth
 
 
 def all_gather(g: Group, nbytes: float) -> float:
@@ -89,7 +103,7 @@ def all_reduce(g: Group, nbytes: float) -> float:
         links.base_latency
         + 2 * (g.per_node - 1) * links.intra_hop
         + 2 * math.log2(g.nodes) * links.inter_hop
-        + 2 * nbytes / g.bandwidth
+        + 2 * nbytes / g.ring_bandwidth
     )
     return min(ring, tree)
 
@@ -98,7 +112,8 @@ def all_to_all(g: Group, nbytes: float) -> float:
     """Seconds for each rank of `g` to exchange its `nbytes` (of which (n-1)/n leave it)."""
     if g.size <= 1 or nbytes <= 0:
         return 0.0
-    return _ring(g, g.size - 1, g.nodes - 1, nbytes * (g.size - 1) / g.size)
+    lat = g.links.base_latency + (g.size - g.nodes) * g.links.intra_hop
+    return lat + (g.nodes - 1) * g.links.inter_hop + nbytes * (g.size - 1) / g.size / g.bandwidth
 
 
 def send(g: Group, nbytes: float) -> float:

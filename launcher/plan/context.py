@@ -112,9 +112,9 @@ class Context:
 
 
 def loss_compiled(ctx: Context, lay: Layout) -> bool:
-    """Whether the trainer compiles the loss for `lay`: with compiled blocks, except under loss
-    parallelism (launcher/trainer.py)."""
-    return ctx.compiled and not lay.loss_parallel
+    """Whether the trainer compiles the loss for `lay`: with compiled blocks unless
+    train.compile_loss=false, and never under loss parallelism (launcher/trainer.py)."""
+    return ctx.compiled and ctx.cfg.train.compile_loss and not lay.loss_parallel
 
 
 @lru_cache(maxsize=4096)

@@ -25,6 +25,7 @@ from launcher.plan.memory import (
     op_layer_activation_bytes,
     state_bytes,
 )
+from launcher.plan.model_size import block_matmuls
 from launcher.plan.terms import Time, step_time
 from models import families
 
@@ -76,13 +77,22 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
     s, m = ctx.shape, ctx.model
     if recompute == "op":
         shared = m.n_shared_experts * m.moe_ffn_dim
+        heads_out = s.heads_out_width
+        mlp_out = (2 if families.of(m).gated_mlp else 1) * m.ffn_dim if dense else 2 * shared
+        row_parallel = row_kept = 2 if dense or shared else 1
+        if lay.recompute_matmuls == "alternate":  # dense blocks only (rules.py)
+            mms = block_matmuls(m, s, "alternate")
+            heads_out = sum(mm.out for mm in mms[:3] if mm.kept)
+            mlp_out = sum(mm.out for mm in mms[4:] if mm.kept and not mm.row)
+            row_kept = sum(mm.row and mm.kept for mm in mms)
         return op_layer_activation_bytes(
             dim=m.dim,
-            heads_out=s.heads_out_width,
+            heads_out=heads_out,
             o=s.o_width,
             latent_out=s.latent_out_width,
-            mlp_out=(2 if families.of(m).gated_mlp else 1) * m.ffn_dim if dense else 2 * shared,
-            row_parallel=2 if dense or shared else 1,
+            mlp_out=mlp_out,
+            row_parallel=row_parallel,
+            row_parallel_kept=row_kept,
             routed_out=0 if dense else ctx.routed_out,
             tp=lay.tp,
             sp=lay.sequence_parallel,

@@ -33,9 +33,9 @@ The constants and where they come from:
 
 from __future__ import annotations
 
-EFFICIENCY_MAX = 0.96
-EFFICIENCY_DIM = 810.0
-EFFICIENCY_COMPILED = 1.019
+EFFICIENCY_MAX = 0.698
+EFFICIENCY_DIM = 220.0
+EFFICIENCY_COMPILED = 1.047
 
 # (per dim, per MLP hidden unit): rotary families (llama, mixtral, deepseek) keep RoPE and
 # fp32 RMSNorm chains; gpt's LayerNorm and biases are fewer.

@@ -127,6 +127,7 @@ def op_layer_activation_bytes(
     mlp_out: int,
     row_parallel: int,
     routed_out: int,
+    row_parallel_kept: int | None = None,
     tp: int,
     sp: bool,
     flash: bool,
@@ -139,20 +140,23 @@ def op_layer_activation_bytes(
     - the block input (the checkpoint's), a sequence shard under sequence parallelism;
     - the outputs of the matmuls: the projections into heads and the MLP's up projections
       (`heads_out`, `mlp_out`, sharded by tp), MLA's latent projections (replicated);
-    - the `row_parallel` output projections (wo, w2: dim each): their outputs without tp; under
-      tp the reductions of their partial sums (all-reduce, or reduce-scatter: a shard), the
-      partial sums themselves recomputed, except in `compiled` blocks, which keep them too
-      (launcher/parallel/checkpointing.py);
+    - the `row_parallel` output projections (wo, w2: dim each): the outputs of the
+      `row_parallel_kept` of them the policy keeps (all, or under recompute.matmuls=alternate
+      those at odd places in the block's order) without tp; under tp the reductions of all
+      their partial sums (all-reduce, or reduce-scatter: a shard), the partial sums themselves
+      recomputed, except in `compiled` blocks, which keep the kept ones too
+      (launcher/parallel/checkpointing.py); `heads_out` and `mlp_out` count the kept ones;
     - fused attention's output (o, sharded by tp); unfused, the core is recomputed;
     - routed experts (`routed_out` per token: each copy's up projections and output row, and
       the router's scores), their tokens split over tp.
     """
+    kept = row_parallel if row_parallel_kept is None else row_parallel_kept
     block_input = dim / (tp if sp else 1)
     inside = (heads_out + mlp_out + (o if flash else 0)) / tp
     if tp == 1:
-        outputs = row_parallel * dim
+        outputs = kept * dim
     else:
-        outputs = row_parallel * dim * (1 / (tp if sp else 1) + (1 if compiled else 0))
+        outputs = row_parallel * dim / (tp if sp else 1) + (kept * dim if compiled else 0)
     return (block_input + inside + latent_out + outputs + routed_out / tp) * act_b
 
 

@@ -155,6 +155,38 @@ def shape(m: ModelConfig) -> Shape:
     )
 
 
+@dataclass(frozen=True)
+class Matmul:
+    """One projection of a dense block, per token: its output and input widths (elements),
+    whether it is row-parallel under tp (its output a partial sum), and whether per-op
+    recompute keeps its output."""
+
+    out: int
+    inp: int
+    row: bool
+    kept: bool
+
+
+def block_matmuls(m: ModelConfig, s: Shape, matmuls: str = "all") -> list[Matmul]:
+    """A dense block's projections in forward order (q, k, v, o, then the MLP's: w1, w3, w2 or
+    fc1, fc2), with the outputs recompute=op keeps: all, or under matmuls="alternate" the 1st,
+    3rd, 5th, ... (launcher/parallel/checkpointing.py). For the families without MLA or
+    routed experts (the rules refuse alternate there)."""
+    ffn = m.ffn_dim
+    mlp = [(ffn, m.dim, False)] * (2 if families.of(m).gated_mlp else 1) + [(m.dim, ffn, True)]
+    shapes = [
+        (s.q_width, m.dim, False),
+        (s.k_width, m.dim, False),
+        (s.v_width, m.dim, False),
+        (m.dim, s.o_width, True),
+        *mlp,
+    ]
+    return [
+        Matmul(out, inp, row, matmuls == "all" or i % 2 == 0)
+        for i, (out, inp, row) in enumerate(shapes)
+    ]
+
+
 def active_matmul_params_per_token(s: Shape, m: ModelConfig) -> float:
     """Weights each token multiplies by (forward), averaged over layers; output head included."""
     moe_active = 0.0

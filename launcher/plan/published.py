@@ -7,7 +7,8 @@ MFU errors are in points of the source's own MFU: a row's predicted MFU is its p
 times predicted over published tokens/s (the same FLOP count on both sides). `use`: "fit" rows
 set the constants (EFFICIENCY_MAX / DIM: even Megatron rows; efficiency_scale and
 EFFICIENCY_COMPILED: torchtitan's eager and compiled H100 rows without tensor parallelism, and
-its 405B eager row), "held-out" rows only check them. Engine kinds:
+its 405B eager row; a100_80g's efficiency_scale: its 8B A100 row), "held-out" rows only check
+them. Engine kinds:
 "fsdp2" (FSDP2 / DTensor in plain PyTorch, this engine's kind), "megatron" (Megatron-LM, NeMo:
 fused kernels, overlapped TP), "meta" (Llama 3's own stack).
 
@@ -54,7 +55,17 @@ H100 = "hardware=h100_80g"
 L8B = f"{H100} model=llama3_8b train.seq_len=8192"
 L70B = f"{H100} model=llama3_70b train.seq_len=8192"
 L405B = f"{H100} model=llama3_405b train.seq_len=8192"
-TT_8B = f"{L8B} train.micro_batch_size=2 recompute=op"
+# torchtitan's per-op policy keeps every other matmul's output (recompute.matmuls=alternate).
+TT_OP = "recompute=op recompute.matmuls=alternate"
+TT_8B = f"{L8B} train.micro_batch_size=2 {TT_OP}"
+# torchtitan compiled its blocks and not its loss from 2024-12-18 (e8977b0, "turning off
+# compile on loss function") until the option to compile it came back (08b8b24, 2025-08-20):
+# its end-of-2024 and 2025-06 runs. Its end-of-2024 compiled runs hold 5.4 GiB less than the
+# eager ones, where a compiled loss alone would save 15.6 GiB (8 bytes of 16,384 x 128,256
+# logits).
+TT_COMPILED = "train.compile=true train.compile_loss=false"
+# Megatron's own kernels on A100 are what the GEMM curve is fitted to: its scale is 1 there.
+MEGATRON_KERNELS = "hardware.efficiency_scale=1.0"
 # Fused-kernel stacks (Megatron-LM, NeMo's Transformer Engine, Meta's) run as compiled blocks
 # here: their norms, activations and RoPE are fused, their launches few.
 FUSED = "train.compile=true"
@@ -78,7 +89,7 @@ RUNS = [
     ),
     Run(
         "torchtitan 8B FSDP 8 compiled",
-        f"{TT_8B} train.global_batch_size=16 train.compile=true",
+        f"{TT_8B} train.global_batch_size=16 {TT_COMPILED}",
         6667,
         None,
         77.0,
@@ -96,7 +107,7 @@ RUNS = [
     ),
     Run(
         "torchtitan 8B FSDP 128 compiled",
-        f"{TT_8B} hardware.nodes=16 train.global_batch_size=256 train.compile=true",
+        f"{TT_8B} hardware.nodes=16 train.global_batch_size=256 {TT_COMPILED}",
         6514,
         None,
         62.0,
@@ -116,7 +127,7 @@ RUNS = [
     Run(
         "torchtitan 70B FSDP 32 x TP 8 compiled",
         f"{L70B} hardware.nodes=32 parallel.tp=8 tensor=sequence_parallel "
-        "train.micro_batch_size=16 train.global_batch_size=512 recompute=full train.compile=true",
+        f"train.micro_batch_size=16 train.global_batch_size=512 recompute=full {TT_COMPILED}",
         597.3,
         None,
         None,
@@ -126,7 +137,7 @@ RUNS = [
     Run(
         "torchtitan 8B FSDP 8 x TP 8 compiled",
         f"{L8B} hardware.nodes=8 parallel.tp=8 tensor=sequence_parallel "
-        "train.micro_batch_size=12 train.global_batch_size=96 recompute=op train.compile=true",
+        f"train.micro_batch_size=12 train.global_batch_size=96 {TT_OP} {TT_COMPILED}",
         4378,
         None,
         None,
@@ -136,12 +147,12 @@ RUNS = [
     Run(
         "torchtitan 8B FSDP 64 (A100)",
         "hardware=a100_80g hardware.nodes=8 model=llama3_8b train.seq_len=8192 "
-        "train.micro_batch_size=1 train.global_batch_size=64 recompute=op",
+        f"train.micro_batch_size=1 train.global_batch_size=64 {TT_OP}",
         2973,
         0.582,
         None,
         "fsdp2",
-        "held-out",
+        "fit",
     ),
     Run(
         "torchtitan 70B FSDP 64 (A100)",
@@ -231,7 +242,7 @@ def megatron_runs(megatron_flops, compose) -> list[Run]:
         out.append(
             Run(
                 recipe,
-                f"recipe={recipe} {FUSED}",
+                f"recipe={recipe} {FUSED} {MEGATRON_KERNELS}",
                 tflops * 1e12 / per_token,
                 tflops / 312,
                 None,

@@ -92,7 +92,9 @@ def plan_table(plan: Plan) -> Group:
     if rc.every > 1 and rc.mode.value != "none":  # none recomputes no block (a warning says so)
         every = f" on blocks 0, {rc.every}, {2 * rc.every}, ..."
     sp = ", sequence parallel" if cfg.tensor.sequence_parallel else ""
-    main.add_row("recompute", rc.mode.value + every + sp)
+    alternate = rc.mode.value == "op" and rc.matmuls.value == "alternate"
+    kept = ", every other matmul's output kept" if alternate else ""
+    main.add_row("recompute", rc.mode.value + kept + every + sp)
     main.add_row(
         "precision",
         f"{cfg.precision.name} (compute {cfg.precision.compute_dtype.value},"

@@ -592,6 +592,27 @@ def recompute_every(cfg, lay):
         )
 
 
+@rule("recompute_matmuls", ())
+def recompute_matmuls(cfg, lay):
+    fam = families.of(cfg.model)
+    if lay.recompute_matmuls == "alternate" and lay.recompute == "op" and (fam.moe or fam.mla):
+        kind = "routed experts" if fam.moe else "multi-head latent attention"
+        yield (
+            f"recompute.matmuls=alternate keeps every other matmul of a block with attention "
+            f"and MLP projections only; {_model(cfg)} has {kind}, whose matmuls the planner "
+            f"does not count one by one: use recompute.matmuls=all"
+        )
+
+
+@rule("recompute_matmuls_mode", (), warning=True)
+def recompute_matmuls_mode(cfg, lay):
+    if lay.recompute_matmuls == "alternate" and lay.recompute != "op":
+        yield (
+            f"recompute.matmuls=alternate has no effect with recompute={lay.recompute} (it "
+            f"chooses which matmul outputs recompute=op keeps): set recompute=op"
+        )
+
+
 @rule("micro_batch", ("cp",), warning=True)
 def micro_batch(cfg, lay):
     tokens = cfg.train.seq_len // max(1, lay.cp)

@@ -22,8 +22,17 @@ from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
 from launcher.plan.report import estimate_json
 from launcher.plan.rules import config_problems, engine_problems, layout_problems
+from models import families
 
-RECOMPUTE = ("none", "selective", "op", "full")
+# (mode, matmuls) from the least recompute to the most: op keeping every other matmul's output
+# sits between op and full (for blocks without routed experts or MLA: rules.py).
+RECOMPUTE = (
+    ("none", "all"),
+    ("selective", "all"),
+    ("op", "all"),
+    ("op", "alternate"),
+    ("full", "all"),
+)
 
 
 def divisors(n: int) -> list[int]:
@@ -102,12 +111,16 @@ def search(cfg: Config) -> tuple[int, list[Estimate]]:
         return 0, []
     ctx = Context(cfg)
     skip_selective = ctx.flash and not ctx.dropout  # identical to none: nothing to drop
+    fam = families.of(cfg.model)
+    skip_alternate = fam.moe or fam.mla
     evaluated, fitting = 0, []
     for base in candidates(cfg):
-        for recompute in RECOMPUTE:
-            if recompute == "selective" and skip_selective:
+        for recompute, matmuls in RECOMPUTE:
+            if (recompute == "selective" and skip_selective) or (
+                matmuls == "alternate" and skip_alternate
+            ):
                 continue
-            lay = replace(base, recompute=recompute)
+            lay = replace(base, recompute=recompute, recompute_matmuls=matmuls)
             evaluated += 1
             errors, _ = layout_problems(cfg, lay)
             if errors:
@@ -282,7 +295,7 @@ def run_search(cfg: Config, as_json: bool) -> int:
             str(lay.zero_stage),
             sched,
             str(lay.micro_batch_size),
-            lay.recompute,
+            lay.recompute + ("/alternate" if lay.recompute_matmuls == "alternate" else ""),
             f"{e.memory.total / GIB:.1f}",
             f"{e.time.step:.3g}",
             f"{e.tokens_per_s_per_device:,.0f}",

@@ -40,7 +40,9 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def overrides(family: str, recompute: str, tp: int, sp: bool, precision: str = "fp32"):
     """The config measured: one block of the family's debug preset (deepseek: a dense one and
     an MoE one). fp32: fused attention except under selective (which only differs without
-    it); bf16: Korthikanti et al.'s setting, 16-bit activations, attention unfused, dropout."""
+    it); bf16: Korthikanti et al.'s setting, 16-bit activations, attention unfused, dropout.
+    `recompute` "op:alternate": recompute=op keeping every other matmul's output."""
+    recompute, _, matmuls = recompute.partition(":")
     fused = recompute != "selective" and precision == "fp32"
     out = [
         f"model={PRESETS[family]}",
@@ -48,6 +50,7 @@ def overrides(family: str, recompute: str, tp: int, sp: bool, precision: str = "
         f"model.flash_attention={str(fused).lower()}",
         f"train.seq_len={SEQ}",
         f"recompute={recompute}",
+        f"recompute.matmuls={matmuls or 'all'}",
         f"parallel.tp={tp}",
         "parallel.dp_shard=1",
         f"tensor.sequence_parallel={str(sp).lower()}",

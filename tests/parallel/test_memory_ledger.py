@@ -22,10 +22,12 @@ LAYOUTS = {
 }
 MODES = ["recompute=none", "recompute=selective", "recompute=op", "recompute=full"]
 MODES.append("recompute=full recompute.every=2")
+MODES.append("recompute=op recompute.matmuls=alternate")
 # Every option under TP + SP (where the saved-tensor hooks, checkpoints and SAC interact);
 # under FSDP and the pipeline the three that differ in what a rank keeps per block.
 CASES = [f"{LAYOUTS['tp=2 sp']};{m}" for m in MODES]
 CASES += [f"{LAYOUTS[k]};{m}" for k in ("fsdp", "pp=2 1f1b") for m in MODES[::2]]
+CASES.append(f"{LAYOUTS['fsdp']};recompute=op recompute.matmuls=alternate")
 # Tied embeddings under zbv: rank 0 holds stage 0's embedding and the last stage's copy.
 CASES.append(
     "model.tie_embeddings=true parallel.pp=2 parallel.dp_shard=1 pipeline=zbv;recompute=none"

@@ -58,6 +58,15 @@ LAYOUTS = {
         "recompute=op",
         "recompute.every=2",
     ],
+    # torchtitan's per-op policy: every other matmul's output kept, the others recomputed (the
+    # row-parallel partial sums count in the order too).
+    "dp_shard=2 x tp=2 sp recompute=op alternate": [
+        "hardware.devices_per_node=4",
+        "parallel.tp=2",
+        "tensor=sequence_parallel",
+        "recompute=op",
+        "recompute.matmuls=alternate",
+    ],
     "tp=2 recompute=full": ["hardware.devices_per_node=2", "parallel.tp=2", *TP1, "recompute=full"],
     # Unfused attention (in the model's overrides below, the reference's too), so that the
     # recomputed core really holds score matrices.

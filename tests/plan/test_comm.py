@@ -34,6 +34,28 @@ def test_ring_all_gather_inside_a_node():
     assert comm.reduce_scatter(g, nbytes) == comm.all_gather(g, nbytes)
 
 
+def test_a_ring_across_nodes_runs_through_each_members_port():
+    """NCCL runs one ring channel per network port: a group with k members on each node moves
+    its bytes through k ports at once (up to NVLink); an all-to-all or a send through one."""
+    full = comm.group(LINKS, 64, 1)  # 8 nodes, all 8 devices of each
+    assert (full.nodes, full.per_node) == (8, 8)
+    assert full.ring_bandwidth == 400e9  # min(450, 8 x 50)
+    half = comm.group(LINKS, 32, 2)  # FSDP beside cp=2: 4 members on each of 8 nodes
+    assert half.ring_bandwidth == 200e9
+    assert comm.group(LINKS, 16, 8).ring_bandwidth == 50e9  # one member per node
+    assert comm.group(LINKS, 8, 1).ring_bandwidth == 450e9  # inside a node: NVLink
+    nbytes = 1e9
+    assert comm.all_gather(full, nbytes) == pytest.approx(
+        8.4e-6 + 56 * 3.4e-6 + 7 * 9.6e-6 + nbytes * 63 / 64 / 400e9
+    )
+    # Each rank's own share of an all-to-all leaves through its own port.
+    assert comm.all_to_all(full, nbytes) == pytest.approx(
+        8.4e-6 + 56 * 3.4e-6 + 7 * 9.6e-6 + nbytes * 63 / 64 / 50e9
+    )
+    # Twice the ports for twice the share: about twice as fast, less the extra hops' latency.
+    assert comm.all_gather(full, nbytes) < comm.all_gather(half, nbytes) / 1.8
+
+
 def test_all_reduce_is_a_ring_for_large_messages_and_a_tree_for_small_ones_across_nodes():
     eight = comm.group(LINKS, 8, 8)  # one rank per node on 8 nodes
     big = 1e9

@@ -28,17 +28,19 @@ def cost(p):
     return layer_cost(p.context, p.layout, False, p.layout.micro_batch_size * 4096)
 
 
-def test_hopper_reaches_its_scale_of_the_a100_fit():
+def test_each_generation_reaches_its_scale_of_the_a100_fit():
+    """The GEMM curve is Megatron-LM's on A100 (scale 1); this engine's kind of stack reaches a
+    share of it there and a smaller one of the H100's peak (calibrate --hopper fits both)."""
     a100, h100 = plan(*FSDP_8B, "hardware=a100_80g"), plan(*FSDP_8B, "hardware=h100_80g")
-    assert a100.cfg.hardware.efficiency_scale == 1.0
-    assert h100.cfg.hardware.efficiency_scale == 0.437
-    assert a100.context.efficiency == kernels.model_efficiency(4096, 1.0)
-    assert h100.context.efficiency == pytest.approx(0.437 * a100.context.efficiency)
+    sa, sh = a100.cfg.hardware.efficiency_scale, h100.cfg.hardware.efficiency_scale
+    assert sh < sa < 1.0
+    assert a100.context.efficiency == kernels.model_efficiency(4096, sa)
+    assert h100.context.efficiency == pytest.approx(sh / sa * a100.context.efficiency)
     # Same layout, same FLOPs: GEMM time goes as 1 / (peak x efficiency), the memory-bound
     # work as 1 / memory bandwidth.
     a, h = cost(a100), cost(h100)
-    assert a.gemm / h.gemm == pytest.approx(989 * 0.437 / 312)
-    assert a.core / h.core == pytest.approx(989 * 0.437 / 312)
+    assert a.gemm / h.gemm == pytest.approx(989 * sh / (312 * sa))
+    assert a.core / h.core == pytest.approx(989 * sh / (312 * sa))
     assert a.memory / h.memory == pytest.approx(3350 / 2039)
 
 
@@ -99,8 +101,11 @@ def test_an_explicit_efficiency_is_taken_as_measured(compile_):
 def test_the_h100_scale_and_compile_factor_are_what_calibrate_fits_to_torchtitan(capsys):
     calibrate.main(["--hopper"])
     out = capsys.readouterr().out
-    fitted = float(re.search(r"efficiency_scale ([0-9.]+) fitted", out).group(1))
-    assert fitted == pytest.approx(calibrate.hopper_scale_in_use(), abs=0.005)
+    flat = " ".join(out.split())
+    for preset in calibrate.TORCHTITAN_PRESETS:
+        fitted = float(re.search(rf"{preset} ([0-9.]+) \(in use", flat).group(1))
+        in_use = compose_config([f"hardware={preset}"]).hardware.efficiency_scale
+        assert fitted == pytest.approx(in_use, abs=0.005), preset
     factor = float(re.search(r"compile\s+factor\s+([0-9.]+)", out).group(1))
     assert factor == pytest.approx(kernels.EFFICIENCY_COMPILED, abs=0.005)
     # The h200 preset's scale is what its measured eager run fits.
@@ -108,8 +113,13 @@ def test_the_h100_scale_and_compile_factor_are_what_calibrate_fits_to_torchtitan
     assert h200 == pytest.approx(
         compose_config(["hardware=h200"]).hardware.efficiency_scale, abs=0.005
     )
-    # torchtitan's 8B rows, eager and compiled, and this engine's eager H200 runs within 10%.
+    # torchtitan's 8B rows (H100 and A100), eager and compiled, its 70B A100 row, and this
+    # engine's eager H200 runs within 10%.
     for line in out.splitlines():
-        if "torchtitan 8B" in line or (line.startswith("│ bench_") and " eager " in line):
+        if (
+            "torchtitan 8B FSDP" in line
+            or "70B FSDP 64 (A100)" in line
+            or (line.startswith("│ bench_") and " eager " in line)
+        ):
             residual = float(re.search(r"([+-][0-9.]+)%", line).group(1))
             assert abs(residual) < 10, line

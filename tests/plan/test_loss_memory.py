@@ -73,3 +73,27 @@ def test_last_stage_counts_the_loss_peak():
     )
     grown = large.memory.other - small.memory.other
     assert grown == pytest.approx(2048 * 128_256 * 2 * 2)  # bf16 logits and their gradient
+    # Compiled blocks with the loss left eager (train.compile_loss=false): the eager peak.
+    small, large = (
+        make_plan(
+            compose_config(
+                [*base, "train.compile=true", "train.compile_loss=false", f"train.seq_len={s}"]
+            )
+        )
+        for s in (2048, 4096)
+    )
+    grown = large.memory.other - small.memory.other
+    assert grown == pytest.approx(2048 * 128_256 * LOSS_BYTES_PER_LOGIT)
+
+
+def test_the_trainer_compiles_the_loss_only_when_asked(tmp_path):
+    """train.compile compiles the loss with the blocks; train.compile_loss=false leaves it
+    eager (the function itself, no compiled wrapper)."""
+    from jobs import trainer_of
+
+    from launcher.trainer import loss_fn
+
+    base = ["model=llama3_debug", "hardware.devices_per_node=1", "train.compile=true"]
+    for extra, compiled in (([], True), (["train.compile_loss=false"], False)):
+        _, _, trainer = trainer_of(tmp_path / str(compiled), [*base, *extra])
+        assert (trainer.loss is not loss_fn) == compiled, extra

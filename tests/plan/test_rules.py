@@ -515,6 +515,31 @@ def test_a_recipes_recompute_every_under_recompute_none_is_a_warning():
     assert "blocks" not in row and "none" in row
 
 
+@pytest.mark.parametrize(
+    ("model", "kind"),
+    [("mixtral_debug", "routed experts"), ("deepseek_debug", "routed experts")],
+)
+def test_alternate_matmuls_are_refused_where_the_planner_cannot_count_them(model, kind):
+    plan = make_plan(
+        compose_config([f"model={model}", "recompute=op", "recompute.matmuls=alternate"])
+    )
+    message = " ".join(str(p) for p in plan.errors)
+    assert f"model={model} has {kind}" in message and "recompute.matmuls=all" in message
+    assert not plan.valid
+
+
+def test_alternate_matmuls_outside_op_are_a_warning_and_change_nothing():
+    base = ["model=llama3_debug", "recompute=full"]
+    plan = make_plan(compose_config([*base, "recompute.matmuls=alternate"]))
+    assert plan.valid
+    assert "recompute.matmuls=alternate has no effect with recompute=full" in " ".join(
+        str(p) for p in plan.warnings
+    )
+    same = make_plan(compose_config(base))
+    assert plan.estimate.time.step == same.estimate.time.step
+    assert plan.estimate.memory.total == same.estimate.memory.total
+
+
 @pytest.mark.parametrize("model", ["llama3_8b", "mixtral_8x7b", "deepseek_debug", "gpt_debug"])
 def test_each_layout_rule_reads_only_the_degrees_it_declares(model):
     """make_plan skips the rules that read an unresolved degree by what each declares: a

@@ -143,3 +143,23 @@ def test_search_shows_what_the_engine_runs_and_explains_its_choice():
     )
     refused = [t for t in json.loads(every.stdout)["top"] if t["engine_problems"]]
     assert refused and all("recompute=op" in t["engine_problems"][0] for t in refused)
+
+
+@pytest.mark.parametrize("model", ["llama3_8b", "gpt_1_7b"])
+def test_alternate_matmuls_sit_between_op_and_full(model):
+    """The search tries recompute in the order of RECOMPUTE and stops at the first that fits:
+    each step must keep less and run longer than the one before (op keeping every other
+    matmul's output between op and full)."""
+    from launcher.plan.search import RECOMPUTE
+
+    assert RECOMPUTE.index(("op", "all")) < RECOMPUTE.index(("op", "alternate"))
+    assert RECOMPUTE.index(("op", "alternate")) < RECOMPUTE.index(("full", "all"))
+    base = [f"model={model}", "hardware=h100_80g", "train.seq_len=8192", "train.micro_batch_size=2"]
+    plans = [
+        make_plan(compose_config([*base, f"recompute={mode}", f"recompute.matmuls={matmuls}"]))
+        for mode, matmuls in (("op", "all"), ("op", "alternate"), ("full", "all"))
+    ]
+    memory = [p.estimate.memory.activations for p in plans]
+    step = [p.estimate.time.step for p in plans]
+    assert memory[0] > memory[1] > memory[2]
+    assert step[0] < step[1] < step[2]

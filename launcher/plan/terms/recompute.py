@@ -4,9 +4,10 @@ full reruns the recomputed blocks' forward (a third of their forward + backward)
 reruns their attention core, and so does op when the core is unfused (op keeps fused
 attention's output); op also reruns the memory-bound forward operators (norms, activations,
 rotary: a third of their forward + backward time; measured on an H200, Llama 3.2 1B at 8,192
-tokens: op 2.2% slower than none, docs/speed.md); op under tp also reruns the attention
-output projection, whose partial sum it does not keep (checkpointing.py; the MLP's, last in
-the block, the recompute stops before). Document masking reruns the attention forward in
+tokens: op 2.2% slower than none, docs/speed.md); op reruns the matmuls whose outputs it does
+not keep: under recompute.matmuls=alternate every other one, under tp in eager blocks the
+attention output projection's partial sum (checkpointing.py; the MLP's, last in the block,
+the recompute stops before). Document masking reruns the attention forward in
 backward (models.layers document_attention) in the layers no recompute reran already, except
 in the CPU fused kernel, which takes the rebuilt mask itself; CP's blocks rebuild theirs in
 their own backward.
@@ -15,8 +16,29 @@ their own backward.
 from __future__ import annotations
 
 from launcher.plan import kernels
+from launcher.plan.model_size import block_matmuls
 from launcher.plan.terms.base import Step, Term
 from launcher.plan.terms.compute import exposed_host, gemm_seconds
+
+
+def matmul_rerun(step: Step) -> float:
+    """Seconds of the matmuls op reruns in one recomputed block: those whose outputs it does
+    not keep (recompute.matmuls=alternate: every other one; under tp in eager blocks the
+    row-parallel partial sums too), up to the last the backward needs (the block's last
+    matmul, its output read by no backward, is not rerun)."""
+    ctx, lay = step.ctx, step.lay
+    m, tokens = ctx.model, step.mb_tokens
+    partial_sums = lay.tp > 1 and not ctx.compiled
+    mms = block_matmuls(m, ctx.shape, lay.recompute_matmuls)
+    if lay.recompute_matmuls == "all" and not partial_sums:
+        return 0.0
+    seconds = 0.0
+    for mm in mms[:-1]:
+        if not mm.kept or (mm.row and partial_sums):
+            flops = 2 * mm.out * mm.inp * tokens / lay.tp
+            width = min(mm.out, mm.inp / lay.tp) if mm.row else min(mm.out / lay.tp, mm.inp)
+            seconds += gemm_seconds(ctx, flops, width)
+    return seconds
 
 
 def recompute(step: Step) -> Term | None:
@@ -40,11 +62,8 @@ def recompute(step: Step) -> Term | None:
     if ctx.document_rerun and lay.cp == 1:
         again = step.recomputed if mode == "full" or core_rerun else 0
         rerun += (step.layers - again) * core
-    if mode == "op" and lay.tp > 1 and not ctx.compiled:
-        m = ctx.model
-        o_proj = 2 * ctx.shape.o_width * m.dim * tokens / lay.tp
-        width = min(m.dim, ctx.shape.o_width / lay.tp)
-        rerun += step.recomputed * gemm_seconds(ctx, o_proj, width)
+    if mode == "op":
+        rerun += step.recomputed * matmul_rerun(step)
     if not rerun and not host:
         return None  # nothing reruns
     mbs = step.microbatches
