@@ -109,9 +109,10 @@ class Trainer:
         torch.manual_seed(t.seed)
         if d.device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        # Compiled blocks compile the loss too (train.compile_loss): the fp32 cast and the log-softmax fuse, and its
-        # backward keeps the logits and their gradient in the compute dtype, 4 bytes per logit
-        # in bf16 where eager peaks at 12 (launcher/plan/estimate.py, loss_bytes_per_logit).
+        # Compiled blocks compile the loss too (train.compile_loss): the fp32 cast and the
+        # log-softmax fuse, and its backward keeps the logits and their gradient in the compute
+        # dtype, 4 bytes per logit in bf16 where eager peaks at 12 (launcher/plan/estimate.py,
+        # loss_bytes_per_logit).
         # Not under loss parallelism (DTensor logits, reduced inside loss_parallel()).
         compiled_loss = t.compile and t.compile_loss and not self.layout.loss_parallel
         self.loss = torch.compile(loss_fn) if compiled_loss else loss_fn

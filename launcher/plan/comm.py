@@ -2,7 +2,8 @@
 
 A collective over a group of ranks costs a fixed start-up latency, one hop latency per step of
 its algorithm (a step inside a node costs an intra-node hop, one that crosses nodes an
-inter-node hop), and its bytes over the bandwidth of the slowest link level it crosses. The shape is NCCL's own cost model (`ncclTopoTuneModel` in NCCL's
+inter-node hop), and its bytes over the bandwidth of the slowest link level it crosses. The
+shape is NCCL's own cost model (`ncclTopoTuneModel` in NCCL's
 src/graph/tuning.cc: base latency + intra steps x intra hop + inter steps x inter hop +
 bytes / bandwidth); the hardware presets carry the constants and say where they come from.
 

@@ -44,7 +44,6 @@ def matmul_rerun(step: Step) -> float:
 def recompute(step: Step) -> Term | None:
     ctx, lay = step.ctx, step.lay
     mode = lay.recompute
-    tokens = step.mb_tokens
     dense, moe = step.costs
     core = dense.core / 3  # one attention forward
     rerun = host = 0.0
