@@ -8,10 +8,11 @@ ones: each row's TFLOP/s per GPU with Megatron's own FLOP count, 96 B s l h^2 (1
 V/(16 l h)) per iteration (full recomputation, attention counted without the causal mask),
 grid search on the squared relative error.
 
-`--hopper`: `hardware.efficiency_scale` of the Hopper presets to torchtitan's eager H100 runs
-marked "fit", then EFFICIENCY_COMPILED to its compiled ones; every torchtitan H100 run's
-residual. Then the h200 preset's scale to this engine's own eager run on one H200
-(docs/measured/h200-2026-11-26), each of its measured runs' speed and memory residuals.
+`--hopper`: `hardware.efficiency_scale` of the H100 and A100 presets (h800 and b200 take
+h100_80g's) to torchtitan's eager runs marked "fit" on each, then EFFICIENCY_COMPILED to its
+compiled H100 ones; every torchtitan run's residual. Then the h200 preset's scale to this
+engine's own eager run on one H200 (docs/measured/h200-2026-11-26), each of its measured runs'
+speed and memory residuals.
 
 `--published`: every published run's prediction and error, fitted and held-out marked, each
 fused stack's scale fitted to its own fit runs; the held-out aggregates.
@@ -508,7 +509,10 @@ def main(argv: list[str] | None = None) -> None:
         "(python -m launcher.bench.gpu --json FILE) in this directory",
     )
     parser.add_argument(
-        "--hopper", action="store_true", help="fit the Hopper presets' efficiency_scale"
+        "--hopper",
+        action="store_true",
+        help="fit the H100 and A100 presets' efficiency_scale to torchtitan's runs, and the "
+        "h200 preset's to this engine's",
     )
     parser.add_argument(
         "--published", action="store_true", help="the errors on every published run"

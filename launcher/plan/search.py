@@ -2,7 +2,8 @@
 
 The space: tp (powers of two inside a node), cp (chunks of at least 1024 tokens), pp (any
 divisor of what is left, at most the layers), HSDP or not, ZeRO stage, pipeline schedule and
-stages per rank, micro-batch size and recompute. Sequence parallelism is always on with tp > 1
+stages per rank, micro-batch size and recompute (op keeping every other matmul's output between
+op and full, where the blocks allow it). Sequence parallelism is always on with tp > 1
 (same traffic, less memory). Dominated points are skipped rather than evaluated: gpipe (1f1b's
 bubble, more memory), ZeRO-0 (ZeRO-1's traffic, more memory), and a costlier recompute once a
 cheaper one fits.
