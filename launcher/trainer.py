@@ -69,6 +69,7 @@ from launcher.parallel.expert_parallel import (
     sync_expert_grads,
 )
 from launcher.plan import Plan
+from launcher.plan.context import loss_compiled
 from launcher.plan.report import plan_json
 from launcher.profiling import profiled
 from launcher.sources import run_data
@@ -109,12 +110,11 @@ class Trainer:
         torch.manual_seed(t.seed)
         if d.device.type == "cpu" and "OMP_NUM_THREADS" in os.environ:
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-        # Compiled blocks compile the loss too (train.compile_loss): the fp32 cast and the
-        # log-softmax fuse, and its backward keeps the logits and their gradient in the compute
-        # dtype, 4 bytes per logit in bf16 where eager peaks at 12 (launcher/plan/estimate.py,
-        # loss_bytes_per_logit).
-        # Not under loss parallelism (DTensor logits, reduced inside loss_parallel()).
-        compiled_loss = t.compile and t.compile_loss and not self.layout.loss_parallel
+        # Compiled blocks compile the loss too (the planner's loss_compiled says when): the fp32
+        # cast and the log-softmax fuse, and its backward keeps the logits and their gradient
+        # in the compute dtype, 4 bytes per logit in bf16 where eager peaks at 12
+        # (launcher/plan/estimate.py, loss_bytes_per_logit).
+        compiled_loss = loss_compiled(cfg, self.layout)
         self.loss = torch.compile(loss_fn) if compiled_loss else loss_fn
         self._build_model()
         # Each micro-batch's balance losses weigh 1 / micro-batches, like its main loss (the

@@ -111,10 +111,11 @@ class Context:
         self.ops_outside = kernels.OPS_OUTSIDE
 
 
-def loss_compiled(ctx: Context, lay: Layout) -> bool:
-    """Whether the trainer compiles the loss for `lay`: with compiled blocks unless
-    train.compile_loss=false, and never under loss parallelism (launcher/trainer.py)."""
-    return ctx.compiled and ctx.cfg.train.compile_loss and not lay.loss_parallel
+def loss_compiled(cfg: Config, lay: Layout) -> bool:
+    """Whether the trainer compiles the loss for `lay` (launcher/trainer.py asks this too):
+    with compiled blocks unless train.compile_loss=false, and never under loss parallelism
+    (DTensor logits, reduced inside loss_parallel())."""
+    return cfg.train.compile and cfg.train.compile_loss and not lay.loss_parallel
 
 
 @lru_cache(maxsize=4096)

@@ -42,7 +42,7 @@ LOSS_BYTES_PER_LOGIT = 12
 
 def loss_bytes_per_logit(ctx: Context, lay: Layout) -> float:
     """Bytes per logit element at the loss's peak, as the trainer runs the loss for `lay`."""
-    return 2 * ctx.act_b if loss_compiled(ctx, lay) else LOSS_BYTES_PER_LOGIT
+    return 2 * ctx.act_b if loss_compiled(ctx.cfg, lay) else LOSS_BYTES_PER_LOGIT
 
 
 @dataclass

@@ -79,7 +79,7 @@ def head_seconds(ctx: Context, lay: Layout, tokens: float) -> float:
     m = ctx.model
     vocab = m.vocab_size / lay.tp
     gemm = gemm_seconds(ctx, 6 * vocab * m.dim * tokens, min(m.dim, vocab, tokens))
-    traffic = kernels.loss_traffic_bytes(ctx.act_b, loss_compiled(ctx, lay))
+    traffic = kernels.loss_traffic_bytes(ctx.act_b, loss_compiled(ctx.cfg, lay))
     return gemm + tokens * vocab * traffic / ctx.memory_bw
 
 

@@ -29,11 +29,10 @@ def matmul_rerun(step: Step) -> float:
     ctx, lay = step.ctx, step.lay
     m, tokens = ctx.model, step.mb_tokens
     partial_sums = lay.tp > 1 and not ctx.compiled
-    mms = block_matmuls(m, ctx.shape, lay.recompute_matmuls)
     if lay.recompute_matmuls == "all" and not partial_sums:
         return 0.0
     seconds = 0.0
-    for mm in mms[:-1]:
+    for mm in block_matmuls(m, ctx.shape, lay.recompute_matmuls)[:-1]:
         if not mm.kept or (mm.row and partial_sums):
             flops = 2 * mm.out * mm.inp * tokens / lay.tp
             width = min(mm.out, mm.inp / lay.tp) if mm.row else min(mm.out / lay.tp, mm.inp)
