@@ -104,34 +104,49 @@ def generate(
 
 
 def load_model(entry, device: str):
-    """The checkpoint's model, fp32 (bf16 on CUDA), its weights loaded, in eval mode."""
+    """The checkpoint's model, fp32 (bf16 on CUDA), its weights loaded, in eval mode. Built on
+    the meta device and allocated once on `device`, then filled one tensor at a time from the
+    checkpoint's shards: the model in memory once, plus its largest tensor."""
     import torch
 
     import models
-    from launcher.checkpoint import reader
-    from launcher.checkpoint.store import CheckpointError
+    from launcher.checkpoint import reader, stream
+    from launcher.parallel.materialize import to_empty
 
     config = ((entry.meta or {}).get("config") or {}).get("model")
     if not config:
         fail(f"{entry.path}/meta.json holds no model config")
-    try:
-        state = reader.full_model_state(entry)
-    except CheckpointError as e:
-        fail(str(e))
-    # Built for real (its buffers, RoPE tables and routers' counters, come from the config),
-    # then every weight overwritten: a tied weight is loaded under either of its names.
-    model = models.build(config["family"], {**config, "dropout": 0.0})
-    result = model.load_state_dict(state, strict=False)
+    damaged = reader.checkpoint_damage(entry)  # files, checksums, the metadata's allow-list
+    if damaged:
+        fail(f"{entry.path} is damaged: {'; '.join(damaged)}")
+    tensors = stream.model_tensors(entry)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    with torch.device("meta"):
+        model = models.build(config["family"], {**config, "dropout": 0.0})
+    # Its buffers (RoPE tables, routers' counters) come from the config; a tied weight is
+    # loaded under either of its names.
+    to_empty(model.to(dtype), device)
+    model.init_buffers()
     held = model.state_dict(keep_vars=True)
-    loaded = {id(held[k]) for k in state if k in held}
-    missing = [k for k in result.missing_keys if id(held[k]) not in loaded]
-    if missing or result.unexpected_keys:
+    loaded = {id(held[k]) for k in tensors if k in held}
+    missing = [k for k in held if id(held[k]) not in loaded]
+    unexpected = [k for k in tensors if k not in held]
+    if missing or unexpected:
         fail(
             f"{entry.path} does not hold model={config['name']}'s weights: missing "
-            f"{missing[:5] or 'none'}, unexpected {result.unexpected_keys[:5] or 'none'}"
+            f"{missing[:5] or 'none'}, unexpected {unexpected[:5] or 'none'}"
         )
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    return model.to(device=device, dtype=dtype).eval(), config
+    wrong = [
+        f"{k} {list(m.size)} (the model's {list(held[k].shape)})"
+        for k, m in tensors.items()
+        if tuple(m.size) != tuple(held[k].shape)
+    ]
+    if wrong:
+        fail(f"{entry.path} holds tensors of other shapes than model={config['name']}: {wrong[:5]}")
+    with torch.no_grad():
+        for name, meta in tensors.items():
+            held[name].copy_(stream.read_tensor(entry, name, meta))
+    return model.eval(), config
 
 
 def tokenizer_of(entry, explicit: Path | None):

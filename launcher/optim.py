@@ -20,11 +20,8 @@ from launcher.distributed import Dist
 from launcher.layout import Layout
 from launcher.parallel.data_parallel import DTYPES
 from launcher.parallel.expert_parallel import expert_params
+from launcher.parallel.materialize import canonical_name
 from launcher.zero import Zero1
-
-# Segments wrappers add to parameter names (DDP, activation checkpointing, compile); a
-# checkpoint names parameters without them, as the plain model does.
-WRAPPER_SEGMENTS = ("module", "_checkpoint_wrapped_module", "_orig_mod")
 
 
 def param_groups(
@@ -37,10 +34,6 @@ def param_groups(
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
-
-
-def canonical_name(name: str) -> str:
-    return ".".join(part for part in name.split(".") if part not in WRAPPER_SEGMENTS)
 
 
 class MomentDtypeAdamW(torch.optim.AdamW):

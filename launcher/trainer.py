@@ -59,7 +59,7 @@ from launcher.launch import hydra_quoted
 from launcher.layout import describe, stage_owner
 from launcher.metrics import MetricsLogger
 from launcher.optim import build_optimizers, clip_grad_norm, lr_at
-from launcher.parallel import parallelize
+from launcher.parallel import build
 from launcher.parallel.context_parallel import chunk_positions
 from launcher.parallel.data_parallel import DTYPES, average_grads, grad_sync, local_tensor
 from launcher.parallel.expert_parallel import (
@@ -85,7 +85,8 @@ class Stopped(Exception):
 
 
 def build_model(cfg, seed: int) -> torch.nn.Module:
-    """The family's model from config, initialised from `seed` (identical on every rank)."""
+    """The family's whole model from config, initialised from `seed`, on one process: the
+    values every layout's shards hold (launcher.parallel.build)."""
     model = models.build(cfg.model.family, vars(cfg.model))
     model.init_weights(seed)
     return model.to(DTYPES[cfg.precision.master_dtype.value])
@@ -170,27 +171,19 @@ class Trainer:
     # -- model ---------------------------------------------------------------------------
 
     def _build_model(self) -> None:
-        """This rank's model parts (its pipeline stages, or the whole model), parallelized."""
+        """This rank's model parts (its pipeline stages, or the whole model): built on meta,
+        parallelized, then only this rank's share allocated and initialised (parallel.build)."""
         cfg, lay, d = self.cfg, self.layout, self.d
         self.tied = None  # a tied embedding split between pipeline stages
-        base = build_model(cfg, cfg.train.seed).to(d.device)
+        built = build(cfg, lay, d, d.local_rank_of("pp") if lay.pp > 1 else 0)
         if lay.pp > 1:
             from launcher.parallel import pipeline  # torch.distributed.pipelining: pp > 1 only
 
-            # Each pipeline rank keeps its stages of the identically seeded whole model.
-            stages = pipeline.split(
-                base,
-                d.local_rank_of("pp"),
-                lay.pp,
-                lay.stages_per_rank,
-                lay.schedule,
-                lay.stage_layers,
-            )
-            self.stages = [(i, parallelize(m, lay, cfg, d)) for i, m in stages]
+            self.stages = built.stages
             self.parts = [m for _, m in self.stages]
             indices = [i for i, _ in self.stages]
             self.first, self.last = 0 in indices, lay.n_stages - 1 in indices
-            names = pipeline.tied_names(base)
+            names = built.tied
             if names is not None:
                 held, last = dict(self.stages), lay.n_stages - 1
                 other = stage_owner(last, lay.pp, lay.schedule)
@@ -212,7 +205,7 @@ class Trainer:
             )
         else:
             self.stages, self.schedule = [], None
-            self.parts, self.first, self.last = [parallelize(base, lay, cfg, d)], True, True
+            self.parts, self.first, self.last = [built.stages[0][1]], True, True
 
     # -- one step, in named pieces -------------------------------------------------------
 
@@ -563,12 +556,15 @@ class Trainer:
         )
         interval = self.cfg.checkpoint.interval
         ok, skipped, ended = False, 0, "failed"
+        started = self.started()
         try:
             for step in range(start + 1, t.steps + 1):
                 with profiled(
                     step, self.cfg.profile, self.run_dir, d.rank, d.device.type == "cuda"
                 ):
                     metrics = self.train_step(step)
+                metrics.update(started)
+                started = {}
                 if t.eval_interval and (step % t.eval_interval == 0 or step == t.steps):
                     with timed(f"evaluation at step {step}", d.rank, t.timeout_s):
                         metrics.update(self.evaluate())
@@ -603,6 +599,19 @@ class Trainer:
             logger.close(ok)
             if logger.enabled:
                 print(self.summary(ended, logger, wait=ended != "failed"), flush=True)
+
+    def started(self) -> dict:
+        """The start, for the first step's metrics (over every rank): seconds from the
+        process's start to now (torch's import, the process group, the build, any load), and
+        the peak memory before the first step, the largest and the smallest of any rank."""
+        peak = peak_memory_gib(self.d.device)
+        figures = torch.tensor(
+            [seconds_since_start(), peak, -peak], dtype=torch.float64, device=self.d.device
+        )
+        if dist.is_initialized():
+            dist.all_reduce(figures, op=dist.ReduceOp.MAX)
+        seconds, peak, least = figures.tolist()
+        return {"start_s": seconds, "start_peak_gib": peak, "start_peak_gib_least": -least}
 
     def summary(self, ended: str, logger: MetricsLogger, wait: bool) -> str:
         """The run's last lines: how it ended, where it stands and how to continue it. After
@@ -655,6 +664,19 @@ def continue_command(run_dir: Path) -> str:
     plain = re.fullmatch(r"[\w./-]+", str(run_dir))
     args = [*kept, f"hydra.run.dir={run_dir if plain else hydra_quoted(str(run_dir))}"]
     return "python -m launcher.train " + " ".join(shlex.quote(a) for a in args)
+
+
+def seconds_since_start() -> float:
+    """Seconds since this process started (Linux: /proc), else since this module's import."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return uptime - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.perf_counter() - _IMPORTED
+
+
+_IMPORTED = time.perf_counter()
 
 
 def peak_memory_gib(device: torch.device) -> float:

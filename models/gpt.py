@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.init import ONES, ZEROS, Rule, init_whole, normal
 from models.layers import AttentionCore, dropout, token_positions
 
 
@@ -128,19 +129,22 @@ class GPT(nn.Module):
         if self.args.tie_embeddings and self.embed is not None and self.output is not None:
             self.output.weight = self.embed.tok.weight
 
-    @torch.no_grad()
-    def init_weights(self, seed: int | None = None) -> None:
-        """Normal(0.02) weights, zero biases, unit LayerNorm gains; residual outputs scaled."""
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        out_std = 0.02 / math.sqrt(2 * self.args.n_layers)
-        for name, p in self.named_parameters():  # a tied weight is listed once
-            if "norm" in name:
-                p.fill_(1.0 if name.endswith("weight") else 0.0)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                std = out_std if name.endswith(("wo.weight", "fc2.weight")) else 0.02
-                p.copy_(torch.randn(p.shape, generator=gen) * std)
+    def init_rule(self, name: str) -> Rule:
+        """Normal(0.02) weights, zero biases, unit LayerNorm gains; the residual branches'
+        output projections (wo, fc2) at GPT-2's depth-scaled std."""
+        if "norm" in name:
+            return ONES if name.endswith("weight") else ZEROS
+        if name.endswith("bias"):
+            return ZEROS
+        out = name.endswith(("wo.weight", "fc2.weight"))
+        return normal(0.02 / math.sqrt(2 * self.args.n_layers) if out else 0.02)
+
+    def init_buffers(self) -> None:
+        """No buffers to derive."""
+
+    def init_weights(self, seed: int = 0) -> None:
+        """Initialise this whole model in place (models/init.py)."""
+        init_whole(self, seed, self.init_rule)
 
     def forward(
         self,

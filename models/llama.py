@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from models.init import ONES, Rule, init_whole, normal
 from models.layers import (
     AttentionCore,
     FeedForward,
@@ -143,7 +144,7 @@ class Transformer(nn.Module):
         )
         self.norm: RMSNorm | None = RMSNorm(args.dim, args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
-        # Not persistent: derived from args, rebuilt after meta-device init by init_weights().
+        # Not persistent: derived from args, rebuilt after meta-device init by init_buffers().
         self.register_buffer("rope", self.make_rope(), persistent=False)
         self.tie_weights()
 
@@ -161,24 +162,28 @@ class Transformer(nn.Module):
         families with another RoPE (width, frequencies) override this."""
         return rope_cache(self.args, self.args.max_seq_len)
 
+    def init_rule(self, name: str) -> Rule:
+        """How parameter `name` starts: normal(0.02), the output projections of each residual
+        branch (wo, w2, stacked experts' w2) at GPT-2's depth-scaled std, norm gains at 1."""
+        if name.endswith("norm.weight"):
+            return ONES
+        out = name.removesuffix(".weight").endswith(("wo", "w2"))
+        return normal(0.02 / math.sqrt(2 * self.args.n_layers) if out else 0.02)
+
     @torch.no_grad()
-    def init_weights(self, seed: int | None = None) -> None:
-        """Initialise every parameter in place (also after building on the meta device)."""
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
-        self.rope = self.make_rope().to(self.rope.device)
-        std = 0.02
-        # Output projections of each residual branch get the depth-scaled std of GPT-2.
-        out_std = std / math.sqrt(2 * self.args.n_layers)
-        for name, p in self.named_parameters():  # a tied weight is listed once
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                # Output projections of residual branches: wo, w2 (and stacked experts' w2).
-                s = out_std if name.removesuffix(".weight").endswith(("wo", "w2")) else std
-                p.copy_(torch.randn(p.shape, generator=gen) * s)
-        for name, b in self.named_buffers():
-            if name.endswith(("expert_bias", "router.load")):  # MoE routers start unbiased
-                b.zero_()
+    def init_buffers(self) -> None:
+        """The buffers, where they live (also after building on the meta device): the RoPE
+        table rebuilt from args, and each layer's own (MoE routers unbiased, no load)."""
+        self.rope = self.make_rope().to(self.rope.device, self.rope.dtype)
+        for module in self.modules():
+            if module is not self and hasattr(module, "init_buffers"):
+                module.init_buffers()
+
+    def init_weights(self, seed: int = 0) -> None:
+        """Initialise this whole model in place (models/init.py: the values any layout's
+        shards of it get from the same seed)."""
+        init_whole(self, seed, self.init_rule)
+        self.init_buffers()
 
     def forward(
         self,

@@ -119,6 +119,12 @@ class Router(nn.Module):
         # Routed copies per expert since the engine last read and zeroed it (training only).
         self.register_buffer("load", torch.zeros(n_experts), persistent=False)
 
+    def init_buffers(self) -> None:
+        """Unbiased, no load counted (also after building on the meta device)."""
+        for b in (self.expert_bias, self.load):
+            if b is not None:
+                b.zero_()
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (T, D) -> weights (T, k) in x's dtype, chosen (T, k) expert ids, and the
         normalised scores (T, E) in fp32 that the balance losses use."""
@@ -234,6 +240,10 @@ class MoE(nn.Module):
         self.parallel = MoEParallel()
         # The balance losses' sum over training forwards since the engine last read it.
         self.aux_loss_sum = torch.zeros(())
+
+    def init_buffers(self) -> None:
+        """The balance losses' sum at zero, where the layer lives (after a meta build too)."""
+        self.aux_loss_sum = torch.zeros((), device=self.router.load.device)
 
     def parallelize(self, **settings) -> None:
         """Change how the engine runs this layer: fields of MoEParallel (an unknown name is a

@@ -12,6 +12,8 @@
   Goal: at most 1.05.
 - Prepare: `launcher.prepare --workers 2` against the tokenizers library's own batch encoding
   of the same documents on 2 threads (launcher/bench/prepare.py). Goal: at least 0.8.
+- Start: time to first step and each rank's peak memory before it, for a ~1 GB (fp32) model
+  on 1, 2, 4 and 8 processes (launcher/bench/start.py).
 - The planner: plans per second, the 405B search; and one CPU thread's fp32 matmul rate (the
   cpu preset's peak_tflops).
 
@@ -169,6 +171,33 @@ def prepare_table(console: Console) -> Table:
     return table
 
 
+def start_table(console: Console) -> Table:
+    from launcher.bench.start import start_by_ranks
+
+    with console.status("") as status:
+        r = start_by_ranks(progress=status.update)
+    table = Table(
+        title=(
+            f"start: a {r['model_gib']:.2f} GiB (fp32) llama-shaped model, FSDP over N CPU "
+            "processes, to its first step"
+        ),
+        title_justify="left",
+    )
+    for col in ("ranks", "to first step", "peak per rank before it", "share of the model",
+                "first step", "whole command"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for row in r["runs"]:
+        table.add_row(
+            str(row["ranks"]),
+            f"{row['start_s']:.1f} s",
+            f"{row['start_peak_gib']:.2f} GiB (least {row['start_peak_gib_least']:.2f})",
+            f"{r['model_gib'] / row['ranks']:.2f} GiB",
+            f"{row['step_s']:.1f} s",
+            f"{row['wall_s']:.1f} s",
+        )
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = bench_parser("python -m launcher.bench", __doc__, "config overrides of the run")
     parser.add_argument("--rounds", type=int, default=6, help="turns each contender takes")
@@ -196,6 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     for overrides in ([*args.overrides], [*args.overrides, *LARGER]):
         console.print(checkpoint_table(console, overrides))
     console.print(prepare_table(console))
+    console.print(start_table(console))
     if not args.no_planner:
         console.print(planner_table(console))
 

@@ -4,12 +4,14 @@ list: every checkpoint under RUN_DIR/checkpoints (or a checkpoint directory give
 step, complete or not, the layout it was saved under, size on disk.
 export: the model of one complete checkpoint as a plain `torch.save` state dict of full
 tensors, keyed by the plain model's parameter names (loadable with `model.load_state_dict`
-on one process, whatever layout saved it).
+on one process, whatever layout saved it). It streams: one tensor in memory at a time, read
+from the checkpoint's shard files, so a model larger than this machine's memory exports.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import warnings
 from pathlib import Path
@@ -67,18 +69,32 @@ def export_command(path: Path, out: Path) -> int:
         entry = open_checkpoint(path)
     except CheckpointError as e:
         fail(str(e))
-    import torch
+    from rich.progress import track
 
-    from launcher.checkpoint import reader
+    from launcher.checkpoint import reader, stream
 
-    try:
-        model = reader.full_model_state(entry)
-    except CheckpointError as e:
-        fail(str(e))
+    damaged = reader.checkpoint_damage(entry)  # files, checksums, the metadata's allow-list
+    if damaged:
+        fail(f"{entry.path} is damaged: {'; '.join(damaged)}")
+    tensors = stream.model_tensors(entry)
+    shapes = {name: (tuple(m.size), m.properties.dtype) for name, m in tensors.items()}
     out.parent.mkdir(parents=True, exist_ok=True)
-    torch.save(model, out)
-    n = sum(t.numel() for t in model.values())
-    print(f"wrote {out}: {len(model)} tensors, {n:,} parameters, step {entry.step}")
+    partial = out.with_name(f".{out.name}.partial")
+    # One tensor in memory at a time (launcher/checkpoint/stream.py), written under a
+    # temporary name: OUT appears whole or not at all.
+    try:
+        stream.save_streamed(
+            partial,
+            shapes,
+            lambda name: stream.read_tensor(entry, name, tensors[name]),
+            lambda names: track(names, description="exporting", transient=True),
+        )
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(out)
+    n = sum(math.prod(shape) for shape, _ in shapes.values())
+    print(f"wrote {out}: {len(shapes)} tensors, {n:,} parameters, step {entry.step}")
     return 0
 
 

@@ -121,24 +121,3 @@ def load(state: dict, path, no_dist: bool) -> None:
         planner=SafePlanner(),
         no_dist=no_dist,
     )
-
-
-def full_model_state(entry) -> dict:
-    """A complete checkpoint's model as full tensors in one process (whatever layout saved
-    it), by parameter name; refused (CheckpointError) if anything in it is damaged."""
-    import torch
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from launcher.checkpoint.store import CheckpointError
-
-    damaged = checkpoint_damage(entry)  # files, checksums, the metadata's allow-list
-    if damaged:
-        raise CheckpointError(f"{entry.path} is damaged: {'; '.join(damaged)}")
-    metadata = read_metadata_file(entry.path / ".metadata").state_dict_metadata
-    model = {
-        key.removeprefix("model."): torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in metadata.items()
-        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
-    }
-    load({"model": model}, entry.path, no_dist=True)
-    return model

@@ -17,12 +17,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from launcher.hf.names import INDEX, Source, read_headers, sources
-from launcher.optim import canonical_name
-
-Box = tuple[slice, ...]
+from launcher.parallel.materialize import Box, canonical_name, local_box
 
 
 def to_rotate_half(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -67,14 +64,6 @@ class Reader:
 
 def _range(s: slice) -> range:
     return range(s.start, s.stop)
-
-
-def local_box(t: torch.Tensor) -> Box:
-    """The part of the full tensor this rank holds, as one slice per dimension."""
-    if not isinstance(t, DTensor):
-        return tuple(slice(0, n) for n in t.shape)
-    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-    return tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
 
 
 @torch.no_grad()

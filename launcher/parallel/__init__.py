@@ -8,12 +8,18 @@ checkpointing and compile wrap blocks that must already be TP-sharded (so the re
 compiled code is the sharded one); FSDP comes last because it groups each (wrapped, compiled)
 block into one communication unit. Context-parallel ranks hold the same parameters and
 different tokens, so FSDP shards over dp_shard x cp and DDP averages over dp x cp.
+
+All of it runs on the meta device (`build`): the model is built whole there, split, sharded,
+and only then does each rank allocate and initialise what it holds; DDP, which needs real
+parameters, wraps last.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
+import torch
 from torch import nn
 
 from launcher.config import Config
@@ -21,7 +27,7 @@ from launcher.distributed import Dist
 from launcher.layout import Layout, recomputed
 from launcher.parallel.checkpointing import apply_ac, apply_compile
 from launcher.parallel.context_parallel import apply_cp
-from launcher.parallel.data_parallel import apply_ddp, apply_fsdp
+from launcher.parallel.data_parallel import DTYPES, apply_ddp, apply_fsdp
 from launcher.parallel.expert_parallel import apply_ep, apply_moe_hooks, expert_parameter_names
 from launcher.parallel.tensor_parallel import apply_tp
 
@@ -35,8 +41,9 @@ def keeps_shards(layout: Layout, compiled: bool, index: int) -> bool:
 
 
 def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Module:
-    """Apply the layout to a model built identically on every rank (model family, compile and
-    precision come from the config; everything about the layout from `layout`)."""
+    """Shard a model (built identically on every rank, on the meta device or real) as the
+    layout says: every axis but DDP (`replicate`). Model family, compile and precision come
+    from the config; everything about the layout from `layout`."""
     if layout.tp > 1:
         apply_tp(
             model,
@@ -72,18 +79,64 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
         )
     if cfg.train.compile:
         apply_compile(model)
-    if d.mesh is None or layout.dp_cp == 1:
+    if d.mesh is None or layout.dp_cp == 1 or not layout.fsdp_enabled:
         return model
     prec = cfg.precision
-    if layout.fsdp_enabled:
-        return apply_fsdp(
-            model,
-            d.fsdp_mesh,
-            reshard_after_forward=layout.reshard_after_forward,
-            param_dtype=prec.param_dtype.value,
-            reduce_dtype=prec.grad_dtype.value,
-            expert_mesh=expert_mesh,
-        )
-    if layout.grads_averaged_by_trainer:  # no DDP under a pipeline (see Layout)
+    return apply_fsdp(
+        model,
+        d.fsdp_mesh,
+        reshard_after_forward=layout.reshard_after_forward,
+        param_dtype=prec.param_dtype.value,
+        reduce_dtype=prec.grad_dtype.value,
+        expert_mesh=expert_mesh,
+    )
+
+
+def replicate(model: nn.Module, layout: Layout, d: Dist) -> nn.Module:
+    """DDP over dp x cp where the parameters are replicated and no pipeline averages them
+    itself (Layout.grads_averaged_by_trainer); applied once the parameters are real (its
+    first step checks their shapes across ranks and broadcasts rank 0's values)."""
+    if d.mesh is None or layout.dp_cp == 1 or layout.fsdp_enabled:
+        return model
+    if layout.grads_averaged_by_trainer:
         return model
     return apply_ddp(model, d.dp_cp_mesh, d.device, skip=expert_parameter_names(model))
+
+
+@dataclass
+class Built:
+    """This rank's share of the model: (stage index, module) for each pipeline stage it runs
+    (one, index 0, without a pipeline), and the (embedding, output) names of a tied matrix."""
+
+    stages: list[tuple[int, nn.Module]]
+    tied: tuple[str, str] | None
+
+
+def build(cfg: Config, layout: Layout, d: Dist, pp_rank: int) -> Built:
+    """The one build path of every run and of the dry run: the whole model on the meta device
+    (no memory), split into this pipeline rank's stages, parallelized, then, unless the device
+    is meta itself (the dry run), allocated and initialised on the device with only what this
+    rank holds (launcher/parallel/materialize.py), and finally replicated where DDP applies."""
+    import models
+    from launcher.parallel.materialize import materialize
+    from models.init import Plan
+
+    with torch.device("meta"):
+        model = models.build(cfg.model.family, vars(cfg.model))
+    model.to(DTYPES[cfg.precision.master_dtype.value])
+    plan = Plan.of(model)  # the full model's parameters, for every rank's initial values
+    tied = None
+    if layout.pp > 1:
+        from launcher.parallel import pipeline  # torch.distributed.pipelining: pp > 1 only
+
+        tied = pipeline.tied_names(model)
+        stages = pipeline.split(
+            model, pp_rank, layout.pp, layout.stages_per_rank, layout.schedule, layout.stage_layers
+        )
+    else:
+        stages = [(0, model)]
+    stages = [(i, parallelize(m, layout, cfg, d)) for i, m in stages]
+    if d.device.type != "meta":
+        for _, m in stages:
+            materialize(m, d.device, cfg.train.seed, plan)
+    return Built([(i, replicate(m, layout, d)) for i, m in stages], tied)

@@ -33,6 +33,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from launcher.parallel.materialize import when_real
 from models import families
 from models.families import COLUMN, ROW
 from models.moe import MoE
@@ -86,8 +87,12 @@ def apply_tp(
     # it: vocab x dim more per rank until the optimizer step).
     embedding = _find(model, fam.tp_embedding)
     if embedding is not None:  # a pipeline stage after the first has none
-        table = embedding.weight
-        table.register_hook(lambda g: g.redistribute(table.device_mesh, table.placements))
+
+        def regrid() -> None:
+            table = embedding.weight
+            table.register_hook(lambda g: g.redistribute(table.device_mesh, table.placements))
+
+        when_real(embedding, regrid)
         if compiled:
             waited_output(_find(model, fam.tp_embedding_sum or fam.tp_embedding))
 

@@ -43,7 +43,7 @@ class Plan:
     @property
     def fits(self) -> bool:
         m = self.memory
-        return m is not None and m.total <= self.cfg.hardware.memory_gib * GIB
+        return m is not None and max(m.total, m.start) <= self.cfg.hardware.memory_gib * GIB
 
     @property
     def ok(self) -> bool:

@@ -1,8 +1,9 @@
 """`plan.dry_run=true`: the engine's real mesh and parallelize functions at full world size.
 
-A fake process group (torch's FakeStore, backend "fake") stands in for every rank, the model is
-built on the meta device (no memory) and `launcher.parallel.parallelize` shards it exactly as
-training would, for the stages of the planner's most loaded pipeline rank. The local shards of
+A fake process group (torch's FakeStore, backend "fake") stands in for every rank and
+`launcher.parallel.build`, the trainer's own build path, builds the model on the meta device (no
+memory) and shards it exactly as training does, for the stages of the planner's most loaded
+pipeline rank; only the last step, allocating on the device, is left out. The local shards of
 that stage's first rank give the parameter count it holds (FSDP gives its first ranks the
 padded, largest chunks), reported next to the planner's analytic figure; more than 0.1% apart
 fails the dry run. Axes the engine does not implement yet are reported as the error the engine
@@ -86,9 +87,8 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    import models
     from launcher.distributed import mesh_dist
-    from launcher.parallel import parallelize, pipeline
+    from launcher.parallel import build
 
     mem, lay = plan.memory, plan.layout
     pp_rank = mem.rank if mem else 0
@@ -107,35 +107,16 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=plan.world_size)
     try:
         d = mesh_dist(lay, "cpu", torch.device("meta"), rank=0)
-        with torch.device("meta"):
-            model = models.build(cfg.model.family, vars(cfg.model))
-        if lay.pp > 1:  # that pipeline rank's stages (FSDP shards as on any dp coordinate 0)
-            parts = [
-                parallelize(m, lay, cfg, d)
-                for _, m in pipeline.split(
-                    model, pp_rank, lay.pp, lay.stages_per_rank, lay.schedule, lay.stage_layers
-                )
-            ]
-        else:
-            parts = [parallelize(model, lay, cfg, d)]
+        # The trainer's own build (launcher.parallel.build), for that pipeline rank's stages
+        # (FSDP shards as on any dp coordinate 0), stopping short of allocating on meta.
+        parts = [m for _, m in build(cfg, lay, d, pp_rank).stages]
         local = [
             p.to_local() if hasattr(p, "to_local") else p
             for part in parts
             for p in part.parameters()
         ]
         result.engine_params = sum(t.numel() for t in local)
-        master_b = (
-            torch.finfo(
-                getattr(
-                    torch,
-                    {"fp32": "float32", "bf16": "bfloat16"}.get(
-                        cfg.precision.master_dtype.value, "float32"
-                    ),
-                )
-            ).bits
-            // 8
-        )
-        result.engine_bytes = result.engine_params * master_b
+        result.engine_bytes = sum(t.numel() * t.element_size() for t in local)  # master dtype
     except Exception as e:  # the engine's own refusal, reported rather than raised
         result.errors.append(f"{type(e).__name__}: {e}")
     finally:

@@ -28,6 +28,7 @@ from launcher.plan.memory import (
 from launcher.plan.model_size import block_matmuls
 from launcher.plan.terms import Time, step_time
 from models import families
+from models.tiles import band_bytes
 
 # The loss's peak per logit element (launcher.trainer.loss_fn: cross-entropy of the logits cast
 # to fp32), in its backward: eager, the fp32 log-softmax it saved, the gradient nll_loss writes
@@ -56,6 +57,9 @@ class Memory:
     activations: float
     other: float  # transient unsharded parameters and gradients, logits, reserve
     rank: int  # pipeline rank it belongs to
+    # Before the first step: the parameters as built (the rank's share, in the master dtype;
+    # launcher.parallel.build), initialisation's band of tiles and the reserve.
+    start: float = 0.0
 
     @property
     def total(self) -> float:
@@ -184,7 +188,16 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
         other += unit * (2 * ctx.param_b + ctx.grad_b)
     elif stage == 2 and held.dense_ranks > 1:
         other += unit * ctx.grad_b
-    return Memory(params, grads, master, optim, activations, other, rank)
+    start = held.at_rest(lay) * (ctx.master_b or ctx.param_b) + build_transient(m) + ctx.reserve
+    return Memory(params, grads, master, optim, activations, other, rank, start)
+
+
+def build_transient(m) -> float:
+    """What initialising a rank's share holds beside it at most: one band of tiles across the
+    widest parameter (models/tiles.py; each parameter's last dimension is the width of its
+    input: the model's dim, an MLP's hidden size, the attention heads' concatenation)."""
+    heads = m.n_heads * max(m.v_head_dim or 0, m.head_dim or m.dim // max(1, m.n_heads))
+    return band_bytes(max(m.dim, m.ffn_dim, m.moe_ffn_dim or 0, heads))
 
 
 def evaluate(ctx: Context, lay: Layout) -> Estimate:

@@ -147,6 +147,7 @@ def plan_table(plan: Plan) -> Group:
         verdict = "fits" if plan.fits else "DOES NOT FIT"
         verdict += "" if plan.valid else " (invalid layout)"
         main.add_row("  total", f"{_gib(m.total)} of {hw.memory_gib:g} GiB: {verdict}")
+        main.add_row("  at start", f"{_gib(m.start)} before the first step (parameters as built)")
     est = plan.estimate
     if est is not None and est.time is not None:
         tm = est.time
@@ -192,6 +193,7 @@ def memory_json(m, capacity_gib: float) -> dict:
         "activations": m.activations / GIB,
         "other": m.other / GIB,
         "total": m.total / GIB,
+        "start": m.start / GIB,
         "capacity": capacity_gib,
     }
 

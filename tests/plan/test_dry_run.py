@@ -127,6 +127,27 @@ def test_dry_run_matches_analytic_parameters(name):
     assert result.relative_error < 1e-3, (result.engine_params, result.analytic_params)
 
 
+def test_dry_run_builds_through_the_trainers_build(monkeypatch):
+    """One build path: the dry run calls launcher.parallel.build, as the trainer does, and
+    only its last step (allocating on the device) is skipped on the meta device."""
+    import launcher.parallel
+    import launcher.trainer
+
+    calls = []
+    real = launcher.parallel.build
+
+    def counting(cfg, layout, d, pp_rank):
+        built = real(cfg, layout, d, pp_rank)
+        calls.append([p.device.type for _, m in built.stages for p in m.parameters()])
+        return built
+
+    monkeypatch.setattr(launcher.parallel, "build", counting)
+    cfg = compose_config(["model.tie_embeddings=true", "parallel.pp=2", "parallel.dp_shard=1"])
+    assert dry_run(cfg, make_plan(cfg)).ok
+    assert len(calls) == 1 and set(calls[0]) == {"meta"}
+    assert launcher.trainer.build is real  # the trainer's, imported from the same place
+
+
 def test_dry_run_reports_what_the_engine_refuses():
     cfg = compose_config(
         H100

@@ -1,0 +1,58 @@
+"""A job of tests/group.py: each rank's resident memory from start to its first forward, and
+over a whole (one-step) run, beside the planner's figures for that rank.
+
+`job(OUT, CASE, ...)`: for each case (space-separated overrides) in turn, on this group: the
+memory freed by the jobs before it is handed back to the system (malloc_trim) and the peak
+resident set reset (/proc/self/clear_refs, 5); then the engine's Trainer is built (the meta
+build, each rank materialising its share) and the peak read (`start`); the run trains and the
+peak is read again (`run`). Writes OUT/RANK.json: {case: {"start": bytes above the resident
+set before the build, "run": the same over the run, "planned": the planner's states and
+activations for this rank}}.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+from pathlib import Path
+
+import torch.distributed as dist
+from jobs import _NoSignals, trainer_of
+
+from launcher.plan.estimate import layout_ranks, rank_memory
+
+
+def status(key: str) -> int:
+    """A /proc/self/status figure (VmRSS, VmHWM) in bytes."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+
+def fresh_peak() -> int:
+    """Give freed memory back, reset the peak resident set; the resident set now."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    Path("/proc/self/clear_refs").write_text("5")
+    return status("VmRSS")
+
+
+def job(out: Path, *cases: str) -> None:
+    result = {}
+    for i, case in enumerate(cases):
+        dist.barrier()
+        (out / str(i)).mkdir(exist_ok=True)
+        before = fresh_peak()
+        _, d, trainer = trainer_of(out / str(i), case.split())
+        start = status("VmHWM") - before
+        trainer.train(_NoSignals())
+        run = status("VmHWM") - before
+        ctx, lay = trainer.plan.context, trainer.plan.layout
+        pp_rank = d.local_rank_of("pp")
+        m = rank_memory(ctx, lay, pp_rank, *layout_ranks(ctx, lay)[pp_rank])
+        planned = m.params + m.grads + m.master + m.optimizer + m.activations
+        result[case] = {"start": start, "run": run, "planned": planned}
+        del trainer
+    (out / f"{dist.get_rank()}.json").write_text(json.dumps(result))
