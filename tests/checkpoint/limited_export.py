@@ -19,6 +19,10 @@ import safetensors.torch  # noqa: F401
 import torch
 import torch.distributed.checkpoint  # noqa: F401
 
+import launcher.checkpoint.reader  # noqa: F401  (and what the commands import when they run)
+import launcher.checkpoint.stream  # noqa: F401
+import launcher.hf.weights  # noqa: F401
+import launcher.parallel.data_parallel  # noqa: F401
 from launcher.checkpoint.__main__ import main as checkpoint_main
 from launcher.convert import main as convert_main
 

@@ -55,10 +55,11 @@ MASKED = reference_job(LLAMA)
 
 @pytest.mark.jobs(CAUSAL, MASKED)
 def test_the_rows_train_with_document_masking_on(group):
-    """The masked run's first loss is not the causal run's: the rows above hold the masking
-    itself to one process, not a causal run twice."""
+    """The masked run's losses are not the causal run's (by 100x the rows' 1e-5 at some step):
+    the rows above hold the masking itself to one process, not a causal run twice."""
     causal, masked = (read_layout(group.result(j), "loss") for j in (CAUSAL, MASKED))
-    assert abs(causal[0] - masked[0]) > 1e-3, (causal[0], masked[0])
+    apart = max(abs(c - m) for c, m in zip(causal, masked, strict=True))
+    assert apart > 1e-3, (causal, masked)
 
 
 TWO_LAYOUTS = {
