@@ -3,8 +3,9 @@ exporting process may map (RLIMIT_AS) exports and converts, and round-trips.
 
 The checkpoint holds a llama-shaped model of ~400 MB in fp32, saved as DCP (as a run or
 `convert from-hf` saves it); the commands run in a process capped at what it maps after its
-imports plus 180 MB (under half the model). Loading the exported file whole under that cap fails (so the cap is real);
-the exported file and the Hugging Face files equal the saved model, tensor for tensor.
+imports plus 180 MB (under half the model). Loading the exported file whole under that cap fails
+(so the cap is real); the exported file and the Hugging Face files equal the saved model, tensor
+for tensor.
 """
 
 from __future__ import annotations

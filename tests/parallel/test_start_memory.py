@@ -8,7 +8,8 @@ head). Over the whole run (one step and its checkpoint) a rank stays within the 
 for it (states, activations and the transients it counts: the gathered blocks, FSDP's prefetch of
 the next one, which a one-layer model never does, and the loss's logits; not its reserve) plus
 that baseline's run. The model is llama-shaped at ~115 MB in fp32 (~150 MB with the pipeline's
-four layers; 8x a rank's share and more), and a Mixtral-shaped one of ~160 MB whose routed experts hold most of it.
+four layers; 8x a rank's share and more), and a Mixtral-shaped one of ~160 MB whose routed
+experts hold most of it.
 """
 
 from __future__ import annotations
