@@ -117,7 +117,9 @@ class Trainer:
         # (launcher/plan/estimate.py, loss_bytes_per_logit).
         compiled_loss = loss_compiled(cfg, self.layout)
         self.loss = torch.compile(loss_fn) if compiled_loss else loss_fn
+        began = time.perf_counter()
         self._build_model()
+        self.build_s = time.perf_counter() - began
         # Each micro-batch's balance losses weigh 1 / micro-batches, like its main loss (the
         # pipeline schedules divide every gradient by the micro-batch count themselves). Every
         # tp rank starts the same balance loss's gradient, and tp ranks' gradients add up
@@ -603,15 +605,23 @@ class Trainer:
     def started(self) -> dict:
         """The start, for the first step's metrics (over every rank): seconds from the
         process's start to now (torch's import, the process group, the build, any load), and
-        the peak memory before the first step, the largest and the smallest of any rank."""
+        the peak memory before the first step, the largest and the smallest of any rank; and
+        the longest any rank took to build and initialise its model parts (`build_s`)."""
         peak = peak_memory_gib(self.d.device)
         figures = torch.tensor(
-            [seconds_since_start(), peak, -peak], dtype=torch.float64, device=self.d.device
+            [seconds_since_start(), peak, -peak, self.build_s],
+            dtype=torch.float64,
+            device=self.d.device,
         )
         if dist.is_initialized():
             dist.all_reduce(figures, op=dist.ReduceOp.MAX)
-        seconds, peak, least = figures.tolist()
-        return {"start_s": seconds, "start_peak_gib": peak, "start_peak_gib_least": -least}
+        seconds, peak, least, build_s = figures.tolist()
+        return {
+            "start_s": seconds,
+            "start_peak_gib": peak,
+            "start_peak_gib_least": -least,
+            "build_s": build_s,
+        }
 
     def summary(self, ended: str, logger: MetricsLogger, wait: bool) -> str:
         """The run's last lines: how it ended, where it stands and how to continue it. After

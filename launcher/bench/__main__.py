@@ -183,13 +183,14 @@ def start_table(console: Console) -> Table:
         ),
         title_justify="left",
     )
-    for col in ("ranks", "to first step", "peak per rank before it", "share of the model",
-                "first step", "whole command"):  # fmt: skip
+    for col in ("ranks", "to first step", "of it the build", "peak per rank before it",
+                "share of the model", "first step", "whole command"):  # fmt: skip
         table.add_column(col, justify="right")
     for row in r["runs"]:
         table.add_row(
             str(row["ranks"]),
             f"{row['start_s']:.1f} s",
+            f"{row['build_s']:.1f} s",
             f"{row['start_peak_gib']:.2f} GiB (least {row['start_peak_gib_least']:.2f})",
             f"{r['model_gib'] / row['ranks']:.2f} GiB",
             f"{row['step_s']:.1f} s",

@@ -3,11 +3,13 @@
 A llama-shaped model of about 1 GB in fp32 (dim 2048, 5 layers of SwiGLU 5632) is trained for
 one step by `launcher.train` itself on 1, 2, 4 and 8 CPU processes (FSDP over all of them: each
 holds 1/N of the model). The run's first step records (launcher/trainer.py, `started`) the
-seconds from each process's start to its first step, over every rank, and each rank's peak
-resident memory before it; the whole command's wall time is measured beside them. Every rank
-builds on the meta device and materialises only its share, so the memory at start falls with
-the rank count (1/N of the model plus what every process holds: torch, the process group, the
-data), and the time stays flat where the ranks share this machine's cores.
+seconds from each process's start to its first step and, of them, the model's build (the
+slowest rank of each), and each rank's peak resident memory before it; the whole command's wall
+time is measured beside them. Every rank builds on the meta device and materialises only its
+share, so the memory at start and the build's time fall with the rank count (1/N of the model,
+plus what every process holds: torch, the process group, the data). The time to the first step
+does not fall here: N processes share this machine's 2 cores, and each one's start (Python,
+torch's import, the process group: about 5 s of CPU) is paid N times over.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def start_run(ranks: int, directory: Path) -> dict:
     return {
         "ranks": ranks,
         "start_s": first["start_s"],
+        "build_s": first["build_s"],
         "start_peak_gib": first["start_peak_gib"],
         "start_peak_gib_least": first["start_peak_gib_least"],
         "step_s": first["step_time_s"],
