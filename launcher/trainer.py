@@ -74,6 +74,7 @@ from launcher.plan.report import plan_json
 from launcher.profiling import profiled
 from launcher.sources import run_data
 from models.layers import document_ids
+from models.moe import expert_kernel
 
 
 class Stopped(Exception):
@@ -141,6 +142,9 @@ class Trainer:
             isinstance(self.parts[0], FSDPModule)
         )
         self.compute_dtype = DTYPES[cfg.precision.compute_dtype.value]
+        loop = self.moe and expert_kernel(d.device.type, self.compute_dtype)
+        if loop and d.rank == 0:
+            print(f"experts: one at a time, no grouped matmul here ({loop})", flush=True)
         # MFU's denominator: the device's peak. A CPU preset's is one thread's matmul rate, and
         # a process computes on torch's intra-op threads (one per rank under torchrun, every
         # core for a run of one process).

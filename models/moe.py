@@ -9,6 +9,12 @@ Plain torch, no distributed import: how the engine distributes a layer (tensor, 
 context parallelism, pipeline stages) it sets through one interface, `MoE.parallelize` (the
 fields of `MoEParallel`), and it reads the load each router saw since it last looked.
 
+The experts compute in the compute dtype (autocast's where it is on, else the tokens'), as one
+grouped matmul per weight stack wherever torch has the kernel (`expert_kernel` says where it
+does not: then a per-expert loop, linear in E forward and backward). Nothing in the routed path
+waits for the host: token counts stay on the device, shapes stay static, so a compiled block
+runs it without a graph break or a recompilation as routing changes.
+
 Shapes: T tokens of this forward (B x S), D dim, E routed experts, k top_k, F expert FFN width,
 N = T x k token copies.
 """
@@ -22,44 +28,207 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.expert_kernel import loop_reason
 from models.layers import FeedForward, swiglu
 
+# torch's grouped matmul: the public name where this torch has it, else the private operator it
+# wraps (torch 2.8 to 2.9 have only that one).
+_grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
-def _grouped_mm_runs(x: torch.Tensor, *ws: torch.Tensor) -> bool:
-    """torch's grouped matmul: CPU in any float dtype, CUDA in bf16 only; rows of a multiple of
-    16 bytes (see ../shared/MACHINE.md). Compiled, bf16 only: torch 2.13's shape function
-    refuses other dtypes even where the CPU kernel runs them."""
-    if not hasattr(F, "grouped_mm") or (
-        (x.device.type == "cuda" or torch.compiler.is_compiling()) and x.dtype != torch.bfloat16
-    ):
-        return False
-    return all(w.shape[-1] * x.element_size() % 16 == 0 for w in ws) and all(
-        w.shape[-2] * x.element_size() % 16 == 0 for w in ws
-    )
+
+def expert_kernel(device_type: str, dtype: torch.dtype) -> str | None:
+    """Why the experts run one at a time here (None: as the grouped kernel); the rule, shared
+    with the planner, is models/expert_kernel.py. The engine says it at start."""
+    name = str(dtype).removeprefix("torch.")
+    return loop_reason(device_type, name, has_grouped_mm=_grouped_mm is not None)
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype x's matmuls compute in: autocast's where it is on for x's device, else x's."""
+    kind = x.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return x.dtype
+
+
+def _pad(t: torch.Tensor, sizes: tuple[int, ...]) -> torch.Tensor:
+    """t with its trailing dimensions zero-padded up to `sizes`."""
+    widths = []
+    for have, want in reversed(list(zip(t.shape[-len(sizes) :], sizes, strict=True))):
+        widths += [0, want - have]
+    return F.pad(t, widths) if any(widths) else t
+
+
+def _padded_dims(x: torch.Tensor, w1: torch.Tensor) -> tuple[int, int]:
+    """D and F rounded up to 16 bytes, the strides the grouped kernel takes: zero-padded
+    units compute zeros (silu(0) x 0 = 0) and are cut off the results."""
+    unit = 16 // x.element_size()
+    return -(-x.shape[1] // unit) * unit, -(-w1.shape[1] // unit) * unit
+
+
+def _aligned_rows(counts: torch.Tensor, n: int, align: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where each of n rows grouped by expert (counts (G,) each, in order) goes so that every
+    group starts at a multiple of `align` rows (the 16-byte alignment CUDA's kernel wants for
+    the weight gradients' groups, as torchtitan pads them): the rows' places (n,) and the groups'
+    ends (G,), in a static n + G x (align - 1) rows, computed on the device."""
+    padded = (counts + align - 1) // align * align
+    ends = padded.cumsum(0)
+    first = counts.cumsum(0)
+    expert = torch.searchsorted(first, torch.arange(n, device=counts.device), right=True)
+    shift = (ends - padded) - (first - counts)  # (G,) how far each group's rows move
+    return torch.arange(n, device=counts.device) + shift[expert], ends
+
+
+def _grouped_swiglu(x, counts, w1, w2, w3, align: int) -> torch.Tensor:
+    """The grouped kernel's SwiGLU under autograd (a compiled block traces it): dimensions
+    padded to 16 bytes, rows aligned to `align` where the device wants it."""
+    n, d = x.shape
+    dp, fp = _padded_dims(x, w1)
+    x, w1, w3, w2 = _pad(x, (dp,)), _pad(w1, (fp, dp)), _pad(w3, (fp, dp)), _pad(w2, (dp, fp))
+    if align > 1:
+        rows, ends = _aligned_rows(counts, n, align)
+        x = x.new_zeros(n + counts.numel() * (align - 1), dp).index_copy(0, rows, x)
+    else:
+        ends = counts.cumsum(0)
+    offs = ends.to(torch.int32)
+    h = swiglu(
+        _grouped_mm(x, w1.transpose(-2, -1), offs=offs),
+        _grouped_mm(x, w3.transpose(-2, -1), offs=offs),
+    )  # (rows, F)
+    y = _grouped_mm(h, w2.transpose(-2, -1), offs=offs)  # (rows, D)
+    if align > 1:
+        y = y.index_select(0, rows)
+    return y[:, :d] if dp != d else y
+
+
+# -- The experts as one operator of their own ------------------------------------------------
+# Where a compiled block cannot trace the grouped kernel (torch 2.13's shape function takes
+# bf16 only, though the CPU kernel runs every float dtype), and where no grouped kernel runs at
+# all (then one expert at a time), the experts are one custom operator with an explicit
+# backward: opaque to the compiler (no graph break, whatever the routing), and each weight
+# gradient written once into one stack (indexing the stacks under autograd would copy a whole
+# stack per expert: O(E^2) in backward).
+
+
+def _expert_rows(counts: torch.Tensor):
+    """(expert, slice of its rows) for every expert with rows: the loop's host sync."""
+    start = 0
+    for e, n in enumerate(counts.tolist()):
+        if n:
+            yield e, slice(start, start + n)
+        start += n
+
+
+def _swiglu_grads(a, b, dh):
+    """(h, da, db) of h = silu(a) x b, given h's gradient dh."""
+    gate = torch.sigmoid(a)
+    silu = a * gate
+    return silu * b, dh * b * gate * (1 + a * (1 - gate)), dh * silu
+
+
+@torch.library.custom_op("launcher::experts_swiglu", mutates_args=())
+def _experts_op(
+    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
+) -> torch.Tensor:
+    """grouped_swiglu's result, run eagerly: grouped where the kernel runs, else a loop."""
+    if expert_kernel(x.device.type, x.dtype) is None:
+        with torch.no_grad():
+            return _grouped_swiglu(x, counts, w1, w2, w3, align=1)
+    out = x.new_zeros(x.shape[0], w2.shape[1])
+    for e, rows in _expert_rows(counts):
+        part = x[rows]
+        out[rows] = (F.silu(part @ w1[e].T) * (part @ w3[e].T)) @ w2[e].T
+    return out
+
+
+@torch.library.custom_op("launcher::experts_swiglu_backward", mutates_args=())
+def _experts_backward_op(
+    grad: torch.Tensor,
+    x: torch.Tensor,
+    counts: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients of _experts_op for x and the three stacks, recomputing the hidden activations
+    (a = x w1^T, b = x w3^T)."""
+    if expert_kernel(x.device.type, x.dtype) is None:
+        return _grouped_backward(grad, x, counts, w1, w2, w3)
+    dx = torch.zeros_like(x)
+    dw1, dw2, dw3 = torch.zeros_like(w1), torch.zeros_like(w2), torch.zeros_like(w3)
+    for e, rows in _expert_rows(counts):
+        part, g = x[rows], grad[rows]
+        h, da, db = _swiglu_grads(part @ w1[e].T, part @ w3[e].T, g @ w2[e])
+        dw2[e], dw1[e], dw3[e] = g.T @ h, da.T @ part, db.T @ part
+        dx[rows] = da @ w1[e] + db @ w3[e]
+    return dx, dw1, dw2, dw3
+
+
+def _grouped_backward(grad, x, counts, w1, w2, w3):
+    """_experts_backward_op with the grouped kernel: 2-D x 2-D grouped products give each
+    expert's weight gradient into one stack."""
+    d, f = x.shape[1], w1.shape[1]
+    dp, fp = _padded_dims(x, w1)
+    x, grad = _pad(x, (dp,)), _pad(grad, (dp,))
+    w1, w3, w2 = _pad(w1, (fp, dp)), _pad(w3, (fp, dp)), _pad(w2, (dp, fp))
+    offs = counts.cumsum(0).to(torch.int32)
+    a = _grouped_mm(x, w1.transpose(-2, -1), offs=offs)
+    b = _grouped_mm(x, w3.transpose(-2, -1), offs=offs)
+    h, da, db = _swiglu_grads(a, b, _grouped_mm(grad, w2, offs=offs))
+    dw2 = _grouped_mm(grad.T, h, offs=offs)
+    dw1, dw3 = _grouped_mm(da.T, x, offs=offs), _grouped_mm(db.T, x, offs=offs)
+    dx = _grouped_mm(da, w1, offs=offs) + _grouped_mm(db, w3, offs=offs)
+    return dx[:, :d], dw1[:, :f, :d], dw2[:, :d, :f], dw3[:, :f, :d]
+
+
+@_experts_op.register_fake
+def _(x, counts, w1, w2, w3):
+    return x.new_empty(x.shape[0], w2.shape[1])
+
+
+@_experts_backward_op.register_fake
+def _(grad, x, counts, w1, w2, w3):
+    return torch.empty_like(x), torch.empty_like(w1), torch.empty_like(w2), torch.empty_like(w3)
+
+
+def _experts_setup(ctx, inputs, output) -> None:
+    ctx.save_for_backward(*inputs)
+
+
+def _experts_backward(ctx, grad):
+    x, counts, w1, w2, w3 = ctx.saved_tensors
+    dx, dw1, dw2, dw3 = _experts_backward_op(grad.contiguous(), x, counts, w1, w2, w3)
+    return dx, None, dw1, dw2, dw3
+
+
+_experts_op.register_autograd(_experts_backward, setup_context=_experts_setup)
 
 
 def grouped_swiglu(
-    x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
+    x: torch.Tensor,
+    counts: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    w3: torch.Tensor,
+    align: int | None = None,
 ) -> torch.Tensor:
     """w2_e(silu(w1_e x) * w3_e x) for every row of x (N, D), rows grouped by expert in order:
-    counts (G,) rows for each of the G experts of w1, w3 (G, F, D) and w2 (G, D, F)."""
-    w1, w2, w3 = (w.to(x.dtype) for w in (w1, w2, w3))
+    counts (G,) rows for each of the G experts of w1, w3 (G, F, D) and w2 (G, D, F). Computes
+    in x's compute dtype (`compute_dtype`) and returns it. `align`: rows each group starts at a
+    multiple of (default: 16 bytes' worth on CUDA, none elsewhere)."""
+    dtype = compute_dtype(x)
+    x, w1, w2, w3 = (t.to(dtype) for t in (x, w1, w2, w3))
     if x.shape[0] == 0:
         # No tokens here: an empty result that still reaches x and every weight (zero
         # gradients), so that this rank's backward runs the same collectives as its peers'
         # (the all-to-all that brought x, the weights' gradient reduction).
         return x.new_zeros(0, w2.shape[1]) + 0 * (x.sum() + w1.sum() + w2.sum() + w3.sum())
-    if _grouped_mm_runs(x, w1, w2, w3):
-        offs = counts.cumsum(0).to(torch.int32)
-        h = swiglu(
-            F.grouped_mm(x, w1.transpose(-2, -1), offs=offs),
-            F.grouped_mm(x, w3.transpose(-2, -1), offs=offs),
-        )  # (N, F)
-        return F.grouped_mm(h, w2.transpose(-2, -1), offs=offs)  # (N, D)
-    out = []
-    for e, part in enumerate(x.split(counts.tolist())):
-        out.append(swiglu(part @ w1[e].T, part @ w3[e].T) @ w2[e].T)
-    return torch.cat(out)
+    traced = dtype == torch.bfloat16 or not torch.compiler.is_compiling()
+    if expert_kernel(x.device.type, dtype) is not None or not traced:
+        return _experts_op(x.contiguous(), counts, w1, w2, w3)
+    if align is None:
+        align = 16 // x.element_size() if x.device.type == "cuda" else 1
+    return _grouped_swiglu(x, counts, w1, w2, w3, align)
 
 
 class GroupedExperts(nn.Module):
@@ -268,14 +437,17 @@ class MoE(nn.Module):
         # in order), and how many each expert gets.
         expert_of_copy = chosen.flatten()  # (N,)
         order = expert_of_copy.argsort(stable=True)
-        counts = torch.bincount(expert_of_copy, minlength=self.router.n_experts)  # (E,)
+        # (E,) counted on the device: bincount would ask the host for its output's length.
+        counts = torch.zeros(self.router.n_experts, dtype=torch.long, device=x.device).scatter_add_(
+            0, expert_of_copy, torch.ones_like(expert_of_copy)
+        )
         token = order // k  # the token of each sorted copy
         # Counted in a training forward only: not in a recomputing backward (activation
-        # checkpointing runs this again), nor where the engine says the forward is not a
-        # training step (count_steps off: a pipeline stage's shape inference).
-        counting = (
-            self.training and self.parallel.count_steps and torch._C._current_graph_task_id() == -1
-        )
+        # checkpointing runs this again; a compiled block's recompute is in its backward
+        # graph, which does not replay the count), nor where the engine says the forward is
+        # not a training step (count_steps off: a pipeline stage's shape inference).
+        recomputing = not torch.compiler.is_compiling() and torch._C._current_graph_task_id() != -1
+        counting = self.training and self.parallel.count_steps and not recomputing
         if counting:
             self.router.load += counts.detach().to(self.router.load.dtype)
         y = self.experts(flat[token], counts)  # (N, D) sorted by expert

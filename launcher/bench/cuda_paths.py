@@ -170,14 +170,14 @@ def grouped_mm_checks(device: str) -> dict:
             for s in ((ffn, dim), (dim, ffn), (ffn, dim))
         ]
         grad = torch.randn(x.shape[0], dim, generator=gen).to(dev, torch.bfloat16)
-        reached = moe._grouped_mm_runs(x, *ws)
+        reached = moe.expert_kernel(dev.type, torch.bfloat16) is None
         results = []
         for grouped in (True, False, None):  # None: the loop in fp32, the reference
             dtype = torch.float32 if grouped is None else torch.bfloat16
             leaves = [t.detach().to(dtype).requires_grad_() for t in (x, *ws)]
-            with nullcontext() if grouped else patch.object(moe, "_grouped_mm_runs", never):
+            with nullcontext() if grouped else patch.object(moe, "expert_kernel", looping):
                 y = moe.grouped_swiglu(leaves[0], counts.to(dev), *leaves[1:])
-            y.backward(grad.to(dtype))
+                y.backward(grad.to(dtype))
             results.append([y.detach().float(), *(t.grad.float() for t in leaves)])
 
         grouped, loop, fp32 = results
@@ -188,9 +188,25 @@ def grouped_mm_checks(device: str) -> dict:
             "grouped_vs_loop": rel(EXPERT_GRADIENTS, grouped, loop),
             "grouped_vs_fp32": errors,
             "loop_vs_fp32": rel(EXPERT_GRADIENTS, loop, fp32),
+            "rows_unaligned": unaligned(x, counts.to(dev), ws, grad, grouped),
             "ok": max(errors.values()) < 2e-2,
         }
     return out
+
+
+def unaligned(x, counts, ws, grad, aligned: list) -> dict:
+    """The grouped kernel with each expert's rows where they fall (align=1) against the
+    default (on CUDA, rows aligned to 16 bytes): whether the kernel needs the padding."""
+    from models import moe
+
+    leaves = [t.detach().requires_grad_() for t in (x, *ws)]
+    try:
+        y = moe.grouped_swiglu(leaves[0], counts, *leaves[1:], align=1)
+        y.backward(grad)
+    except RuntimeError as e:
+        return {"failed": str(e)[:300]}
+    got = [y.detach().float(), *(t.grad.float() for t in leaves)]
+    return rel(EXPERT_GRADIENTS, got, aligned)
 
 
 EXPERT_GRADIENTS = ("out", "dx", "dw1", "dw2", "dw3")
@@ -200,6 +216,11 @@ BLOCK_GRADIENTS = ("out", "lse", "dq", "dk", "dv")
 def never(*args) -> bool:
     """A stand-in for a "does the fused kernel run" test: the reference form runs instead."""
     return False
+
+
+def looping(*args) -> str:
+    """A stand-in for models.moe.expert_kernel: no grouped kernel, the per-expert loop runs."""
+    return "the per-expert loop (check)"
 
 
 def rel(names: tuple[str, ...], one: list, other: list) -> dict[str, float]:

@@ -64,8 +64,9 @@ def dispatch_plan(
     received = torch.empty_like(counts)
     dist.all_to_all_single(received, counts, group=group)  # even splits: L counts per rank
     received = received.view(ep, local)
-    send = counts.view(ep, local).sum(1).tolist()
-    return send, received.sum(1).tolist(), received
+    # The layer's one host sync: both split lists in one transfer.
+    send, recv = torch.stack([counts.view(ep, local).sum(1), received.sum(1)]).tolist()
+    return send, recv, received
 
 
 class _AllToAll(torch.autograd.Function):

@@ -21,6 +21,7 @@ from launcher.plan.comm import Links
 from launcher.plan.memory import BYTES, GIB, reserve_gib
 from launcher.plan.model_size import Shape, active_matmul_params_per_token, flops_per_token, shape
 from models import families
+from models.expert_kernel import loop_reason
 
 
 class Context:
@@ -106,8 +107,14 @@ class Context:
         self.elementwise_mlp = per_mlp * fused  # per MLP hidden unit
         # Unfused attention's score traffic per token per layer (per kv position).
         self.elementwise_scores = 0.0 if self.flash else kernels.ELEMENTWISE_SCORES * s.n_heads
+        self.fused = fused  # the share of memory-bound traffic left where blocks compile
         ops = kernels.OPS_COMPILED if t.compile else 1.0
         self.ops_dense, self.ops_moe = kernels.OPS_DENSE * ops, kernels.OPS_MOE * ops
+        # Where no grouped kernel runs the experts (models/expert_kernel.py), the engine runs
+        # them one at a time: the reason, which the plan shows, and the launches it prices.
+        self.expert_loop = (
+            loop_reason(hw.device_type.value, p.compute_dtype.value) if self.moe else None
+        )
         self.ops_outside = kernels.OPS_OUTSIDE
 
 

@@ -25,6 +25,16 @@ The constants and where they come from:
   40 in all, 28 for fp32 logits, which need no cast). Compiled, one fused pass reads the logits
   forward and one reads them and writes their gradient backward: 3 x the compute dtype's bytes.
   On an H200, compiling the loss made Llama 3.2 1B's step at 8,192 tokens 45 ms (7%) faster.
+- MOE_BYTES: bytes an MoE layer's routed path moves per token, forward and backward, outside its
+  GEMMs and SwiGLU: per routed copy and dim (gathering each token's copies in expert order,
+  putting them back, weighting and summing them) and per token and routed expert (the
+  router's fp32 scores, top-k and balance statistics). Counted with a TorchDispatchMode over
+  models/moe.py's layer under bf16 autocast (T 256-512, D 64-128, E 8-32, top-k 2-4, F
+  64-128; least squares, residuals within 5%); the same fit gave 32 bytes per copy and FFN
+  unit (ELEMENTWISE's 16 elements in bf16) and 33 per stack element (the three stacks' casts
+  to bf16 and their gradients' back, 36 by count).
+- OPS_PER_EXPERT: operators per expert of the per-expert loop (models/moe.py, where no
+  grouped kernel runs), forward and backward, counted from the code: 6 + 25.
 - DTENSOR_HOST: an operator of a tensor-parallel block costs the host this many times a plain
   one, every operator of the block counted as a DTensor one: (t * 2 + 1).sum() forward and
   backward on a replicated 64 x 64 DTensor took 141 us against 31.4 us on a plain tensor (one
@@ -44,7 +54,10 @@ ELEMENTWISE_ROTARY = (103.0, 16.0)
 ELEMENTWISE_SCORES = 19.4  # per score of unfused attention (softmax, mask, dropout)
 ELEMENTWISE_COMPILED = 1 / 3
 
+MOE_BYTES = (104.0, 137.0)  # per routed copy and dim, per token and routed expert
+
 OPS_DENSE, OPS_MOE, OPS_OUTSIDE = 187, 273, 36
+OPS_PER_EXPERT = 31
 OPS_COMPILED = 0.1
 DTENSOR_HOST = 4.5
 

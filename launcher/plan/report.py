@@ -130,6 +130,8 @@ def plan_table(plan: Plan) -> Group:
             f"{ctx.shape.total:,} total, {ctx.active_params:,.0f} active matmul weights per token",
         )
         main.add_row("FLOPs/token", f"{ctx.model_flops_per_token:.4g} (6N + causal attention)")
+        if ctx.moe:
+            main.add_row("experts", experts_line(ctx))
     m = plan.memory
     if plan.estimate is not None and not plan.valid:
         main.add_row(
@@ -182,6 +184,21 @@ def problems_message(plan: Plan) -> str:
     lines = [f"the plan has {n} problem{'s' if n > 1 else ''}:"]
     lines += [f"  - {p}" for p in plan.errors]
     return "\n".join(lines)
+
+
+def experts_line(ctx) -> str:
+    """How the engine will run the routed experts (models/expert_kernel.py)."""
+    m = ctx.model
+    head = f"{m.n_routed_experts} routed (top {m.top_k}) per MoE layer: "
+    if ctx.expert_loop:
+        return head + f"one at a time, {ctx.expert_loop}"
+    return head + "one grouped matmul per weight stack"
+
+
+def experts_json(ctx) -> dict | None:
+    if ctx is None or not ctx.moe:
+        return None
+    return {"kernel": "loop" if ctx.expert_loop else "grouped", "why": ctx.expert_loop}
 
 
 def memory_json(m, capacity_gib: float) -> dict:
@@ -267,6 +284,7 @@ def plan_json(plan: Plan) -> dict:
         "degrees": {a: plan.degrees[a] for a in AXES},
         "layout": layout_json(plan.layout) if plan.layout else None,
         "params": params,
+        "experts": experts_json(ctx),
         "memory_gib": {**memory_json(m, plan.cfg.hardware.memory_gib), **invalid} if m else None,
         "predicted": {**predicted_json(est), **invalid} if est is not None and est.time else None,
         "checkpoint": checkpoint_json(ck) if ck is not None else None,

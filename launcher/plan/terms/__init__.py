@@ -14,7 +14,7 @@ from launcher.layout import Layout, last_stage_rank
 from launcher.plan.context import Context, layout_ranks, layout_recomputed
 from launcher.plan.terms.base import Step, Term, Time
 from launcher.plan.terms.checkpoint import checkpoint
-from launcher.plan.terms.compute import compute, layer_costs, rank_micro
+from launcher.plan.terms.compute import compute, experts, layer_costs, rank_micro
 from launcher.plan.terms.cp import cp
 from launcher.plan.terms.dp import dp
 from launcher.plan.terms.ep import ep
@@ -23,7 +23,7 @@ from launcher.plan.terms.pipeline import bubble_fraction, pp
 from launcher.plan.terms.recompute import recompute
 from launcher.plan.terms.tp import tp
 
-TERMS = (compute, recompute, tp, cp, ep, pp, dp, optimizer, checkpoint)
+TERMS = (compute, experts, recompute, tp, cp, ep, pp, dp, optimizer, checkpoint)
 NAMES = tuple(t.__name__ for t in TERMS)
 
 

@@ -17,13 +17,14 @@ from launcher.plan.terms.base import Step, Term
 class LayerCost:
     """Seconds of one layer's forward + backward for one micro-batch on one rank."""
 
-    gemm: float  # its matmuls
+    gemm: float  # its matmuls (an MoE layer's routed experts' apart)
     core: float  # the attention core (scores and weighted sum)
     memory: float  # the memory-bound operators between them
+    experts: float = 0.0  # an MoE layer's router and routed experts (see `experts_seconds`)
 
     @property
     def total(self) -> float:
-        return self.gemm + self.core + self.memory
+        return self.gemm + self.core + self.memory + self.experts
 
 
 def gemm_seconds(ctx: Context, flops: float, width: float) -> float:
@@ -49,18 +50,12 @@ def layer_cost(ctx: Context, lay: Layout, moe: bool, tokens: float) -> LayerCost
         hidden = m.ffn_dim
     else:
         shared = gemm_seconds(
-            ctx, 6 * s.moe_shared_params / tp * tokens, min(m.dim, m.moe_ffn_dim, tokens)
-        )
-        # Balanced routing: each rank's E / ep experts get the top_k copies of the ep group's
-        # tokens that chose them.
-        per_expert = tokens / tp * m.top_k * lay.ep / m.n_routed_experts
-        routed = gemm_seconds(
             ctx,
-            6 * m.top_k * 3 * m.dim * m.moe_ffn_dim * tokens / tp,
-            min(m.dim, m.moe_ffn_dim, max(1.0, per_expert)),
+            6 * (s.moe_shared_params - m.n_routed_experts * m.dim) / tp * tokens,
+            min(m.dim, m.moe_ffn_dim, tokens),
         )
-        mlp = shared + routed
-        hidden = (m.top_k + m.n_shared_experts) * m.moe_ffn_dim
+        mlp = shared
+        hidden = m.n_shared_experts * m.moe_ffn_dim
     core = tokens * ctx.attn_core_flops / tp / ctx.attention_rate
     width = m.dim / (tp if lay.sequence_parallel else 1)
     elements = (
@@ -69,7 +64,38 @@ def layer_cost(ctx: Context, lay: Layout, moe: bool, tokens: float) -> LayerCost
         + ctx.elementwise_scores * ctx.seq / tp
     )
     memory = tokens * elements * ctx.act_b / ctx.memory_bw
-    return LayerCost(attention + mlp, core, memory)
+    return LayerCost(attention + mlp, core, memory, experts_seconds(ctx, lay, tokens) if moe else 0)
+
+
+def experts_seconds(ctx: Context, lay: Layout, tokens: float) -> float:
+    """An MoE layer's routed part for a micro-batch of `tokens` (split over tp ranks), forward
+    and backward, as models/moe.py runs it: the router's GEMM and scores, the token copies'
+    permutation to their experts and back (kernels.MOE_BYTES), the grouped GEMMs at the rows
+    each expert receives under balanced routing (narrow ones run slowly), the SwiGLU between
+    them, and under autocast the weight stacks' cast to the compute dtype and their gradients'
+    back. Where no grouped kernel runs, the same GEMMs one expert at a time, whose launches
+    the host pays (`Context.ops_moe`)."""
+    m = ctx.model
+    own = tokens / lay.tp
+    copies = own * m.top_k
+    per_expert = copies * lay.ep / m.n_routed_experts
+    router = gemm_seconds(
+        ctx, 6 * m.dim * m.n_routed_experts * own, min(m.dim, m.n_routed_experts, own)
+    )
+    routed = gemm_seconds(
+        ctx,
+        6 * 3 * m.dim * m.moe_ffn_dim * copies,
+        min(m.dim, m.moe_ffn_dim, max(1.0, per_expert)),
+    )
+    per_copy, per_score = kernels.MOE_BYTES
+    traffic = (
+        ctx.fused * (copies * per_copy * m.dim + own * per_score * m.n_routed_experts)
+        + copies * ctx.elementwise_mlp * m.moe_ffn_dim * ctx.act_b
+    )
+    if ctx.master_b and not (lay.dp_cp > 1 and lay.fsdp_enabled):  # autocast's casts
+        stacks = 3 * m.n_routed_experts / lay.ep * m.dim * m.moe_ffn_dim
+        traffic += stacks * 2 * (ctx.master_b + ctx.act_b)
+    return router + routed + traffic / ctx.memory_bw
 
 
 def head_seconds(ctx: Context, lay: Layout, tokens: float) -> float:
@@ -101,6 +127,8 @@ def rank_micro(ctx: Context, lay: Layout, costs, layers: int, dense: int, ends: 
     if head:
         device += head_seconds(ctx, lay, lay.micro_batch_size * ctx.seq / lay.cp)
     ops = dense * ctx.ops_dense + (layers - dense) * ctx.ops_moe
+    if ctx.expert_loop:
+        ops += (layers - dense) * kernels.OPS_PER_EXPERT * ctx.model.n_routed_experts / lay.ep
     ops *= kernels.DTENSOR_HOST if lay.tp > 1 else 1.0
     ops += ctx.ops_outside if ends else 0
     return device, ops * ctx.op_overhead
@@ -113,7 +141,24 @@ def exposed_host(ctx: Context, device: float, host: float) -> float:
 
 
 def compute(step: Step) -> Term:
+    """Every kernel of the step's micro-batches but the routed experts' (`experts`), and the
+    host's launches where they show."""
     mbs = step.microbatches
     host = exposed_host(step.ctx, step.device, step.host)
-    seconds = mbs * (step.device + host)
+    seconds = mbs * (step.device - routed_device(step) + host)
     return Term("compute", seconds, seconds)
+
+
+def routed_device(step: Step) -> float:
+    """Seconds of one micro-batch's router and routed experts on the bottleneck rank."""
+    moe = step.costs[1]
+    return step.moe * moe.experts if moe is not None else 0.0
+
+
+def experts(step: Step) -> Term | None:
+    """The MoE layers' routers and routed experts (experts_seconds), apart from compute so a
+    plan shows what the experts cost."""
+    if not step.moe:
+        return None
+    seconds = step.microbatches * routed_device(step)
+    return Term("experts", seconds, seconds)
