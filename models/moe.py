@@ -68,9 +68,10 @@ def _padded_dims(x: torch.Tensor, w1: torch.Tensor) -> tuple[int, int]:
 
 def _aligned_rows(counts: torch.Tensor, n: int, align: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Where each of n rows grouped by expert (counts (G,) each, in order) goes so that every
-    group starts at a multiple of `align` rows (the 16-byte alignment CUDA's kernel wants for
-    the weight gradients' groups, as torchtitan pads them): the rows' places (n,) and the groups'
-    ends (G,), in a static n + G x (align - 1) rows, computed on the device."""
+    group starts at a multiple of `align` rows (16 bytes on CUDA, as torchtitan pads each
+    expert's rows for the kernel's alignment; `python -m launcher.bench.cuda_paths` checks the
+    kernel without it): the rows' places (n,) and the groups' ends (G,), in a static
+    n + G x (align - 1) rows, computed on the device."""
     padded = (counts + align - 1) // align * align
     ends = padded.cumsum(0)
     first = counts.cumsum(0)

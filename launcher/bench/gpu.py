@@ -1,22 +1,35 @@
-"""`python -m launcher.bench.gpu [OVERRIDES]`: one device, the engine against its peers.
+"""`python -m launcher.bench.gpu [--workload NAME] [OVERRIDES]`: one device, the engine against
+its peers.
 
-By default Llama 3.2 1B (dim 2048, 16 layers, 32 / 8 heads, FFN 8192, vocabulary 128256) in
-bf16 with compiled blocks at sequence 8192 on one GPU. Each contender trains the same
-micro-batches for `--steps` steps after `--warmup` (compilation happens there):
+Workloads (`--workload`), each in bf16 with compiled blocks on one 80 GB GPU:
+
+- llama3_2_1b (default): Llama 3.2 1B (dim 2048, 16 layers, 32 / 8 heads, FFN 8192,
+  vocabulary 128256) at sequence 8192, global batch 4;
+- deepseek_v2_lite: the first 4 of DeepSeek-V2-Lite's 27 layers (MLA, one dense layer, then
+  64 routed experts of 1408 top-6 + 2 shared) at sequence 4096, global batch 4;
+- mixtral_8x7b: 2 of Mixtral 8x7B's 32 layers (8 experts of 14336, top-2; what fits with fp32
+  Adam states) at sequence 4096, global batch 4.
+
+Each contender trains the same micro-batches for `--steps` steps after `--warmup` (compilation
+happens there):
 
 - engine: this project's trainer (python -m launcher.train's step), on one process;
-- transformers: LlamaForCausalLM of the same shape in a plain loop (each decoder layer
-  compiled under train.compile);
-- torchtitan: its own Llama 3 model and per-block compile in a plain loop (launcher/bench/
-  titan.py; skipped with the reason when torchtitan cannot be imported).
+- transformers: LlamaForCausalLM, DeepseekV2ForCausalLM or MixtralForCausalLM of the same
+  shape in a plain loop (each decoder layer compiled under train.compile);
+- torchtitan: its own model of the family in a plain loop, each block compiled by its own
+  apply_compile: Llama 3 (launcher/bench/titan.py), DeepSeek-V3 or Mixtral-shaped Qwen3 MoE
+  blocks (launcher/bench/titan_moe.py, which says how its MoE differs: experts always in bf16,
+  no balance losses, no bias update); skipped with the reason when torchtitan cannot be
+  imported.
 
 Per contender: tokens/s, MFU against hardware.peak_tflops (989 for h100_80g and h200: the dense
-bf16 peak) with the planner's FLOPs per token, and peak memory (torch.cuda.max_memory_allocated
-over the timed steps) next to the planner's estimate for the layout. The contenders run one
-after another, each freed before the next is built (three 1B models with fp32 Adam states do
-not fit one 80 GB device together). Overrides replace the default of the same key, so the same
-code runs at a tiny size on CPU: `python -m launcher.bench.gpu model=llama3_debug
-hardware=cpu train.compile=false train.seq_len=64 ...` (the test does).
+bf16 peak) with the planner's FLOPs per token (active parameters for MoE), and peak memory
+(torch.cuda.max_memory_allocated over the timed steps) next to the planner's estimate for the
+layout. The contenders run one after another, each freed before the next is built (three 1B
+models with fp32 Adam states do not fit one 80 GB device together). Overrides replace the
+workload's key of the same name, so the same code runs at a tiny size on CPU:
+`python -m launcher.bench.gpu model=llama3_debug hardware=cpu train.compile=false
+train.seq_len=64 ...` (the tests do, for each workload).
 """
 
 from __future__ import annotations
@@ -47,10 +60,39 @@ GPU_1B = [
     "train.micro_batch_size=1",
 ]
 
+# The MoE workloads' run: one 80 GB GPU, bf16, compiled, sequence 4096, 4 micro-batches of 1.
+MOE_RUN = [
+    "hardware=h100_80g",
+    "precision=bf16_mixed",
+    "train.seq_len=4096",
+    "train.global_batch_size=4",
+    "train.micro_batch_size=1",
+    "train.compile=true",
+]
+# The shape the MoE issue measured: 4 layers of DeepSeek-V2-Lite (2.25B parameters, 36 GB of
+# fp32 weights, gradients and Adam moments).
+DEEPSEEK_V2_LITE = ["model=deepseek_v2_lite", "model.n_layers=4", *MOE_RUN]
+# Mixtral 8x7B cut to the layers one 80 GB GPU holds with fp32 weights, gradients and Adam
+# moments (16 bytes a parameter) and room for activations: a layer is 1.451B parameters (8
+# experts x 3 x 4096 x 14336 = 1.409B, attention 0.042B), embeddings and output 0.262B. 2 layers:
+# 3.165B x 16 B = 50.6 GB (the planner: 61.5 GiB for the engine's layout with activations and
+# reserve); 3 layers: 4.616B x 16 B = 73.9 GB, past ~70 GB before any activation.
+MIXTRAL_8X7B = ["model=mixtral_8x7b", "model.n_layers=2", *MOE_RUN]
+
+WORKLOADS = {
+    "llama3_2_1b": GPU_1B,
+    "deepseek_v2_lite": DEEPSEEK_V2_LITE,
+    "mixtral_8x7b": MIXTRAL_8X7B,
+}
+
 
 def titan_builder(w: Workload) -> Step:
-    from launcher.bench.titan import torchtitan
-
+    """torchtitan's own model of the workload's family: Llama 3 (launcher/bench/titan.py),
+    DeepSeek-V3 or Mixtral-shaped MoE blocks (launcher/bench/titan_moe.py)."""
+    if w.model["family"] == "llama":
+        from launcher.bench.titan import torchtitan
+    else:
+        from launcher.bench.titan_moe import torchtitan
     return torchtitan(w)
 
 
@@ -79,10 +121,19 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def run(overrides: list[str], steps: int, warmup: int, peers: list[str], progress=print) -> dict:
-    """Every contender's figures and the planner's, as one JSON-able dict."""
+def run(
+    overrides: list[str],
+    steps: int,
+    warmup: int,
+    peers: list[str],
+    progress=print,
+    workload: str = "llama3_2_1b",
+) -> dict:
+    """Every contender's figures and the planner's for `workload` (a key of WORKLOADS) with
+    `overrides` replacing its keys, as one JSON-able dict."""
+    composed = with_overrides(WORKLOADS[workload], overrides)
     progress("engine: building")
-    step, w, plan = engine(with_overrides(GPU_1B, overrides))
+    step, w, plan = engine(composed)
     cfg = plan.cfg
     peak = cfg.hardware.peak_tflops * 1e12
     m = plan.memory
@@ -90,8 +141,10 @@ def run(overrides: list[str], steps: int, warmup: int, peers: list[str], progres
     result = {
         "device": torch.cuda.get_device_name(w.device) if w.device.type == "cuda" else "cpu",
         "torch": torch.__version__,
-        "overrides": with_overrides(GPU_1B, overrides),
+        "workload": workload,
+        "overrides": composed,
         "model": cfg.model.name,
+        "n_layers": cfg.model.n_layers,
         "tokens_per_step": w.tokens,
         "micro_batches": len(w.micro),
         "seq_len": cfg.train.seq_len,
@@ -139,8 +192,9 @@ def run(overrides: list[str], steps: int, warmup: int, peers: list[str], progres
 def table(r: dict) -> Table:
     eng = r["contenders"]["engine"]["tokens_per_s"]
     title = (
-        f"{r['model']} on {r['device']} (torch {r['torch']}): {r['tokens_per_step']:,} tokens "
-        f"per step in {r['micro_batches']} micro-batches of seq {r['seq_len']}, {r['dtype']}"
+        f"{r['model']} ({r['n_layers']} layers) on {r['device']} (torch {r['torch']}): "
+        f"{r['tokens_per_step']:,} tokens per step in {r['micro_batches']} micro-batches of "
+        f"seq {r['seq_len']}, {r['dtype']}"
         f"{', compiled blocks' if r['compile'] else ''}"
     )
     t = Table(title=title, title_justify="left")
@@ -170,7 +224,13 @@ def table(r: dict) -> Table:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = bench_parser("python -m launcher.bench.gpu", __doc__, "replace the defaults' keys")
+    parser = bench_parser("python -m launcher.bench.gpu", __doc__, "replace the workload's keys")
+    parser.add_argument(
+        "--workload",
+        choices=list(WORKLOADS),
+        default="llama3_2_1b",
+        help="the shape measured (above); overrides replace its keys",
+    )
     parser.add_argument("--steps", type=int, default=10, help="timed steps per contender")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compile)")
     parser.add_argument(
@@ -186,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(width=140)
     with console.status("") as status:
         result = refusing_bad_config(
-            run, args.overrides, args.steps, args.warmup, peers, status.update
+            run, args.overrides, args.steps, args.warmup, peers, status.update, args.workload
         )
     console.print(table(result))
     if args.json:

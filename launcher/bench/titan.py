@@ -50,10 +50,11 @@ def _titan():
     return common, llama3, config_utils
 
 
-def _config(m: dict, seq_len: int, common, llama3, config_utils):
+def _config(m: dict, seq_len: int, common, llama3, config_utils, family: str = "llama"):
     """Llama3Model.Config of exactly the shape in `m` (ModelConfig fields), its RoPE tables
-    cut to the `seq_len` trained on, as its trainer's update_from_config cuts them."""
-    for field, ok in [("family", m["family"] == "llama"), ("dropout", not m["dropout"])]:
+    cut to the `seq_len` trained on, as its trainer's update_from_config cuts them. `family`:
+    the one `m` must be of (mixtral: its attention, norms and embeddings are Llama's)."""
+    for field, ok in [("family", m["family"] == family), ("dropout", not m["dropout"])]:
         if not ok:
             raise ValueError(f"torchtitan's Llama 3 cannot express {field}={m[field]!r}")
     if seq_len > m["max_seq_len"]:
@@ -114,11 +115,12 @@ def _config(m: dict, seq_len: int, common, llama3, config_utils):
     )
 
 
-def build(w: Workload) -> torch.nn.Module:
-    """torchtitan's Llama3Model for `w`, initialised on w.device (compiled blocks with
-    w.compile), in training mode."""
-    common, llama3, config_utils = _titan()
-    config = _config(w.model, w.micro[0][0].shape[1], common, llama3, config_utils)
+def materialise(config, w: Workload) -> torch.nn.Module:
+    """The model of a torchtitan `config` as its trainer makes one: built on the meta device,
+    with w.compile each block compiled by its apply_compile (as its parallelize functions do:
+    after building, before materialising; one process), then materialised on w.device and
+    initialised by its own init_weights; in training mode. (Its apply_compile also sets
+    dynamo's capture_scalar_outputs for the whole process.)"""
     with torch.device("meta"):
         model = config.build()
     if w.compile:
@@ -126,7 +128,6 @@ def build(w: Workload) -> torch.nn.Module:
         from torchtitan.distributed import ParallelDims
         from torchtitan.distributed.compile import apply_compile
 
-        # As parallelize_llama does: after building, before materialising; one process.
         one = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=1, pp=1, ep=1, world_size=1)
         apply_compile(model, compile_config=CompileConfig(enable=True), parallel_dims=one)
     model.to_empty(device=w.device)
@@ -134,6 +135,13 @@ def build(w: Workload) -> torch.nn.Module:
     with torch.no_grad():
         model.init_weights(buffer_device=w.device)
     return model.train()
+
+
+def build(w: Workload) -> torch.nn.Module:
+    """torchtitan's Llama3Model for `w`, initialised on w.device (compiled blocks with
+    w.compile), in training mode."""
+    common, llama3, config_utils = _titan()
+    return materialise(_config(w.model, w.micro[0][0].shape[1], common, llama3, config_utils), w)
 
 
 def torchtitan(w: Workload) -> Step:
