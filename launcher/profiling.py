@@ -13,6 +13,18 @@ import json
 from pathlib import Path
 
 
+def resumed_past(steps, start: int) -> str | None:
+    """The warning for profile.steps a run resumed at `start` has already trained (they would
+    pass without a word), or None."""
+    done = sorted(s for s in steps if s <= start)
+    if not done:
+        return None
+    return (
+        f"warning: profile.steps={sorted(steps)}: {done} trained before step {start}, where "
+        "this run resumes, so not profiled (name later steps to profile them)"
+    )
+
+
 def step_dir(run_dir: str | Path, step: int) -> Path:
     return Path(run_dir) / "profile" / f"step_{step:08d}"
 

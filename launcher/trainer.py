@@ -71,7 +71,7 @@ from launcher.parallel.expert_parallel import (
 from launcher.plan import Plan
 from launcher.plan.context import loss_compiled
 from launcher.plan.report import plan_json
-from launcher.profiling import profiled
+from launcher.profiling import profiled, resumed_past
 from launcher.sources import run_data
 from models.layers import document_ids
 from models.moe import expert_kernel
@@ -545,6 +545,9 @@ class Trainer:
                     flush=True,
                 )
             return
+        skipped_profiles = resumed_past(self.cfg.profile.steps, start)
+        if skipped_profiles and d.rank == 0:
+            print(skipped_profiles, file=sys.stderr, flush=True)
         # The loss lives on the last pipeline stage: its first data-, context- and
         # tensor-parallel rank.
         first = d.dp_rank == 0 and d.local_rank_of("cp") == 0 and d.local_rank_of("tp") == 0

@@ -55,3 +55,15 @@ def test_steps_outside_the_run_and_memory_without_steps_are_refused():
     assert problems("profile.memory=true") == [
         "profile.memory=true needs profile.steps=[N, ...]: the steps to record"
     ]
+
+
+def test_steps_a_resumed_run_has_already_trained_are_named_not_skipped_silently():
+    from launcher.profiling import resumed_past
+
+    assert resumed_past([2, 8], 5) == (
+        "warning: profile.steps=[2, 8]: [2] trained before step 5, where this run resumes, "
+        "so not profiled (name later steps to profile them)"
+    )
+    assert resumed_past([6, 8], 5) is None
+    assert resumed_past([5], 5) is not None  # step 5 is the checkpoint's: not trained again
+    assert resumed_past([], 0) is None
