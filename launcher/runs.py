@@ -187,7 +187,12 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"not a run directory (no {METRICS}): {', '.join(missing)}")
         if args.out.suffix.lower() not in (".png", ".svg", ".pdf"):
             fail(f"--out {args.out}: the file name must end in .png, .svg or .pdf")
-        plot(args.runs, args.out)
+        if not args.out.parent.is_dir():
+            fail(f"--out {args.out}: no such directory {args.out.parent}")
+        try:
+            plot(args.runs, args.out)
+        except OSError as e:  # unwritable, a directory of that name, a full disk
+            fail(f"--out {args.out}: {e.strerror or e}")
         print(f"wrote {args.out}: {len(args.runs)} run(s)")
         return
     parser = argparse.ArgumentParser(

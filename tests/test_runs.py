@@ -105,3 +105,12 @@ def test_the_table_and_the_plot_on_the_command_line(tmp_path):
     assert bad.returncode == 2 and "must end in .png, .svg or .pdf" in bad.stderr
     bad = run_cli("launcher.runs", str(tmp_path / "nowhere"))
     assert bad.returncode == 2 and "no such directory" in bad.stderr
+    missing = tmp_path / "nowhere" / "c.png"
+    bad = run_cli("launcher.runs", "plot", str(a), "--out", str(missing))
+    assert bad.returncode == 2 and bad.stderr == (
+        f"error: --out {missing}: no such directory {missing.parent}\n"
+    )
+    (tmp_path / "taken.png").mkdir()  # a directory where the file would go
+    bad = run_cli("launcher.runs", "plot", str(a), "--out", str(tmp_path / "taken.png"))
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert bad.stderr.startswith(f"error: --out {tmp_path / 'taken.png'}: ")
