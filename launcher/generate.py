@@ -219,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--temperature={args.temperature} must be >= 0 (0: greedy)")
     if not 0 < args.top_p <= 1:
         fail(f"--top-p={args.top_p} must be in (0, 1]")
+    if not 0 <= args.seed < 2**63:
+        fail(f"--seed={args.seed} must be in 0 .. 2**63 - 1 (torch's generator seed)")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda: no CUDA device here (this torch sees none); use --device cpu")
     from launcher.checkpoint.store import CheckpointError
     from launcher.convert import newest
 

@@ -33,7 +33,7 @@ ACCEPTED = "accepted: "  # a case whose `expect` starts so must exit 0
 @dataclass(frozen=True)
 class Case:
     id: str
-    command: str  # plan, train, prepare, checkpoint, convert
+    command: str  # plan, train, prepare, checkpoint, convert, generate
     args: tuple[str, ...]  # "{W}" stands for the work directory
     expect: str  # a substring of the output, or ACCEPTED + the reason
 
@@ -413,7 +413,18 @@ HF = [
     ),
 ]
 
-CASES = CONFIG + TOKENS + SOURCES + PREPARE + CHECKPOINTS + HF
+# -- generate (from the tiny run's directory) --------------------------------------------------
+RUN = "{W}/ckpt"
+GENERATE = [
+    Case("generate --device cuda", "generate", (RUN, "--prompt", "a", "--device", "cuda"),
+         "--device cuda: no CUDA device here"),
+    Case("generate --seed 2**70", "generate", (RUN, "--prompt", "a", "--seed", str(2**70)),
+         "--seed=1180591620717411303424 must be in 0 .. 2**63 - 1"),
+    Case("generate --seed -1", "generate", (RUN, "--prompt", "a", "--seed", "-1"),
+         "--seed=-1 must be in 0 .. 2**63 - 1"),
+]  # fmt: skip
+
+CASES = CONFIG + TOKENS + SOURCES + PREPARE + CHECKPOINTS + HF + GENERATE
 
 # The tiny model every train case and the checkpoint use (one process, seconds).
 TINY = (
@@ -619,6 +630,8 @@ def entry(command: str):
         from launcher.prepare import main
     elif command == "checkpoint":
         from launcher.checkpoint.__main__ import main
+    elif command == "generate":
+        from launcher.generate import main
     else:
         from launcher.convert import main
     return main, command in ("plan", "train")
