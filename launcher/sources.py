@@ -153,8 +153,10 @@ def run_sources(data) -> tuple[list[Source], list[str]]:
             problems.append(f"{label} {e}")
     if problems:
         return [], problems
-    total = sum(s.weight for s in sources)
-    sources = [Source(**{**vars(s), "weight": s.weight / total}) for s in sources]
+    # Scaled by the largest first: finite weights whose sum overflows (1e308 twice) still blend.
+    largest = max((s.weight for s in sources), default=1.0)
+    total = sum(s.weight / largest for s in sources)
+    sources = [Source(**{**vars(s), "weight": s.weight / largest / total}) for s in sources]
     problems += disagreements(sources)
     return sources, problems
 
@@ -213,8 +215,9 @@ class Blend:
 
 def shares(weights: list[float], period: int = PERIOD) -> list[int]:
     """Integer shares of `period` in proportion to the weights (largest remainder), each >= 1."""
-    total = sum(weights)
-    exact = [w / total * period for w in weights]
+    largest = max(weights)
+    total = sum(w / largest for w in weights)
+    exact = [w / largest / total * period for w in weights]
     out = [max(1, int(x)) for x in exact]
     by_remainder = sorted(range(len(weights)), key=lambda s: (out[s] - exact[s], s))
     i = 0

@@ -89,3 +89,15 @@ def test_a_blend_of_a_file_and_a_directory_of_shards(tmp_path):
     data = run_data(cfg.data, 128)
     assert [len(s.tokens) for s in data.train] == [38_000, 19_000]
     assert list(data.named) == ["held"] and len(data.named["held"].tokens) == 3_000
+
+
+def test_finite_weights_whose_sum_overflows_blend_as_their_ratio(tmp_path):
+    """1e308 twice sums to inf: normalised by the largest first, each is half (the plan's data
+    row said weight 0 and the run died dividing by it)."""
+    assert shares([1e308, 1e308], 2000) == [1000, 1000]
+    assert shares([1e308, 1e307], 1100) == [1000, 100]
+    a, b = write(tmp_path / "a", 20_000, 0), write(tmp_path / "b", 20_000, 1)
+    sources = f"data.sources=[{{path: {a}, weight: 1e308}}, {{path: {b}, weight: 1e308}}]"
+    plan = make_plan(compose_config([sources]))
+    assert plan.ok, plan.errors
+    assert [u.weight for u in plan.data] == [0.5, 0.5]
