@@ -27,6 +27,8 @@ class DirectoryProblem(Exception):
 
 def writable(path: Path, what: str) -> None:
     """Create `path` if needed and write into it, or say why not (DirectoryProblem)."""
+    if path.exists() and not path.is_dir():
+        raise DirectoryProblem(f"{what}={path} is a file, not a directory")
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / f".write-test-{os.getpid()}"

@@ -124,6 +124,8 @@ def task(dcfg: DictConfig) -> None:
         try:
             rundir.writable(run_dir, "hydra.run.dir")
             rundir.writable(checkpoint_dir(cfg.checkpoint.dir, run_dir), "checkpoint.dir")
+            if cfg.logging.tensorboard:
+                rundir.writable(run_dir / "tensorboard", "logging.tensorboard's directory")
             rundir.lock(run_dir, cfg.launch.rendezvous)
         except rundir.DirectoryProblem as e:
             fail(str(e))

@@ -46,3 +46,14 @@ def test_the_lock_is_free_once_its_holders_are_gone(tmp_path):
     while rundir._held:
         os.close(rundir._held.pop())
     rundir.lock(tmp_path)
+
+
+def test_a_file_where_a_directory_must_go_is_named(tmp_path):
+    (tmp_path / "tensorboard").write_text("")
+    with pytest.raises(rundir.DirectoryProblem) as e:
+        rundir.writable(tmp_path / "tensorboard", "logging.tensorboard's directory")
+    assert str(e.value) == (
+        f"logging.tensorboard's directory={tmp_path / 'tensorboard'} is a file, not a directory"
+    )
+    rundir.writable(tmp_path / "a" / "b", "checkpoint.dir")  # made where missing
+    assert (tmp_path / "a" / "b").is_dir()

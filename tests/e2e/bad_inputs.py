@@ -424,7 +424,12 @@ GENERATE = [
          "--seed=-1 must be in 0 .. 2**63 - 1"),
 ]  # fmt: skip
 
-CASES = CONFIG + TOKENS + SOURCES + PREPARE + CHECKPOINTS + HF + GENERATE
+RUNS = [
+    Case("train tensorboard onto a file", "train", ("logging.tensorboard=true",),
+         "train_tensorboard_onto_a_file/tensorboard is a file, not a directory"),
+]  # fmt: skip
+
+CASES = CONFIG + TOKENS + SOURCES + PREPARE + CHECKPOINTS + HF + GENERATE + RUNS
 
 # The tiny model every train case and the checkpoint use (one process, seconds).
 TINY = (
@@ -511,6 +516,11 @@ def build(w: Path) -> None:
     }
     for name, data in inputs.items():
         (w / "in" / name).write_bytes(data)
+
+    # The run directory of the case "train tensorboard onto a file": RUN_DIR/tensorboard a file.
+    taken = w / "runs" / "train_tensorboard_onto_a_file"
+    taken.mkdir(parents=True)
+    (taken / "tensorboard").write_text("")
 
     build_checkpoints(w)
     build_hf(w)
