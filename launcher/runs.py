@@ -54,7 +54,8 @@ def find(roots: list[Path]) -> list[Path]:
 def rows(run_dir: Path) -> list[dict]:
     """metrics.jsonl's whole rows (a row cut short by a crash is skipped)."""
     out = []
-    for line in (run_dir / METRICS).read_text().splitlines():
+    # Bytes that are not UTF-8 (a damaged or foreign file) spoil only their own lines.
+    for line in (run_dir / METRICS).read_text(errors="replace").splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -160,7 +161,8 @@ def plot(run_dirs: list[Path], out: Path) -> None:
     for ax, (_, title) in zip(axes, PANELS, strict=True):
         ax.set_title(title, fontsize=9, loc="left")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
+    if axes[0].lines:  # none where no run has a whole row yet
+        axes[0].legend(fontsize=8)
     axes[-1].set_xlabel("step")
     fig.tight_layout()
     fig.savefig(out)

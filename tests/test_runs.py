@@ -110,6 +110,14 @@ def test_the_table_and_the_plot_on_the_command_line(tmp_path):
     assert bad.returncode == 2 and bad.stderr == (
         f"error: --out {missing}: no such directory {missing.parent}\n"
     )
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "metrics.jsonl").write_bytes(b'\xff\xfe\x00 not utf-8\n{"step": "x"}\n[1, 2]\n')
+    listed = run_cli("launcher.runs", str(tmp_path))
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    assert "3 run(s)" in listed.stdout and "0 / ?" in listed.stdout
+    drawn = run_cli("launcher.runs", "plot", str(junk), str(a), "--out", str(png))
+    assert drawn.returncode == 0 and drawn.stderr == "", drawn.stderr
     (tmp_path / "taken.png").mkdir()  # a directory where the file would go
     bad = run_cli("launcher.runs", "plot", str(a), "--out", str(tmp_path / "taken.png"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
