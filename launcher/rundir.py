@@ -27,6 +27,10 @@ class DirectoryProblem(Exception):
 
 def writable(path: Path, what: str) -> None:
     """Create `path` if needed and write into it, or say why not (DirectoryProblem)."""
+    if path.is_symlink() and not path.exists():
+        raise DirectoryProblem(
+            f"{what}={path} is a symbolic link that leads nowhere (a loop or a missing target)"
+        )
     if path.exists() and not path.is_dir():
         raise DirectoryProblem(f"{what}={path} is a file, not a directory")
     try:

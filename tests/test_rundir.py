@@ -55,5 +55,8 @@ def test_a_file_where_a_directory_must_go_is_named(tmp_path):
     assert str(e.value) == (
         f"logging.tensorboard's directory={tmp_path / 'tensorboard'} is a file, not a directory"
     )
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(rundir.DirectoryProblem, match="a symbolic link that leads nowhere"):
+        rundir.writable(tmp_path / "loop", "checkpoint.dir")
     rundir.writable(tmp_path / "a" / "b", "checkpoint.dir")  # made where missing
     assert (tmp_path / "a" / "b").is_dir()
