@@ -11,9 +11,10 @@ fields of `MoEParallel`), and it reads the load each router saw since it last lo
 
 The experts compute in the compute dtype (autocast's where it is on, else the tokens'), as one
 grouped matmul per weight stack wherever torch has the kernel (`expert_kernel` says where it
-does not: then a per-expert loop, linear in E forward and backward). Nothing in the routed path
-waits for the host: token counts stay on the device, shapes stay static, so a compiled block
-runs it without a graph break or a recompilation as routing changes.
+does not: then a per-expert loop, linear in E forward and backward). On a rank that holds all
+its experts nothing in the routed path waits for the host (expert parallelism's split sizes
+are its one wait per layer): token counts stay on the device, shapes stay static, so a
+compiled block runs it without a graph break or a recompilation as routing changes.
 
 Shapes: T tokens of this forward (B x S), D dim, E routed experts, k top_k, F expert FFN width,
 N = T x k token copies.
@@ -32,7 +33,7 @@ from models.expert_kernel import loop_reason
 from models.layers import FeedForward, swiglu
 
 # torch's grouped matmul: the public name where this torch has it, else the private operator it
-# wraps (torch 2.8 to 2.9 have only that one).
+# wraps (which older releases have alone).
 _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
