@@ -253,6 +253,16 @@ def starting_checkpoint(
     return None, False
 
 
+def _hugging_face_dir(path: Path) -> bool:
+    """A directory as transformers' save_pretrained leaves it, with none of our meta.json."""
+    return (
+        path.is_dir()
+        and (path / "config.json").is_file()
+        and not (path / META).exists()
+        and any(path.glob("*.safetensors"))
+    )
+
+
 def start_problems(
     directory: str | Path, resume: str, load_path: str | None, load_format: str, model: dict
 ) -> list[str]:
@@ -268,6 +278,12 @@ def start_problems(
             "checkpoint.dir"
         ]
     hf = load_format == "hf"
+    if not hf and load_path and _hugging_face_dir(Path(load_path)):
+        return [
+            f"checkpoint.initial_load_path={load_path} is a Hugging Face model directory "
+            "(config.json and *.safetensors), not a checkpoint of this launcher: load it with "
+            "checkpoint.initial_load_format=hf"
+        ]
     try:
         entry, initial = starting_checkpoint(directory, resume, None if hf else load_path)
     except CheckpointError as e:

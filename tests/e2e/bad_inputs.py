@@ -386,6 +386,13 @@ def hf(name: str, expect: str) -> Case:
 
 # -- Hugging Face directories ------------------------------------------------------------------
 HF = [
+    Case(
+        "hf without initial_load_format",
+        "train",
+        ("checkpoint.initial_load_path={W}/hf/good",),
+        "is a Hugging Face model directory (config.json and *.safetensors), not a checkpoint "
+        "of this launcher: load it with checkpoint.initial_load_format=hf",
+    ),
     hf("no_config", "config.json"),
     hf("config_not_json", "config.json"),
     hf("config_list", "config.json"),
