@@ -194,15 +194,33 @@ def engine_plan(cfg: Config) -> Plan:
 
 def memory_message(plan: Plan) -> str:
     m, cfg = plan.memory, plan.cfg
+    parts = [
+        ("params", m.params),
+        ("grads", m.grads),
+        ("master", m.master),
+        ("optimizer", m.optimizer),
+        ("activations", m.activations),
+        ("other", m.other),
+    ]
+    shown = ", ".join(
+        f"{name} {size / GIB:,.1f}" for name, size in parts if size or name != "master"
+    )
     return (
         f"model={cfg.model.name} needs an estimated {m.total / GIB:,.1f} GiB on its most loaded "
-        f"rank (params {m.params / GIB:,.1f}, grads {m.grads / GIB:,.1f}, optimizer "
-        f"{m.optimizer / GIB:,.1f}, activations {m.activations / GIB:,.1f}, other "
-        f"{m.other / GIB:,.1f}) but hardware={cfg.hardware.name} has memory_gib="
-        f"{cfg.hardware.memory_gib:g} per device; shard more (dp_shard, tp, pp), use "
-        "recompute=op or full (recompute.every=k: on every k-th block), shrink "
-        "train.micro_batch_size, or use more devices"
+        f"rank ({shown}) but hardware={cfg.hardware.name} has memory_gib="
+        f"{cfg.hardware.memory_gib:g} per device; shard more (dp_shard, tp, pp), "
+        f"{recompute_advice(cfg.recompute)}shrink train.micro_batch_size, or use more devices"
     )
+
+
+def recompute_advice(rc) -> str:
+    """The recompute this run does not use yet that would save activations ("" if none)."""
+    mode, every = rc.mode.value, rc.every
+    if mode in ("none", "selective"):
+        return "use recompute=op or full (recompute.every=k: on every k-th block), "
+    if every > 1:
+        return f"recompute on more blocks (recompute.every={every} now; 1 is every block), "
+    return "use recompute=full, " if mode == "op" else ""
 
 
 __all__ = ["AXES", "Plan", "Problem", "layout_of", "make_plan"]

@@ -190,6 +190,35 @@ def test_405b_on_one_h100_node_is_valid_but_does_not_fit():
     assert "model=llama3_405b" in msg and "memory_gib=79.6" in msg
 
 
+@pytest.mark.parametrize(
+    "recompute, advice",
+    [
+        (["recompute=selective"], "use recompute=op or full (recompute.every=k"),
+        (["recompute=op"], "use recompute=full, shrink"),
+        (["recompute=full", "recompute.every=2"], "recompute on more blocks (recompute.every=2"),
+        (["recompute=full"], "shard more (dp_shard, tp, pp), shrink"),
+    ],
+)
+def test_a_memory_refusal_advises_only_the_recompute_not_in_use_and_lists_every_part(
+    recompute, advice
+):
+    """Its parts add up to its total (the master weights of bf16_mixed among them)."""
+    plan, found, msg = rules(
+        [
+            *H100,
+            "model=llama3_70b",
+            "precision=bf16_mixed",
+            "data_parallel=zero1",
+            "train.global_batch_size=32",
+            *recompute,
+        ]  # fmt: skip
+    )
+    assert found == {"memory"} and advice in msg, msg
+    m = plan.memory
+    parts = (m.params, m.grads, m.master, m.optimizer, m.activations, m.other)
+    assert f"master {m.master / 2**30:,.1f}" in msg and sum(parts) == pytest.approx(m.total)
+
+
 def test_405b_on_cpu_does_not_fit():
     plan, found, msg = rules(["model=llama3_405b"])
     assert found == {"memory"} and not plan.fits and "memory_gib=8" in msg
