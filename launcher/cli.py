@@ -6,6 +6,7 @@ message on stderr and exit status 2, never a traceback. Crashes of the engine ke
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -20,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from launcher.config import Config, register_configs
+from launcher.layout import LAYOUT_OVERRIDES
 
 USAGE_ERROR = 2
 CONF_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf")
@@ -44,9 +46,7 @@ def run_name(model_name: str, overrides: str) -> str:
     from its checkpoints; another command gets another one."""
     items = re.split(r",(?=[+~]*[\w.]+=)", overrides) if overrides else []
     if "parallel.auto=true" in items:  # the same run on whatever world and layout it gets
-        from launcher.plan.auto import CHOSEN
-
-        kept = [o for o in items if o == "parallel.auto=true" or not o.startswith(CHOSEN)]
+        kept = [o for o in items if o == "parallel.auto=true" or not o.startswith(LAYOUT_OVERRIDES)]
         overrides = ",".join(kept)
     if not overrides:
         return str(model_name)
@@ -140,8 +140,15 @@ def whole_dict(arg: str) -> str:
 
 
 def compose(overrides: list[str]) -> Config:
-    """The typed Config `launcher.train` would build from these overrides, without running."""
-    return to_config(compose_dict(overrides))
+    """The typed Config `launcher.train` would build from these overrides, without running:
+    composed once per process for each list of overrides (Hydra takes 0.1-0.2 s; the docs'
+    tables and the tests compose the same recipes many times), each call given its own copy."""
+    return copy.deepcopy(_composed(tuple(overrides)))
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> Config:
+    return to_config(compose_dict(list(overrides)))
 
 
 def compose_dict(overrides: list[str]) -> DictConfig:

@@ -115,6 +115,7 @@ def verdict(features: tuple[Feature, ...]) -> str:
     """'yes', the names of the limitations that refuse the combination, or '-' (exclusive)."""
     from launcher.limitations import refusals
     from launcher.plan import engine_plan
+    from launcher.plan.rules import NOT_AVAILABLE
 
     kinds = [f.kind for f in features if f.kind]
     if len(set(kinds)) < len(kinds):
@@ -124,7 +125,7 @@ def verdict(features: tuple[Feature, ...]) -> str:
     if plan.ok:
         return "yes"
     limits = refusals(cfg, plan.layout) if plan.layout is not None else []
-    others = [p for p in plan.errors if p.rule != "not_available"]
+    others = [p for p in plan.errors if p.rule != NOT_AVAILABLE]
     if others or not limits:
         raise ValueError(f"{' + '.join(f.label for f in features)}: {plan.errors}")
     return ", ".join(f"`{x.name}`" for x, _ in limits)
@@ -152,5 +153,12 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def generate(argv: list[str]) -> str:
+    """What `python -m launcher.composes` prints (launcher.docs calls it in its own process)."""
+    if argv:
+        raise SystemExit(f"python -m launcher.composes takes no arguments, not {' '.join(argv)}")
+    return markdown()
+
+
 if __name__ == "__main__":
-    sys.stdout.write(markdown())
+    sys.stdout.write(generate(sys.argv[1:]))

@@ -114,7 +114,7 @@ def init(device_type: str, layout: Layout, timeout_s: float = 600) -> Dist:
     store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
     # torchrun restarts reuse the rendezvous store, which still holds the previous attempt's
     # gloo addresses (the new group then connects to dead peers); a key prefix per attempt
-    # gives every attempt a clean namespace. See ../shared/MACHINE.md, torchrun restarts.
+    # gives every attempt a clean namespace (tests/e2e/test_failures.py restarts a killed rank).
     store = dist.PrefixStore(f"attempt_{restart_attempt()}", store)
     if device_type == "cuda":
         device = torch.device("cuda", local_rank)

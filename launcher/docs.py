@@ -19,13 +19,23 @@ Two kinds of block, each announced by an HTML comment the rendered page does not
     Markdown the command prints, kept exactly
     <!-- end generated -->
 
+and, in a recipe's YAML header, the same as comments (the planner's figures for the recipe):
+
+    # generated: python -m launcher.plan.compare recipe=NAME --rows "" recompute=none --comment
+    # what the command prints, each line a comment
+    # end generated
+
+A generated command `python -m MODULE ARGS` whose module has `generate(argv) -> str` runs in this
+process (the recipes' blocks: no interpreter start for each).
+
 python -m launcher.docs [--check] [FILE ...] [--name SUBSTRING]: regenerate (or only compare) the
-blocks of those files (default: README.md and docs/*.md).
+blocks of those files (default: README.md, docs/*.md and recipes/*.yaml).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import shlex
@@ -64,6 +74,13 @@ OUTPUT = re.compile(
 GENERATED = re.compile(
     r"<!-- generated: (?P<cmd>[^\n]*?) -->\n(?P<body>.*?)<!-- end generated -->\n", re.S
 )
+GENERATED_YAML = re.compile(
+    r"^# generated: (?P<cmd>[^\n]*)\n(?P<body>(?:#[^\n]*\n)*?)# end generated\n", re.M
+)
+
+
+def generated_pattern(path: Path) -> re.Pattern:
+    return GENERATED_YAML if path.suffix == ".yaml" else GENERATED
 
 
 @dataclass
@@ -116,13 +133,17 @@ def blocks(path: Path) -> list[Block]:
     found = [parse_spec(path, m["spec"], m["body"]) for m in OUTPUT.finditer(text)]
     found += [
         Block(path, "generated", commands=[m["cmd"]], body=m["body"])
-        for m in GENERATED.finditer(text)
+        for m in generated_pattern(path).finditer(text)
     ]
     return found
 
 
 def doc_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        *sorted((ROOT / "recipes").glob("*.yaml")),
+    ]
 
 
 def environment() -> dict[str, str]:
@@ -161,9 +182,24 @@ def script_text(block: Block) -> str:
     return "\n".join(lines) + "\n"
 
 
+def in_process(block: Block) -> str | None:
+    """What a generated block's `python -m MODULE ARGS` prints, run here when MODULE has
+    `generate(argv)` (None: it runs in bash)."""
+    argv = shlex.split(block.commands[0])
+    if block.kind != "generated" or argv[:2] != ["python", "-m"] or len(argv) < 3:
+        return None
+    module = importlib.import_module(argv[2])
+    if not hasattr(module, "generate"):
+        return None
+    return module.generate(argv[3:])
+
+
 def run(block: Block) -> tuple[str, float]:
     """What the block's commands print now, and how long they took."""
     start = time.monotonic()
+    text = in_process(block)
+    if text is not None:
+        return text, time.monotonic() - start
     with tempfile.TemporaryDirectory(prefix="docs-") as scratch:
         cwd = Path(block.cwd or scratch)
         if block.cwd:
@@ -263,7 +299,7 @@ def differences(block: Block, now: str) -> list[str]:
 
 def replace(block: Block, now: str) -> None:
     text = block.path.read_text()
-    pattern = OUTPUT if block.kind == "output" else GENERATED
+    pattern = OUTPUT if block.kind == "output" else generated_pattern(block.path)
     for m in pattern.finditer(text):
         same = (
             m["cmd"] == block.commands[0]
@@ -283,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m launcher.docs", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument(
-        "files", nargs="*", type=Path, help="Markdown files (default: README.md, docs/*.md)"
+        "files",
+        nargs="*",
+        type=Path,
+        help="Markdown or recipe files (default: README.md, docs/*.md, recipes/*.yaml)",
     )
     parser.add_argument("--check", action="store_true", help="compare only; exit 1 on a difference")
     parser.add_argument("--name", default="", help="only blocks whose name contains this")

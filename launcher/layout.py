@@ -23,6 +23,19 @@ V_SCHEDULES = ("zbv", "dualpipev")  # two stages per rank placed as a V: rank r 
 SCHEDULES = SINGLE + LOOPED + V_SCHEDULES
 SPLIT_BACKWARD = ("interleaved_zb", "zbv", "dualpipev")  # input and weight gradients apart
 
+# Override keys that choose a layout (what parallel.auto=true sets): the run directory's name
+# leaves them out, so that the same command resumes whatever world and layout a start gets.
+LAYOUT_OVERRIDES = (
+    "parallel.",
+    "data_parallel",
+    "pipeline",
+    "recompute",
+    "tensor.",
+    "train.micro_batch_size",
+    "hardware.nodes",
+    "hardware.devices_per_node",
+)
+
 
 def split_layers(n_layers: int, n_stages: int) -> list[int]:
     """Layers per (virtual) stage: as even as possible, extra layers to the middle stages first.

@@ -81,5 +81,12 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def generate(argv: list[str]) -> str:
+    """What `python -m launcher.limitations` prints (launcher.docs calls it in its own process)."""
+    if argv:
+        raise SystemExit(f"python -m launcher.limitations takes no arguments, not {' '.join(argv)}")
+    return markdown()
+
+
 if __name__ == "__main__":
-    sys.stdout.write(markdown())
+    sys.stdout.write(generate(sys.argv[1:]))

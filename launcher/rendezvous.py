@@ -1,12 +1,12 @@
 """The rendezvous store of a run on several nodes without SLURM (`launch.rendezvous=HOST:PORT`).
 
 torchrun's c10d rendezvous keeps its state in a TCPStore, by default hosted by the first agent:
-when that agent dies, the others lose the rendezvous and end with it (../shared/MACHINE.md,
-torchrun elastic membership). Here the store lives in a process of its own on HOST, started by
-the first launcher there that finds nothing listening (a second one started at the same time
-fails to bind and exits); the agents join it with `is_host=false`. Each launcher counts itself
-in while its torchrun runs and beats a heart; the store exits once the last one has counted
-itself out, or when no heart has beaten for LOST_S seconds (every launcher killed).
+when that agent dies, the others lose the rendezvous and end with it (a
+`RendezvousConnectionError`: docs/elastic.md). Here the store lives in a process of its own on
+HOST, started by the first launcher there that finds nothing listening (a second one started at
+the same time fails to bind and exits); the agents join it with `is_host=false`. Each launcher
+counts itself in while its torchrun runs and beats a heart; the store exits once the last one
+has counted itself out, or when no heart has beaten for LOST_S seconds (every launcher killed).
 
     python -m launcher.rendezvous HOST PORT      (what a launcher starts; not for users)
 """

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
 import os
 import subprocess
@@ -89,15 +87,10 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(line)
 
 
-@functools.cache
-def _composed(overrides: tuple[str, ...]):
-    return compose(list(overrides))
-
-
 def compose_config(overrides: list[str] | None = None):
-    """The typed Config the CLI would build from these overrides: composed once per session
-    for each list of overrides (Hydra takes about 0.2 s), each call given its own copy."""
-    return copy.deepcopy(_composed(tuple(overrides or ())))
+    """The typed Config the CLI would build from these overrides (launcher.cli.compose: composed
+    once per session for each list of overrides, each call given its own copy)."""
+    return compose(list(overrides or ()))
 
 
 def cli_env(env: dict | None = None) -> dict:

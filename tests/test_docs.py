@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +111,56 @@ def test_kept_lines_and_hidden_plans():
         "done",
     ]
     assert docs.wrap("$ " + "word " * 30).count("\\\n") == 1
+
+
+CLUSTER_RECIPES = [
+    p for p in sorted((docs.ROOT / "recipes").glob("*.yaml")) if "debug" not in p.stem
+]
+# A planner figure written as prose: "77.0 GiB", "22.0 s per step", "23.8% MFU".
+HAND_FIGURE = re.compile(r"\d GiB|\d s per step|\d% MFU|MFU \d")
+
+
+@pytest.mark.parametrize("path", CLUSTER_RECIPES, ids=[p.stem for p in CLUSTER_RECIPES])
+def test_every_cluster_recipe_shows_the_planners_figures_only_generated(path):
+    """The header's figures come from launcher.plan.compare (checked above with every block);
+    none is written by hand in a comment, where the next change to the planner would leave it
+    behind."""
+    text = path.read_text()
+    assert f"# generated: python -m launcher.plan.compare recipe={path.stem} " in text
+    comments = "".join(
+        line + "\n"
+        for line in docs.GENERATED_YAML.sub("", text).splitlines()
+        if line.lstrip().startswith("#")
+    )
+    assert not HAND_FIGURE.search(comments), HAND_FIGURE.findall(comments)
+
+
+# Paths a comment or page names that are not this repository's files, each for its reason.
+NAMED_ELSEWHERE = {
+    "docs/performance.md": "torchtitan's benchmark page",
+    "docs/performance-summary.md": "NeMo AutoModel's benchmark page",
+    "recipes/NAME.yaml": "a placeholder",
+    "conf/model/my_llama.yaml": "written by the user (launcher.convert's help)",
+    "conf/model/tiny_llama.yaml": "written by docs/examples/hf.sh",
+    "docs/examples/tour.sh": "an example in launcher/docs.py's docstring",
+}
+REPO_PATH = re.compile(
+    r"(?<![\w/.])((?:launcher|models|tests|docs|recipes|conf|hydra_plugins)/[\w/.-]*\w"
+    r"\.(?:py|md|yaml|sh|json))"
+)
+
+
+def test_comments_and_pages_cite_only_files_the_repository_has():
+    """A path named in a comment or a page exists (a module renamed or never written leaves
+    its citations behind), and nothing cites notes outside the repository (../shared/)."""
+    tops = ("launcher", "models", "tests", "docs", "recipes", "conf", "hydra_plugins")
+    files = [p for top in tops for p in (docs.ROOT / top).rglob("*") if p != Path(__file__)]
+    files = [p for p in files if p.suffix in (".py", ".md", ".yaml", ".sh")]
+    missing = [
+        f"{p.relative_to(docs.ROOT)}: {ref}"
+        for p in [*files, docs.ROOT / "README.md", docs.ROOT / "Makefile"]
+        for ref in REPO_PATH.findall(p.read_text())
+        if ref not in NAMED_ELSEWHERE and not (docs.ROOT / ref).exists()
+    ]
+    outside = [str(p.relative_to(docs.ROOT)) for p in files if "../shared/" in p.read_text()]
+    assert not missing and not outside, (missing, outside)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 43's GPU items (../shared/GPU.md): run from the repository root on the GPU machine, the
+# Issue 43's GPU items: run from the repository root on the GPU machine, the
 # wheels of `make gpu-wheels` on PYTHONPATH. Each job writes $OUT/JOB.log (and .json) as it ends,
 # under its own timeout; torchtitan is the one peer. Jobs: paths (launcher.bench.cuda_paths,
 # ~2 min), dsv2 and dsv2_eager (DeepSeek-V2-Lite's 4 layers compiled / eager, ~4 and ~2 min),

@@ -1,5 +1,5 @@
 """`python -m launcher.bench.cuda_paths [--device cuda] [--json F]`: the code paths that only a
-CUDA device reaches, each by the smallest run that reaches it (../shared/GPU.md, item 3).
+CUDA device reaches, each by the smallest run that reaches it (docs/speed.md).
 
 - rng_resume: gpt_debug with dropout 0.1 on one process, fp32, 4 steps checkpointing at 2;
   a second run resumes from step 2. The checkpoint holds the CUDA generator's state (dropout

@@ -2,12 +2,13 @@
 
 torch.distributed.checkpoint unpickles `.metadata` with plain `pickle.load` and `torch.load`s
 every non-tensor entry with weights_only=False: a crafted checkpoint from someone else would
-run whatever its pickles name (../shared/MACHINE.md measured an `os.system` through both).
-Here `.metadata` is unpickled through an allow-list of DCP's metadata classes, torch's size,
-layout and dtypes, and non-tensor entries through torch's weights-only unpickler; anything else
-is refused by name (`UnsafeCheckpoint`). Tensors are read by DCP itself with weights_only=True.
-What is trusted: these classes' constructors, and the bytes of the tensors (checked against
-meta.json's checksums where it has them: launcher/checkpoint/integrity.py).
+run whatever its pickles name (a `.metadata` naming `os.system` ran it before this module: the
+`crafted_metadata` cases of tests/e2e/bad_inputs.py). Here `.metadata` is unpickled through an
+allow-list of DCP's metadata classes, torch's size, layout and dtypes, and non-tensor entries
+through torch's weights-only unpickler; anything else is refused by name (`UnsafeCheckpoint`).
+Tensors are read by DCP itself with weights_only=True. What is trusted: these classes'
+constructors, and the bytes of the tensors (checked against the checkpoint's checksums where it
+has them: launcher/checkpoint/store.py).
 """
 
 from __future__ import annotations

@@ -141,8 +141,8 @@ class Checkpointer:
 
     With async_save, DCP copies the state to memory and writes it in a background thread over
     a gloo group of its own (training collectives on the default group must not interleave
-    with the save's: ../shared/MACHINE.md); the next save, a stop and the end of the run wait
-    for it.
+    with the save's: tests/checkpoint/test_resume.py's async save row); the next save, a stop
+    and the end of the run wait for it.
     """
 
     def __init__(

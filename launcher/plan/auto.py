@@ -19,18 +19,6 @@ from launcher.layout import AXES, describe
 from launcher.plan.rules import config_problems
 from launcher.plan.search import runnable
 
-# Override keys the choice sets: the run directory's name leaves them out, so that the same
-# command resumes whatever world and layout a start gets.
-CHOSEN = (
-    "parallel.",
-    "data_parallel",
-    "pipeline",
-    "recompute",
-    "tensor.",
-    "train.micro_batch_size",
-    "hardware.nodes",
-    "hardware.devices_per_node",
-)
 WORLDS_TRIED = 64  # how far `smallest_world` looks
 
 

@@ -3,6 +3,7 @@ with whether `launcher.train` runs it (else the limitations that refuse it)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from launcher.cli import CONF_DIR, compose
@@ -36,5 +37,13 @@ def rows() -> list[str]:
     return out
 
 
+def generate(argv: list[str]) -> str:
+    """What `python -m launcher.plan.recipes` prints (launcher.docs calls it in its own
+    process)."""
+    if argv:
+        raise SystemExit(f"launcher.plan.recipes takes no arguments, not {' '.join(argv)}")
+    return "\n".join(rows()) + "\n"
+
+
 if __name__ == "__main__":
-    print("\n".join(rows()))
+    sys.stdout.write(generate(sys.argv[1:]))

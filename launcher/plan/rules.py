@@ -663,7 +663,10 @@ def reads_any(problem: Problem, degrees) -> bool:
     return bool(set(DEGREES_READ.get(problem.rule, AXES)) & set(degrees))
 
 
+NOT_AVAILABLE = "not_available"  # the rule of every engine limitation's problem
+
+
 def engine_problems(cfg: Config, lay) -> list[Problem]:
     """What the planner accepts but launcher.train cannot run yet, refused by name: the
     limitations of launcher/limitations.py that apply to this layout."""
-    return [Problem("not_available", message) for _, message in refusals(cfg, lay)]
+    return [Problem(NOT_AVAILABLE, message) for _, message in refusals(cfg, lay)]
