@@ -311,7 +311,7 @@ class DataConfig:
     # None: the embedded default corpus (Python's documentation, byte-level tokens).
     # Otherwise a token file written by `python -m launcher.prepare`.
     path: str | None = None
-    # A weighted blend instead of data.path (launcher/sources.py), e.g.
+    # A weighted blend instead of data.path (launcher/data/sources.py), e.g.
     # 'data.sources=[{path: web/, weight: 0.7}, {path: code/*.bin, weight: 0.3}]'.
     sources: list[SourceConfig] = field(default_factory=list)
     val_fraction: float = 0.05  # tail of each source's stream held out for evaluation

@@ -36,16 +36,17 @@ from launcher.checkpoint.store import (
     PARTIAL,
     CheckpointError,
     Entry,
-    checkpoints_dir,
     newest_complete,
     open_checkpoint,
     publish,
+    resolve_checkpoint_dir,
     write_meta,
 )
 from launcher.cli import USAGE_ERROR, fail
 from launcher.config import ModelConfig
-from launcher.data import read_header
-from launcher.hf.config import (
+from launcher.data.batches import read_header
+from launcher.data.sources import first_token_file
+from launcher.hf.config_json import (
     HFConfigError,
     model_fields,
     preset_yaml,
@@ -54,7 +55,6 @@ from launcher.hf.config import (
     unsupported,
 )
 from launcher.hf.names import check, sources
-from launcher.sources import first_token_file
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 # Copied into a to-hf directory from beside the tokenizer.json, when present.
@@ -101,7 +101,7 @@ def copy_tokenizer(tok: Path, out: Path) -> list[str]:
 def newest(path: Path) -> Entry:
     """The checkpoint at path, or the newest complete one under a run / checkpoints dir."""
     if not (path / META).is_file():
-        entry = newest_complete(checkpoints_dir(path))
+        entry = newest_complete(resolve_checkpoint_dir(path))
         if entry is not None:
             return entry
     return open_checkpoint(path)  # refused with the reason

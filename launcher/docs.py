@@ -15,7 +15,7 @@ Two kinds of block, each announced by an HTML comment the rendered page does not
     tier: slow | slurm                optional: the check runs it in the slow tier / with SLURM
     -->
 
-    <!-- generated: python -m launcher.composes -->
+    <!-- generated: python -m launcher.plan.composes -->
     Markdown the command prints, kept exactly
     <!-- end generated -->
 
@@ -25,8 +25,8 @@ and, in a recipe's YAML header, the same as comments (the planner's figures for 
     # what the command prints, each line a comment
     # end generated
 
-A generated command `python -m MODULE ARGS` whose module has `generate(argv) -> str` runs in this
-process (the recipes' blocks: no interpreter start for each).
+A generated command `python -m MODULE ARGS` whose module has `generate(argv) -> str` (or, without
+arguments, `markdown() -> str`) runs in this process: no interpreter start for each block.
 
 python -m launcher.docs [--check] [FILE ...] [--name SUBSTRING]: regenerate (or only compare) the
 blocks of those files (default: README.md, docs/*.md and recipes/*.yaml).
@@ -184,14 +184,16 @@ def script_text(block: Block) -> str:
 
 def in_process(block: Block) -> str | None:
     """What a generated block's `python -m MODULE ARGS` prints, run here when MODULE has
-    `generate(argv)` (None: it runs in bash)."""
+    `generate(argv)`, or `markdown()` and the command no arguments (None: it runs in bash)."""
     argv = shlex.split(block.commands[0])
     if block.kind != "generated" or argv[:2] != ["python", "-m"] or len(argv) < 3:
         return None
     module = importlib.import_module(argv[2])
-    if not hasattr(module, "generate"):
-        return None
-    return module.generate(argv[3:])
+    if hasattr(module, "generate"):
+        return module.generate(argv[3:])
+    if hasattr(module, "markdown") and len(argv) == 3:
+        return module.markdown()
+    return None
 
 
 def run(block: Block) -> tuple[str, float]:

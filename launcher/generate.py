@@ -152,8 +152,8 @@ def load_model(entry, device: str):
 def tokenizer_of(entry, explicit: Path | None):
     """(encode, decode, EOS id, vocabulary size, what it is) of the run's tokenizer."""
     from launcher.convert import run_tokenizer
-    from launcher.data import ByteTokenizer, read_header
-    from launcher.sources import first_token_file
+    from launcher.data.batches import ByteTokenizer, read_header
+    from launcher.data.sources import first_token_file
 
     if explicit is None:
         found = run_tokenizer(entry.meta or {})

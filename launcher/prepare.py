@@ -52,7 +52,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from tokenizers import Tokenizer
 
-from launcher.data import ByteTokenizer, token_file_base, write_tokens
+from launcher.data.batches import ByteTokenizer, token_file_base, write_tokens
 
 # End-of-document tokens of well-known tokenizers: Llama 3, GPT-2 / Qwen, Llama 2 / Mistral /
 # Mixtral, DeepSeek V2 / V3, Gemma. The first one in the vocabulary is the EOS.

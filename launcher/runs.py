@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from launcher.checkpoint.store import newest_complete
-from launcher.failures import EXIT_FILE, STOPPED_FILE
-from launcher.rundir import LOCK, record_of
+from launcher.runtime.failures import EXIT_FILE, STOPPED_FILE
+from launcher.runtime.rundir import LOCK, record_of
 
 METRICS, PLAN = "metrics.jsonl", "plan.json"
 ROOTS = ("outputs", "multirun")
@@ -66,7 +66,7 @@ def rows(run_dir: Path) -> list[dict]:
 
 
 def running(run_dir: Path) -> str | None:
-    """ "running" while a process holds the run's lock (launcher/rundir.py), read from
+    """ "running" while a process holds the run's lock (launcher/runtime/rundir.py), read from
     /proc/locks rather than by taking it (a probe holding it, even briefly, would refuse the
     run's own start). A run on another host of a shared file system shows as "running on
     HOST" while its lock names that host and metrics.jsonl changed in the last RECENT_S."""

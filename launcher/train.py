@@ -16,15 +16,16 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launcher import launch, rundir, sweep
-from launcher.checkpoint.store import checkpoint_dir, newest_complete, start_problems
+from launcher import sweep
+from launcher.checkpoint.store import newest_complete, run_checkpoint_dir, start_problems
 from launcher.cli import fail, hydra_app, to_config
-from launcher.data import id_problem
-from launcher.failures import resume_mode
+from launcher.data.batches import id_problem
+from launcher.data.sources import token_file_paths
 from launcher.plan import auto, engine_plan
 from launcher.plan.report import plan_json, print_plan, problems_message
 from launcher.plan.search import candidate_overrides, with_overrides
-from launcher.sources import token_file_paths
+from launcher.runtime import launch, rundir
+from launcher.runtime.failures import resume_mode
 
 
 def check_devices(device_type: str, devices_per_node: int) -> None:
@@ -56,7 +57,7 @@ def checkpoint_problems(cfg, run_dir: str) -> list[str]:
     directory's, checkpoint.initial_load_path)."""
     ck = cfg.checkpoint
     return start_problems(
-        checkpoint_dir(ck.dir, run_dir),
+        run_checkpoint_dir(ck.dir, run_dir),
         resume_mode(ck.resume.value),
         ck.initial_load_path,
         ck.initial_load_format.value,
@@ -90,7 +91,7 @@ def task(dcfg: DictConfig) -> None:
             return reject(problem, hc, run_dir, first)
         cfg = to_config(dcfg)
         if first or (launch.is_child() and launch.global_rank() == 0):
-            previous = newest_complete(checkpoint_dir(cfg.checkpoint.dir, run_dir))
+            previous = newest_complete(run_checkpoint_dir(cfg.checkpoint.dir, run_dir))
             world = cfg.hardware.nodes * cfg.hardware.devices_per_node
             line = auto.choice_line(engine_plan(cfg).layout, world, previous and previous.meta)
             # A rank prints the choice when it is not the one its launcher printed: the
@@ -123,7 +124,7 @@ def task(dcfg: DictConfig) -> None:
             fail(problem)
         try:
             rundir.writable(run_dir, "hydra.run.dir")
-            rundir.writable(checkpoint_dir(cfg.checkpoint.dir, run_dir), "checkpoint.dir")
+            rundir.writable(run_checkpoint_dir(cfg.checkpoint.dir, run_dir), "checkpoint.dir")
             if cfg.logging.tensorboard:
                 rundir.writable(run_dir / "tensorboard", "logging.tensorboard's directory")
             rundir.lock(run_dir, cfg.launch.rendezvous)
@@ -152,7 +153,7 @@ def task(dcfg: DictConfig) -> None:
             sys.exit(status)
         return  # a multirun goes on to its next job
 
-    from launcher.engine import run  # torch.distributed only past this point
+    from launcher.training.engine import run  # torch.distributed only past this point
 
     run(cfg, plan, str(run_dir), dcfg)
 

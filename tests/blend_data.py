@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.data import EMBEDDED, ByteTokenizer, write_tokens
+from launcher.data.batches import EMBEDDED, ByteTokenizer, write_tokens
 
 HEADER = {
     "vocab_size": ByteTokenizer.vocab_size,

@@ -5,8 +5,8 @@ importable from tests/, `args`, `out`); every rank runs each job in order, skipp
 done or failed by an earlier launch, then waits for the others (a barrier) before the next.
 
 A job is `function(out: Path, *args)` running on every rank inside the group, which exists before
-the first job: it builds its own meshes over it (launcher.distributed.init builds the layout's mesh
-over a group that already exists). What a job prints goes to OUT/log.RANK.txt.
+the first job: it builds its own meshes over it (launcher.runtime.distributed.init builds the
+layout's mesh over a group that already exists). What a job prints goes to OUT/log.RANK.txt.
 
 A job that raises on any rank writes OUT/error.RANK.txt and ends this process at once: torchrun
 then ends the other ranks (which may be waiting for the failed one inside a collective), and the

@@ -53,12 +53,12 @@ def train(out: Path, *overrides: str) -> None:
     import torch.distributed as dist
     from omegaconf import OmegaConf
 
-    from launcher import distributed
     from launcher.cli import compose
     from launcher.plan import engine_plan
     from launcher.plan.report import problems_message
+    from launcher.runtime import distributed
     from launcher.train import checkpoint_problems
-    from launcher.trainer import Trainer
+    from launcher.training.trainer import Trainer
 
     cfg = compose(list(overrides))
     plan = engine_plan(cfg)
@@ -79,10 +79,10 @@ def trainer_of(out: Path, overrides, timeout_s: float = 120.0):
     for the planned layout, as a job that runs pieces of a step needs it."""
     from omegaconf import OmegaConf
 
-    from launcher import distributed
     from launcher.cli import compose
     from launcher.plan import make_plan
-    from launcher.trainer import Trainer
+    from launcher.runtime import distributed
+    from launcher.training.trainer import Trainer
 
     cfg = compose(list(overrides))
     plan = make_plan(cfg)

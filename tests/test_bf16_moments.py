@@ -15,8 +15,8 @@ from parity import STEPS, assert_parity, run_job
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
 
-from launcher.optim import MomentDtypeAdamW
 from launcher.plan import make_plan
+from launcher.training.optim import MomentDtypeAdamW
 
 
 @pytest.mark.parametrize(

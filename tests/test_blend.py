@@ -1,5 +1,5 @@
-"""Blends of sources (launcher/sources.py): the proportions hold in every window, the order is a
-function of the sequence's index alone (the same for every data-parallel layout), a source's
+"""Blends of sources (launcher/data/sources.py): the proportions hold in every window, the order
+is a function of the sequence's index alone (the same for every data-parallel layout), a source's
 shards read as one stream, and what the plan says about each source."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from blend_data import HEADER
 from conftest import compose_config
 
-from launcher.data import Batches, Concat, Split, write_tokens
+from launcher.data.batches import Batches, Concat, Split, write_tokens
+from launcher.data.sources import Blend, run_data, shares
 from launcher.plan import make_plan
-from launcher.sources import Blend, run_data, shares
 
 
 def test_proportions_hold_over_the_run_and_in_every_window():

@@ -10,8 +10,8 @@ import pytest
 from conftest import CONF, REFUSED_RECIPES, ROOT, compose_config, run_cli
 
 from launcher.config import Config, DType
-from launcher.limitations import refusals
 from launcher.plan import make_plan
+from launcher.plan.limitations import refusals
 
 # conf/hydra holds Hydra's own groups (hydra/launcher=slurm), tested below.
 GROUPS = sorted(p for p in CONF.iterdir() if p.is_dir() and p.name not in ("recipe", "hydra"))

@@ -16,7 +16,7 @@ import torch
 from conftest import compose_config, read_metrics, run_cli
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from launcher.data import (
+from launcher.data.batches import (
     EMBEDDED,
     FORMAT,
     Batches,
@@ -466,7 +466,7 @@ def test_parquet_jsonl_and_text_with_workers_and_shards_give_one_stream(tmp_path
     parts = [np.asarray(load_tokens(str(s))[0]) for s in shards]
     assert (np.concatenate(parts) == whole).all()
     assert all(len(p) <= 100 and p[-1] == 0 for p in parts)  # cut after an EOS, within the limit
-    from launcher.sources import read_source
+    from launcher.data.sources import read_source
 
     source = read_source("x", str(sharded), 1.0)
     assert source.files == tuple(str(s) for s in shards) and source.n_tokens == len(whole)

@@ -6,9 +6,8 @@ from __future__ import annotations
 import pytest
 from conftest import compose_config
 
-from launcher import composes
-from launcher.limitations import LIMITATIONS
-from launcher.plan import engine_plan
+from launcher.plan import composes, engine_plan
+from launcher.plan.limitations import LIMITATIONS
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import json
 
 from conftest import strict_json
 
-from launcher.metrics import MetricsLogger, json_safe, keep_steps_up_to
+from launcher.runtime.metrics import MetricsLogger, json_safe, keep_steps_up_to
 
 
 def rows(n: int) -> str:

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from launcher.config import TrainConfig
-from launcher.optim import lr_at
+from launcher.training.optim import lr_at
 
 
 def test_warmup_then_cosine_to_min_lr():

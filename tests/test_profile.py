@@ -8,7 +8,7 @@ import json
 import pytest
 from jobs import train_job
 
-from launcher.profiling import step_dir
+from launcher.runtime.profiling import step_dir
 
 RUN = [
     "train.steps=3",
@@ -58,7 +58,7 @@ def test_steps_outside_the_run_and_memory_without_steps_are_refused():
 
 
 def test_steps_a_resumed_run_has_already_trained_are_named_not_skipped_silently():
-    from launcher.profiling import resumed_past
+    from launcher.runtime.profiling import resumed_past
 
     assert resumed_past([2, 8], 5) == (
         "warning: profile.steps=[2, 8]: [2] trained before step 5, where this run resumes, "

@@ -1,5 +1,6 @@
-"""The rendezvous store of a run on several nodes (launcher/rendezvous.py): started on its host
-by the first launcher there, held while launchers are members, gone after the last leaves."""
+"""The rendezvous store of a run on several nodes (launcher/runtime/rendezvous.py): started on
+its host by the first launcher there, held while launchers are members, gone after the last
+leaves."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from launcher import rendezvous
+from launcher.runtime import rendezvous
 
 NOT_HERE = "192.0.2.1"  # TEST-NET-1: no machine has it
 

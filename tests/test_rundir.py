@@ -1,4 +1,4 @@
-"""One run per run directory (launcher/rundir.py): flock semantics, in one process (an flock
+"""One run per run directory (launcher/runtime/rundir.py): flock semantics, in one process (an flock
 belongs to the open file, so two opens of run.lock here conflict as two processes would)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from launcher import rundir
+from launcher.runtime import rundir
 
 
 @pytest.fixture(autouse=True)

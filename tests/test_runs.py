@@ -10,8 +10,9 @@ import time
 import pytest
 from conftest import run_cli
 
-from launcher import rundir, runs
-from launcher.failures import EXIT_FILE, STOPPED_FILE
+from launcher import runs
+from launcher.runtime import rundir
+from launcher.runtime.failures import EXIT_FILE, STOPPED_FILE
 
 
 def make_run(path, steps_done: int, steps: int = 4, layout="2 rank(s): dp_shard=2", **files):

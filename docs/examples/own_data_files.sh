@@ -5,7 +5,7 @@
 python - > /dev/null 2>&1 <<'PY'
 import gzip, json, pathlib
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from launcher.data import EMBEDDED
+from launcher.data.batches import EMBEDDED
 
 paragraphs = [p for p in gzip.open(EMBEDDED).read().decode().split("\n\n") if p.strip()]
 def bpe(specials):

@@ -5,7 +5,7 @@
   fit is printed with its reasons, gets SWEEP_DIR/<n>/rejected.json and never reaches the queue;
   if every point is rejected nothing is submitted (exit 2);
 - each job's resources come from its plan: nodes = hardware.nodes, tasks per node =
-  hardware.devices_per_node (each task is one rank: launcher/launch.py maps the SLURM task
+  hardware.devices_per_node (each task is one rank: launcher/runtime/launch.py maps the SLURM task
   onto torch.distributed), GPUs per node on CUDA. Points with the same resources go as one job
   array; partition, account, qos, constraint, timeout_min, additional_parameters, ... pass
   through as hydra-submitit-launcher names them (`hydra.launcher.partition=...`);
@@ -14,7 +14,7 @@
   it starts on what is free and re-plans for it;
 - before a time limit or a preemption SLURM sends the warning signal submitit asks for
   (`--signal=USR2@signal_delay_s`): the ranks finish their step, save a checkpoint together
-  (launcher/failures.py) and rank 0 requeues the job, which resumes from that checkpoint (at
+  (launcher/runtime/failures.py) and rank 0 requeues the job, which resumes from that checkpoint (at
   most max_num_timeout times);
 - the launcher waits on the queue itself (`scontrol show job`), not on accounting: a job that
   leaves the queue without a result (SIGKILLed, out of memory, its node lost) is failed within
@@ -67,7 +67,7 @@ class PlannedSlurmLauncher(SlurmLauncher):
     def __call__(self, sweep_overrides, job_dir_key, job_num, job_id, singleton_state):
         """One task of a job (one rank). A run stopped by SLURM's warning signal has saved a
         checkpoint of its step: requeue the job, which then resumes from it."""
-        from launcher.failures import EXIT_STOPPED
+        from launcher.runtime.failures import EXIT_STOPPED
 
         try:
             return super().__call__(sweep_overrides, job_dir_key, job_num, job_id, singleton_state)
@@ -292,7 +292,7 @@ def _requeue_after_stop(run_dir: Path, limit: int) -> None:
     with the stop's exit status."""
     import submitit
 
-    from launcher.failures import STOPPED_FILE
+    from launcher.runtime.failures import STOPPED_FILE
 
     env = submitit.JobEnvironment()
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))

@@ -8,10 +8,10 @@
   a reader knows what the other ratios can resolve.
 - transformers: LlamaForCausalLM of the same shape (random init, SDPA) in a plain loop at the
   same batch. Goal: the engine at least as fast (a ratio >= 1).
-- Checkpoint integrity: a save with checksums against one without (launcher/bench/checkpoint.py).
-  Goal: at most 1.05.
+- Checkpoint integrity: a save with checksums against one without
+  (launcher/bench/integrity_cost.py). Goal: at most 1.05.
 - Prepare: `launcher.prepare --workers 2` against the tokenizers library's own batch encoding
-  of the same documents on 2 threads (launcher/bench/prepare.py). Goal: at least 0.8.
+  of the same documents on 2 threads (launcher/bench/prepare_speed.py). Goal: at least 0.8.
 - Start: time to first step and each rank's peak memory before it, for a ~1 GB (fp32) model
   on 1, 2, 4 and 8 processes (launcher/bench/start.py).
 - The planner: plans per second, the 405B search; and one CPU thread's fp32 matmul rate (the
@@ -131,7 +131,7 @@ def planner_table(console: Console) -> Table:
 
 
 def checkpoint_table(console: Console, overrides: list[str]) -> Table:
-    from launcher.bench.checkpoint import save_cost
+    from launcher.bench.integrity_cost import save_cost
 
     with console.status("") as status:
         r = save_cost(overrides, progress=status.update)
@@ -151,7 +151,7 @@ def checkpoint_table(console: Console, overrides: list[str]) -> Table:
 
 
 def prepare_table(console: Console) -> Table:
-    from launcher.bench.prepare import prepare_throughput
+    from launcher.bench.prepare_speed import prepare_throughput
 
     with console.status("") as status:
         r = prepare_throughput(progress=status.update)

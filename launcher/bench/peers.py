@@ -56,13 +56,13 @@ def engine(overrides: list[str], run_dir: str | None = None):
     Exactly what `python -m launcher.train` runs per step (Trainer.train_step: the batch
     for the step, forward/backward, clipping, AdamW, the step's metrics), minus the logger.
     """
-    from launcher import distributed
     from launcher.cli import compose
     from launcher.parallel.data_parallel import DTYPES
     from launcher.plan import engine_plan
     from launcher.plan.report import problems_message
+    from launcher.runtime import distributed
     from launcher.train import check_devices
-    from launcher.trainer import Trainer
+    from launcher.training.trainer import Trainer
 
     cfg = compose(["hardware.devices_per_node=1", "hardware.nodes=1", *overrides])
     plan = engine_plan(cfg)
@@ -94,7 +94,7 @@ def plain_loop(model: nn.Module, w: Workload, forward: Callable | None = None) -
     """A plain training loop's step over `model` (AdamW on decayed matrices and undecayed
     vectors, as the engine groups them; torch's own global-norm clipping)."""
     forward = forward or model
-    from launcher.optim import param_groups
+    from launcher.training.optim import param_groups
 
     t = w.train
     params = [p for p in model.parameters() if p.requires_grad]
@@ -139,7 +139,7 @@ def hugging_face(w: Workload) -> Step:
     loop; with compile, each decoder layer compiled."""
     import transformers
 
-    from launcher.hf.config import to_hf_config
+    from launcher.hf.config_json import to_hf_config
 
     hf = to_hf_config(w.model, "float32")
     config = transformers.AutoConfig.for_model(**hf)  # model_type picks the class

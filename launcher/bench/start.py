@@ -2,7 +2,7 @@
 
 A llama-shaped model of about 1 GB in fp32 (dim 2048, 5 layers of SwiGLU 5632) is trained for
 one step by `launcher.train` itself on 1, 2, 4 and 8 CPU processes (FSDP over all of them: each
-holds 1/N of the model). The run's first step records (launcher/trainer.py, `started`) the
+holds 1/N of the model). The run's first step records (launcher/training/trainer.py, `started`) the
 seconds from each process's start to its first step and, of them, the model's build (the
 slowest rank of each), and each rank's peak resident memory before it; the whole command's wall
 time is measured beside them. Every rank builds on the meta device and materialises only its

@@ -21,9 +21,9 @@ from rich.table import Table
 
 from launcher.checkpoint.store import (
     CheckpointError,
-    checkpoints_dir,
     list_checkpoints,
     open_checkpoint,
+    resolve_checkpoint_dir,
 )
 from launcher.cli import USAGE_ERROR, fail
 
@@ -42,7 +42,7 @@ def size(n: int) -> str:
 def list_command(path: Path) -> int:
     if not path.is_dir():
         fail(f"{path} is not a directory")
-    directory = checkpoints_dir(path)
+    directory = resolve_checkpoint_dir(path)
     entries = list_checkpoints(directory)
     console = Console(width=None if Console().is_terminal else 120)
     if not entries:

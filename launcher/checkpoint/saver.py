@@ -3,7 +3,7 @@
 Every rank writes its own shards (FSDP and TP shards by their owner, replicated tensors once);
 loading reads whatever each rank needs under the current layout, so a checkpoint saved on one
 layout resumes on another. The state is a dict of Stateful objects: `model` (parameter names
-as in the plain model), `optimizer` (launcher.optim.Optimizers, layout-free keys), `train`
+as in the plain model), `optimizer` (launcher.training.optim.Optimizers, layout-free keys), `train`
 (step and samples consumed), and `rng.<rank>` (each rank's generators, restored only on the
 layout they were saved under).
 
@@ -39,7 +39,7 @@ from launcher.checkpoint.store import (
     write_meta,
     write_sums,
 )
-from launcher.failures import RunEnded, fault
+from launcher.runtime.failures import RunEnded, fault
 
 # One process (no process group) is a supported way to save and load, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")

@@ -228,12 +228,12 @@ def shape_mismatches(saved: dict, model: dict) -> list[str]:
     ]
 
 
-def checkpoints_dir(path: Path) -> Path:
+def resolve_checkpoint_dir(path: Path) -> Path:
     """RUN_DIR/checkpoints when given a run directory, else the directory itself."""
     return path / "checkpoints" if (path / "checkpoints").is_dir() else path
 
 
-def checkpoint_dir(configured: str | None, run_dir: str | Path) -> Path:
+def run_checkpoint_dir(configured: str | None, run_dir: str | Path) -> Path:
     """checkpoint.dir, or RUN_DIR/checkpoints by default."""
     return Path(configured) if configured else Path(run_dir) / "checkpoints"
 

@@ -15,10 +15,10 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from launcher.hf.config import (
+from launcher.hf.config_json import (
     FAMILIES as HF_FAMILIES,
 )
-from launcher.hf.config import (
+from launcher.hf.config_json import (
     HFConfigError,
     mismatches,
     read_config,

@@ -23,13 +23,13 @@ import torch
 from torch import nn
 
 from launcher.config import Config
-from launcher.distributed import Dist
 from launcher.layout import Layout, recomputed
-from launcher.parallel.checkpointing import apply_ac, apply_compile
 from launcher.parallel.context_parallel import apply_cp
 from launcher.parallel.data_parallel import DTYPES, apply_ddp, apply_fsdp
 from launcher.parallel.expert_parallel import apply_ep, apply_moe_hooks, expert_parameter_names
+from launcher.parallel.recompute import apply_ac, apply_compile
 from launcher.parallel.tensor_parallel import apply_tp
+from launcher.runtime.distributed import Dist
 
 
 def keeps_shards(layout: Layout, compiled: bool, index: int) -> bool:
@@ -127,10 +127,10 @@ def build(cfg: Config, layout: Layout, d: Dist, pp_rank: int) -> Built:
     plan = Plan.of(model)  # the full model's parameters, for every rank's initial values
     tied = None
     if layout.pp > 1:
-        from launcher.parallel import pipeline  # torch.distributed.pipelining: pp > 1 only
+        from launcher.parallel import pipeline_parallel  # torch.distributed.pipelining: pp > 1 only
 
-        tied = pipeline.tied_names(model)
-        stages = pipeline.split(
+        tied = pipeline_parallel.tied_names(model)
+        stages = pipeline_parallel.split(
             model, pp_rank, layout.pp, layout.stages_per_rank, layout.schedule, layout.stage_layers
         )
     else:

@@ -1,6 +1,6 @@
 """Data-parallel axis: FSDP2 / HSDP (ZeRO-3), ZeRO-2, and DDP (ZeRO-0; the model side of ZeRO-1).
 
-ZeRO-1's optimizer-state sharding lives in launcher/optim.py; here it is plain DDP.
+ZeRO-1's optimizer-state sharding lives in launcher/training/optim.py; here it is plain DDP.
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ combine:
 
 Both all-to-alls carry gradients (backward is the opposite all-to-all). Dropless: every copy is
 computed. The ep group is carved from dp_shard x cp x tp (consecutive ranks, so ep sits on the
-fastest links); the experts' own data-parallel group is what remains (launcher/distributed.py).
+fastest links); the experts' own data-parallel group is what remains
+(launcher/runtime/distributed.py).
 
 `apply_moe_hooks` gives every MoE layer the sum over the ranks that split its tokens (context-
 and tensor-parallel ranks), which the balance losses need to equal one process's;

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from launcher.config import Config
+from launcher.data.sources import data_use, repeat_warnings
 from launcher.layout import AXES, Layout, stage_split
 from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
@@ -20,7 +21,6 @@ from launcher.plan.rules import (
     reads_any,
     resolve_degrees,
 )
-from launcher.sources import data_use, repeat_warnings
 
 
 @dataclass

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from launcher.plan import Plan, engine_plan
-from launcher.plan import pipeline as pl
+from launcher.plan import bubble as pl
 from launcher.plan.memory import GIB
 from launcher.plan.report import time_sum
 from launcher.plan.rules import NOT_AVAILABLE

@@ -119,7 +119,7 @@ class Context:
 
 
 def loss_compiled(cfg: Config, lay: Layout) -> bool:
-    """Whether the trainer compiles the loss for `lay` (launcher/trainer.py asks this too):
+    """Whether the trainer compiles the loss for `lay` (launcher/training/trainer.py asks this too):
     with compiled blocks unless train.compile_loss=false, and never under loss parallelism
     (DTensor logits, reduced inside loss_parallel())."""
     return cfg.train.compile and cfg.train.compile_loss and not lay.loss_parallel

@@ -87,8 +87,8 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from launcher.distributed import mesh_dist
     from launcher.parallel import build
+    from launcher.runtime.distributed import mesh_dist
 
     mem, lay = plan.memory, plan.layout
     pp_rank = mem.rank if mem else 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from launcher.layout import Layout, last_stage_rank
-from launcher.plan import pipeline as pl
+from launcher.plan import bubble as pl
 from launcher.plan.context import (
     Context,
     layout_ranks,
@@ -30,14 +30,14 @@ from launcher.plan.terms import Time, step_time
 from models import families
 from models.tiles import band_bytes
 
-# The loss's peak per logit element (launcher.trainer.loss_fn: cross-entropy of the logits cast
-# to fp32), in its backward: eager, the fp32 log-softmax it saved, the gradient nll_loss writes
+# The loss's peak per logit element (launcher.training.trainer.loss_fn: cross-entropy of the logits
+# cast to fp32), in its backward: eager, the fp32 log-softmax it saved, the gradient nll_loss writes
 # and log-softmax's gradient, 4 bytes each (the compute-dtype logits are freed after the forward,
 # which peaks lower, at 2 + 4 + 4 in bf16). Measured: CPU allocator events of loss_fn
-# (tests/plan/test_loss_memory.py); on an H200, 11.5 bytes, and the planner counting 6 was
-# 6.6 GiB (15%) low on Llama 3.2 1B at 8,192 tokens (docs/speed.md). Compiled (the trainer
-# compiles the loss with the blocks, except under loss parallelism), the cast and log-softmax
-# fuse and it keeps the logits and their gradient in the compute dtype only.
+# (tests/plan/test_loss_memory.py); on an H200, 11.5 bytes, and the planner counting 6 was 6.6 GiB
+# (15%) low on Llama 3.2 1B at 8,192 tokens (docs/speed.md). Compiled (the trainer compiles the loss
+# with the blocks, except under loss parallelism), the cast and log-softmax fuse and it keeps the
+# logits and their gradient in the compute dtype only.
 LOSS_BYTES_PER_LOGIT = 12
 
 

@@ -19,12 +19,12 @@ The constants and where they come from:
 - OPS: ATen operators per block, forward and backward (the same count): 187 for a dense llama
   block, 182 for gpt, 273 for a mixtral block, 36 for the embedding, head and loss. Compiled
   blocks launch about a tenth as many (an assumption).
-- Loss traffic: bytes moved per logit element by the loss's forward and backward, counted with
-  a TorchDispatchMode over launcher.trainer.loss_fn (bf16 logits: the cast to fp32, 2 + 4; the
-  log-softmax, 4 + 4; nll_loss's backward, 8; log-softmax's backward, 12; the cast back, 4 + 2;
+- Loss traffic: bytes moved per logit element by the loss's forward and backward, counted with a
+  TorchDispatchMode over launcher.training.trainer.loss_fn (bf16 logits: the cast to fp32, 2 + 4;
+  the log-softmax, 4 + 4; nll_loss's backward, 8; log-softmax's backward, 12; the cast back, 4 + 2;
   40 in all, 28 for fp32 logits, which need no cast). Compiled, one fused pass reads the logits
-  forward and one reads them and writes their gradient backward: 3 x the compute dtype's bytes.
-  On an H200, compiling the loss made Llama 3.2 1B's step at 8,192 tokens 45 ms (7%) faster.
+  forward and one reads them and writes their gradient backward: 3 x the compute dtype's bytes. On
+  an H200, compiling the loss made Llama 3.2 1B's step at 8,192 tokens 45 ms (7%) faster.
 - MOE_BYTES: bytes an MoE layer's routed path moves per token, forward and backward, outside its
   GEMMs and SwiGLU: per routed copy and dim (gathering each token's copies in expert order,
   putting them back, weighting and summing them) and per token and routed expert (the

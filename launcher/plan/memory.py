@@ -145,7 +145,7 @@ def op_layer_activation_bytes(
       those at odd places in the block's order) without tp; under tp the reductions of all
       their partial sums (all-reduce, or reduce-scatter: a shard), the partial sums themselves
       recomputed, except in `compiled` blocks, which keep the kept ones too
-      (launcher/parallel/checkpointing.py); `heads_out` and `mlp_out` count the kept ones;
+      (launcher/parallel/recompute.py); `heads_out` and `mlp_out` count the kept ones;
     - fused attention's output (o, sharded by tp); unfused, the core is recomputed;
     - routed experts (`routed_out` per token: each copy's up projections and output row, and
       the router's scores), their tokens split over tp.

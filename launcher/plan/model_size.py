@@ -170,7 +170,7 @@ class Matmul:
 def block_matmuls(m: ModelConfig, s: Shape, matmuls: str = "all") -> list[Matmul]:
     """A dense block's projections in forward order (q, k, v, o, then the MLP's: w1, w3, w2 or
     fc1, fc2), with the outputs recompute=op keeps: all, or under matmuls="alternate" the 1st,
-    3rd, 5th, ... (launcher/parallel/checkpointing.py). For the families without MLA or
+    3rd, 5th, ... (launcher/parallel/recompute.py). For the families without MLA or
     routed experts (the rules refuse alternate there)."""
     ffn = m.ffn_dim
     mlp = [(ffn, m.dim, False)] * (2 if families.of(m).gated_mlp else 1) + [(m.dim, ffn, True)]

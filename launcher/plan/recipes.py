@@ -7,8 +7,8 @@ import sys
 from pathlib import Path
 
 from launcher.cli import CONF_DIR, compose
-from launcher.limitations import refusals
 from launcher.plan import make_plan
+from launcher.plan.limitations import refusals
 from launcher.plan.memory import GIB
 
 RECIPES = Path(CONF_DIR).parent / "recipes"
@@ -37,13 +37,10 @@ def rows() -> list[str]:
     return out
 
 
-def generate(argv: list[str]) -> str:
-    """What `python -m launcher.plan.recipes` prints (launcher.docs calls it in its own
-    process)."""
-    if argv:
-        raise SystemExit(f"launcher.plan.recipes takes no arguments, not {' '.join(argv)}")
+def markdown() -> str:
+    """The table (docs/planner.md's recipes table)."""
     return "\n".join(rows()) + "\n"
 
 
 if __name__ == "__main__":
-    sys.stdout.write(generate(sys.argv[1:]))
+    sys.stdout.write(markdown())

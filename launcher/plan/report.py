@@ -10,7 +10,7 @@ from rich.table import Table
 
 from launcher.layout import AXES, MESH_DIMS, SCHEDULES
 from launcher.plan import Plan
-from launcher.plan import pipeline as pl
+from launcher.plan import bubble as pl
 from launcher.plan.checkpoint_size import CheckpointSize, checkpoint_size
 from launcher.plan.memory import GIB
 

@@ -3,7 +3,7 @@
 Three sets: `config_problems` (model, training, precision, data: independent of the layout),
 `layout_problems` (degrees, divisibility, pipeline, batch: evaluated for every searched
 layout, so kept cheap) and `engine_problems` (what `launcher.train` cannot run yet: the
-records of launcher/limitations.py).
+records of launcher/plan/limitations.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from launcher.config import Config, DType, ParallelConfig
-from launcher.data import data_sizes, split_sizes
+from launcher.data.batches import data_sizes, split_sizes
+from launcher.data.sources import run_sources, validation_sources
 from launcher.layout import (
     AXES,
     LOOPED,
@@ -23,10 +24,9 @@ from launcher.layout import (
     V_SCHEDULES,
     Layout,
 )
-from launcher.limitations import refusals
-from launcher.plan import pipeline as pl
+from launcher.plan import bubble as pl
+from launcher.plan.limitations import refusals
 from launcher.plan.ranges import range_problems
-from launcher.sources import run_sources, validation_sources
 from models import families
 
 PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
@@ -275,7 +275,7 @@ def _routing_problems(m, name: str) -> list[Problem]:
 
 def source_problems(cfg: Config, err) -> None:
     """A blend's sources and the named validation sets: readable, agreeing on the tokenizer,
-    in the model's vocabulary, each large enough for its windows (launcher.sources)."""
+    in the model's vocabulary, each large enough for its windows (launcher.data.sources)."""
     m, t = cfg.model, cfg.train
     train, problems = run_sources(cfg.data)
     vals, more = validation_sources(cfg.data, train) if train else ([], [])
@@ -668,5 +668,5 @@ NOT_AVAILABLE = "not_available"  # the rule of every engine limitation's problem
 
 def engine_problems(cfg: Config, lay) -> list[Problem]:
     """What the planner accepts but launcher.train cannot run yet, refused by name: the
-    limitations of launcher/limitations.py that apply to this layout."""
+    limitations of launcher/plan/limitations.py that apply to this layout."""
     return [Problem(NOT_AVAILABLE, message) for _, message in refusals(cfg, lay)]

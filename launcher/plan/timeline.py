@@ -100,7 +100,7 @@ def _single_stage_order(schedule: str, rank: int, p: int, m: int) -> list[tuple[
 
 def _torch_orders(schedule: str, p: int, v: int, m: int) -> dict[int, list]:
     """pipeline_order of torch's multi-stage schedule class, built around stand-in stages."""
-    from launcher.parallel.pipeline import SCHEDULE_CLASSES  # torch.distributed.pipelining
+    from launcher.parallel.pipeline_parallel import SCHEDULE_CLASSES  # torch.distributed.pipelining
 
     n = p * v
     stages = [

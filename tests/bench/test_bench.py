@@ -135,7 +135,7 @@ def test_bad_config_exits_2_naming_it(argv, message, capsys):
 
 def test_prepare_comparison_runs_both_on_the_same_files(monkeypatch):
     """The prepare table's two contenders, on a small corpus, one round (timed by make bench)."""
-    from launcher.bench import prepare
+    from launcher.bench import prepare_speed as prepare
 
     monkeypatch.setattr(prepare, "TARGET_BYTES", 1 << 20)
     monkeypatch.setattr(prepare, "FILES", 2)

@@ -23,7 +23,7 @@ from safetensors import safe_open
 from launcher.checkpoint.store import publish, step_dir, write_meta
 from launcher.hf.names import sources
 from launcher.hf.weights import to_hf
-from launcher.trainer import build_model
+from launcher.training.trainer import build_model
 
 pytestmark = [
     pytest.mark.e2e,

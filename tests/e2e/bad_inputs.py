@@ -220,7 +220,7 @@ def sources_case(name: str, sources: str, expect: str, *extra: str) -> Case:
 
 
 GOOD = "{W}/tok/good.bin"
-# -- blends and validation sets (launcher.sources) -----------------------------------------
+# -- blends and validation sets (launcher.data.sources) -----------------------------------------
 SOURCES = [
     sources_case(
         "weight 0", f"{{path: {GOOD}, weight: 0}}", "weight=0.0 must be a finite number > 0"
@@ -461,7 +461,7 @@ def build(w: Path) -> None:
     """Everything under WORK the cases name."""
     import numpy as np
 
-    from launcher.data import ByteTokenizer, write_tokens
+    from launcher.data.batches import ByteTokenizer, write_tokens
 
     (w / "in").mkdir(parents=True)
     (w / "out").mkdir()

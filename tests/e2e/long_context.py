@@ -17,10 +17,10 @@ import torch
 from omegaconf import OmegaConf
 from torch.distributed.tensor import DTensor
 
-from launcher import distributed
 from launcher.cli import compose
 from launcher.plan import make_plan
-from launcher.trainer import Trainer
+from launcher.runtime import distributed
+from launcher.training.trainer import Trainer
 
 
 def job(out: Path, *overrides: str) -> None:

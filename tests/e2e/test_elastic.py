@@ -17,7 +17,7 @@ from conftest import newest_step, read_metrics, start_cli, survivors, wait_for_s
 from jobs import train_job
 from wandb_log import one_wandb_run
 
-from launcher import launch, rendezvous
+from launcher.runtime import launch, rendezvous
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import read_metrics, run_cli
 
-from launcher.bench.prepare import byte_level_bpe, embedded_paragraphs
+from launcher.bench.prepare_speed import byte_level_bpe, embedded_paragraphs
 
 pytestmark = pytest.mark.e2e
 

@@ -17,7 +17,7 @@ from jobs import trainer_of
 from torch.distributed.tensor import DTensor
 
 from hf import hf_models
-from launcher.parallel import pipeline
+from launcher.parallel import pipeline_parallel
 
 BATCH = (2, 24)
 
@@ -45,7 +45,7 @@ def job(out: Path, *overrides: str) -> None:
         else:
             lay = trainer.layout
             keep = lambda h, y: logits.append(h) or h.sum()  # noqa: E731
-            pipeline.forward_only(
+            pipeline_parallel.forward_only(
                 dict(trainer.stages), lay.n_stages, lay.schedule, d.mesh["pp"], x, x, keep
             )
     if logits and d.dp_rank == 0 and d.local_rank_of("tp") == 0:

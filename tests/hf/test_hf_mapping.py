@@ -11,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 import models
 from hf import hf_models
-from launcher.hf.config import mismatches, model_fields, to_hf_config, unsupported
+from launcher.hf.config_json import mismatches, model_fields, to_hf_config, unsupported
 from launcher.hf.names import Source, check, sources
 from launcher.hf.weights import Reader, from_hf, to_interleaved, to_rotate_half
 
@@ -198,7 +198,7 @@ def test_deepseek_preset_is_the_run_model(kind):
     from omegaconf import OmegaConf
 
     from launcher.config import ModelConfig
-    from launcher.hf.config import preset_yaml
+    from launcher.hf.config_json import preset_yaml
 
     hf = hf_config(kind)
     yaml = preset_yaml("tiny", "/tmp/tiny", hf)

@@ -11,7 +11,7 @@ from conftest import compose_config
 
 import models
 from launcher.plan.model_size import shape
-from launcher.trainer import build_model
+from launcher.training.trainer import build_model
 from models.llama import Attention, LlamaArgs, rope_cache, rope_frequencies
 
 

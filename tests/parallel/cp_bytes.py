@@ -33,7 +33,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import models
 from launcher.parallel import context_parallel as cpa
-from launcher.parallel.checkpointing import apply_ac
+from launcher.parallel.recompute import apply_ac
 from launcher.parallel.tensor_parallel import apply_tp
 from parallel.saved_bytes import BATCH, SEQ, Recorder
 

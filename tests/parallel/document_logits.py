@@ -13,7 +13,7 @@ import torch
 from jobs import trainer_of
 from torch.distributed.tensor import DTensor
 
-from launcher.parallel import pipeline
+from launcher.parallel import pipeline_parallel
 from models.layers import document_ids
 
 EOS = 256  # the byte-level tokenizer's
@@ -42,7 +42,7 @@ def job(out: Path, *overrides: str) -> None:
         else:
             lay = trainer.layout
             keep = lambda h, y: held.append(h) or h.sum()  # noqa: E731
-            pipeline.forward_only(
+            pipeline_parallel.forward_only(
                 dict(trainer.stages), lay.n_stages, lay.schedule, d.mesh["pp"], x, x, keep,
                 trainer.positions, docs,
             )  # fmt: skip

@@ -15,11 +15,11 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from launcher import distributed
 from launcher.cli import CONF_DIR, hydra_app
 from launcher.parallel.expert_parallel import moe_layers
 from launcher.plan import engine_plan
-from launcher.trainer import Trainer
+from launcher.runtime import distributed
+from launcher.training.trainer import Trainer
 
 BATCH = ["train.global_batch_size=8", "train.micro_batch_size=2", "precision=fp32"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch.distributed as dist
 from jobs import trainer_of
 
-from launcher.trainer import save_full_state_dict
+from launcher.training.trainer import save_full_state_dict
 
 
 def job(out: Path, *cases: str) -> None:

@@ -22,12 +22,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch.distributed.tensor import DTensor
 
-from launcher import distributed
 from launcher.cli import CONF_DIR, hydra_app
+from launcher.plan import bubble as pl
 from launcher.plan import engine_plan
-from launcher.plan import pipeline as pl
 from launcher.plan.estimate import layer_activation, layout_ranks, layout_recomputed, rank_memory
-from launcher.trainer import Trainer
+from launcher.runtime import distributed
+from launcher.training.trainer import Trainer
 from parallel import saved_bytes
 from parallel.expert_bias import BATCH
 

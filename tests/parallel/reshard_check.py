@@ -14,7 +14,7 @@ from jobs import patched
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from launcher.parallel import pipeline
+from launcher.parallel import pipeline_parallel
 from launcher.parallel.data_parallel import apply_fsdp
 from parallel.schedule_order import LOG, loss_fn, step, tiny_llama
 
@@ -55,9 +55,9 @@ def run(reshard: bool, mesh) -> list:
     p, rank = mesh["pp"].size(), mesh["pp"].get_local_rank()
     stages = [
         (s, apply_fsdp(m, mesh["dp_shard"], True, "fp32", "fp32"))
-        for s, m in pipeline.split(tiny_llama(2 * p), rank, p, 1, "1f1b")
+        for s, m in pipeline_parallel.split(tiny_llama(2 * p), rank, p, 1, "1f1b")
     ]
-    sched = pipeline.build_schedule(
+    sched = pipeline_parallel.build_schedule(
         stages, p, "1f1b", MICROBATCHES, loss_fn, mesh["pp"], torch.device("cpu"), reshard
     )
     return step(sched, stages, p, MICROBATCHES)

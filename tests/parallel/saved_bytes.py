@@ -25,11 +25,12 @@ from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import CheckpointPolicy
 
 import models
-from launcher import distributed
 from launcher.cli import CONF_DIR, hydra_app
-from launcher.parallel import checkpointing, parallelize
+from launcher.parallel import parallelize
+from launcher.parallel import recompute as activation_recompute
 from launcher.plan import make_plan
 from launcher.plan.estimate import layer_activation
+from launcher.runtime import distributed
 
 PRESETS = {"llama": "llama3_debug", "gpt": "gpt_debug", "mixtral": "mixtral_debug"}
 PRESETS["deepseek"] = "deepseek_debug"
@@ -125,7 +126,7 @@ def _recording_policy(policy):
     return recording
 
 
-checkpointing._op_policy = _recording_policy(checkpointing._op_policy)
+activation_recompute._op_policy = _recording_policy(activation_recompute._op_policy)
 
 
 def measure(cfg, d) -> dict[str, float]:

@@ -2,7 +2,7 @@
 tests/group.py on P processes (`jobs.mesh_job("parallel.schedule_order:job", (P,), ("pp",))`):
 each rank's OUT/RANK.json maps each schedule to its [kind, stage, micro-batch] list.
 
-The stages and schedules come from the engine's own launcher.parallel.pipeline (split and
+The stages and schedules come from the engine's own launcher.parallel.pipeline_parallel (split and
 build_schedule); the recording wraps torch's stage methods, so what is logged is what ran:
 F = forward_one_chunk, B = backward_one_chunk (full), I = backward_one_chunk(full_backward=
 False), W = backward_weight_one_chunk. The helpers are shared with reshard_check.py.
@@ -19,7 +19,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 import models
 from launcher.layout import SINGLE
-from launcher.parallel import pipeline
+from launcher.parallel import pipeline_parallel
 
 MICROBATCHES, SEQ, VOCAB = 8, 16, 64
 LOG: list = []
@@ -63,8 +63,8 @@ def step(sched, stages, n_stages: int, microbatches: int) -> list:
 def run(schedule: str, mesh) -> list:
     p, rank = mesh.size(), mesh.get_local_rank()
     v = 1 if schedule in SINGLE else 2
-    stages = pipeline.split(tiny_llama(p * v), rank, p, v, schedule)
-    sched = pipeline.build_schedule(
+    stages = pipeline_parallel.split(tiny_llama(p * v), rank, p, v, schedule)
+    sched = pipeline_parallel.build_schedule(
         stages, p * v, schedule, MICROBATCHES, loss_fn, mesh, torch.device("cpu")
     )
     return step(sched, stages, p * v, MICROBATCHES)
@@ -86,4 +86,4 @@ def job(mesh) -> dict:
                 ),
             )
         )
-        return {s: run(s, mesh) for s in pipeline.SCHEDULES}
+        return {s: run(s, mesh) for s in pipeline_parallel.SCHEDULES}

@@ -87,7 +87,7 @@ def test_masked_logits_equal_each_document_alone(name, group):
     import torch
 
     from launcher.cli import compose
-    from launcher.trainer import build_model
+    from launcher.training.trainer import build_model
 
     job = LOGITS[name]
     got = torch.zeros(2, 128, 320)

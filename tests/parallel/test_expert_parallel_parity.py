@@ -40,7 +40,7 @@ LAYOUTS = {
         "recompute=op",
     ],
     # Per-op recompute reruns the dispatch and combine all-to-alls in backward, and FSDP's hooks
-    # on the experts' own unit run inside the checkpoint (checkpointing.py: profiler ops).
+    # on the experts' own unit run inside the checkpoint (parallel/recompute.py: profiler ops).
     "ep=2 recompute=op": ["hardware.devices_per_node=2", "parallel.ep=2", "recompute=op"],
     # Experts replicated over the tp ranks, no FSDP: their gradients are reduced by hand.
     "tp=2 alone": ["hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],

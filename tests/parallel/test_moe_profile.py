@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 from jobs import train_job
 
-from launcher.profiling import step_dir
+from launcher.runtime.profiling import step_dir
 
 pytestmark = pytest.mark.dist
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 from group import Job, per_rank
 
-from launcher import distributed
+from launcher.runtime import distributed
 from parallel import saved_bytes
 
 FAMILIES = ["llama", "gpt", "mixtral", "deepseek"]

@@ -11,7 +11,7 @@ from group import per_rank
 from jobs import mesh_job
 
 from launcher.layout import SINGLE
-from launcher.parallel.pipeline import SCHEDULE_CLASSES
+from launcher.parallel.pipeline_parallel import SCHEDULE_CLASSES
 from launcher.plan import timeline as tl
 from parallel.schedule_order import MICROBATCHES
 

@@ -57,7 +57,7 @@ LAYOUTS = {
         "pipeline.reshard_each_microbatch=true",
         "train.global_batch_size=64",
     ],
-    # Zero-bubble schedules do not train under FSDP (launcher/limitations.py).
+    # Zero-bubble schedules do not train under FSDP (launcher/plan/limitations.py).
     "llama3_8b pp 8 zbv x tp 8": [
         "model=llama3_8b",
         "hardware.nodes=8",
@@ -131,7 +131,7 @@ def test_dry_run_builds_through_the_trainers_build(monkeypatch):
     """One build path: the dry run calls launcher.parallel.build, as the trainer does, and
     only its last step (allocating on the device) is skipped on the meta device."""
     import launcher.parallel
-    import launcher.trainer
+    import launcher.training.trainer
 
     calls = []
     real = launcher.parallel.build
@@ -145,7 +145,7 @@ def test_dry_run_builds_through_the_trainers_build(monkeypatch):
     cfg = compose_config(["model.tie_embeddings=true", "parallel.pp=2", "parallel.dp_shard=1"])
     assert dry_run(cfg, make_plan(cfg)).ok
     assert len(calls) == 1 and set(calls[0]) == {"meta"}
-    assert launcher.trainer.build is real  # the trainer's, imported from the same place
+    assert launcher.training.trainer.build is real  # the trainer's, imported from the same place
 
 
 def test_dry_run_reports_what_the_engine_refuses():

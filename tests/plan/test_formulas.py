@@ -6,7 +6,7 @@ import pytest
 from conftest import compose_config
 
 from launcher.layout import split_layers, stage_split
-from launcher.plan import pipeline as pl
+from launcher.plan import bubble as pl
 from launcher.plan.memory import layer_activation_bytes, op_layer_activation_bytes, state_bytes
 from launcher.plan.model_size import active_matmul_params_per_token, flops_per_token, shape
 

@@ -11,7 +11,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from launcher.plan import make_plan
 from launcher.plan.estimate import LOSS_BYTES_PER_LOGIT
-from launcher.trainer import loss_fn
+from launcher.training.trainer import loss_fn
 
 TOKENS, DIM, VOCAB = 512, 8, 8192
 
@@ -91,7 +91,7 @@ def test_the_trainer_compiles_the_loss_only_when_asked(tmp_path):
     eager (the function itself, no compiled wrapper)."""
     from jobs import trainer_of
 
-    from launcher.trainer import loss_fn
+    from launcher.training.trainer import loss_fn
 
     base = ["model=llama3_debug", "hardware.devices_per_node=1", "train.compile=true"]
     for extra, compiled in (([], True), (["train.compile_loss=false"], False)):

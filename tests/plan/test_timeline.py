@@ -2,7 +2,7 @@
 
 launcher/plan/timeline.py replays the action lists torch's schedule classes build (the ones the
 engine runs; tests/parallel/test_schedule_order.py records them from a real run) on the unit
-clock. The planner's closed forms (launcher/plan/pipeline.py, from the papers) must give the
+clock. The planner's closed forms (launcher/plan/bubble.py, from the papers) must give the
 same bubble and the same per-rank activation peak for every valid shape.
 """
 
@@ -17,8 +17,8 @@ import pytest
 from conftest import compose_config, run_cli
 
 from launcher.layout import LOOPED, SINGLE, V_SCHEDULES, rank_stages
+from launcher.plan import bubble as pl
 from launcher.plan import make_plan
-from launcher.plan import pipeline as pl
 from launcher.plan import timeline as tl
 from launcher.plan.draw import BUBBLE, COLOURS, draw_plan
 

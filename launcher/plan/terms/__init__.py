@@ -19,7 +19,7 @@ from launcher.plan.terms.cp import cp
 from launcher.plan.terms.dp import dp
 from launcher.plan.terms.ep import ep
 from launcher.plan.terms.optimizer import optimizer
-from launcher.plan.terms.pipeline import bubble_fraction, pp
+from launcher.plan.terms.pp import bubble_fraction, pp
 from launcher.plan.terms.recompute import recompute
 from launcher.plan.terms.tp import tp
 

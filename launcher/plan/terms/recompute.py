@@ -6,7 +6,7 @@ attention's output); op also reruns the memory-bound forward operators (norms, a
 rotary: a third of their forward + backward time; measured on an H200, Llama 3.2 1B at 8,192
 tokens: op 2.2% slower than none, docs/speed.md); op reruns the matmuls whose outputs it does
 not keep: under recompute.matmuls=alternate every other one, under tp in eager blocks the
-attention output projection's partial sum (checkpointing.py; the MLP's, last in the block,
+attention output projection's partial sum (parallel/recompute.py; the MLP's, last in the block,
 the recompute stops before). Document masking reruns the attention forward in
 backward (models.layers document_attention) in the layers no recompute reran already, except
 in the CPU fused kernel, which takes the rebuilt mask itself; CP's blocks rebuild theirs in

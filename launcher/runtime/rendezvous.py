@@ -8,7 +8,7 @@ the same time fails to bind and exits); the agents join it with `is_host=false`.
 counts itself in while its torchrun runs and beats a heart; the store exits once the last one
 has counted itself out, or when no heart has beaten for LOST_S seconds (every launcher killed).
 
-    python -m launcher.rendezvous HOST PORT      (what a launcher starts; not for users)
+    python -m launcher.runtime.rendezvous HOST PORT      (what a launcher starts; not for users)
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def ensure(endpoint: str, log: Path, wait_s: float) -> None:
         if not started and is_local(host):
             with open(log, "ab") as out:
                 subprocess.Popen(
-                    [sys.executable, "-m", "launcher.rendezvous", host, str(port)],
+                    [sys.executable, "-m", "launcher.runtime.rendezvous", host, str(port)],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,

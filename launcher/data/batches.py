@@ -31,7 +31,7 @@ import numpy as np
 
 FORMAT = "llm-launcher-tokens"
 VERSIONS = (1, 2)  # header versions read; write_tokens writes the last
-EMBEDDED = Path(__file__).parent / "data" / "python_docs.txt.gz"
+EMBEDDED = Path(__file__).parent / "python_docs.txt.gz"
 
 
 class ByteTokenizer:
@@ -278,7 +278,7 @@ class Batches:
     """Micro-batches of one data-parallel rank for global batch k (see the module docstring).
 
     `data` is one Split, or the Splits of a blend's sources with the Blend that says which
-    source each sequence comes from (launcher.sources); each source then has epochs and
+    source each sequence comes from (launcher.data.sources); each source then has epochs and
     permutations of its own."""
 
     def __init__(

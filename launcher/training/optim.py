@@ -16,12 +16,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
 from launcher.config import PrecisionConfig, TrainConfig
-from launcher.distributed import Dist
 from launcher.layout import Layout
 from launcher.parallel.data_parallel import DTYPES
 from launcher.parallel.expert_parallel import expert_params
 from launcher.parallel.materialize import canonical_name
-from launcher.zero import Zero1
+from launcher.parallel.zero import Zero1
+from launcher.runtime.distributed import Dist
 
 
 def param_groups(

@@ -2,7 +2,7 @@
 
 The planner refuses a layout that one of them applies to (`launcher.plan` exits 2 and names
 it, as `launcher.train` does), the search leaves such layouts out, and docs/planner.md's list of
-known limitations is generated from this table (`python -m launcher.limitations`), so that a
+known limitations is generated from this table (`python -m launcher.plan.limitations`), so that a
 workaround is found, and retired, in one place. Each record carries its evidence: the
 upstream issue or the measurement that shows the limitation. Pure Python: the planner imports
 it without torch.
@@ -81,12 +81,5 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate(argv: list[str]) -> str:
-    """What `python -m launcher.limitations` prints (launcher.docs calls it in its own process)."""
-    if argv:
-        raise SystemExit(f"python -m launcher.limitations takes no arguments, not {' '.join(argv)}")
-    return markdown()
-
-
 if __name__ == "__main__":
-    sys.stdout.write(generate(sys.argv[1:]))
+    sys.stdout.write(markdown())

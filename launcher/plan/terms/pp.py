@@ -4,8 +4,8 @@ activations and gradients sent between stages, which each stage waits for before
 
 from __future__ import annotations
 
+from launcher.plan import bubble as pl
 from launcher.plan import comm
-from launcher.plan import pipeline as pl
 from launcher.plan.terms.base import Step, Term
 
 # What the bubble idles on: every term a micro-batch's stage work waits for.

@@ -32,33 +32,19 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 import models
-from launcher import distributed
 from launcher.checkpoint.saver import Checkpointer, ModelState, RngState, TrainState
 from launcher.checkpoint.store import (
     Entry,
-    checkpoint_dir,
     complete_newest_first,
     newest_complete,
+    run_checkpoint_dir,
     starting_checkpoint,
     step_dir,
 )
 from launcher.cli import USAGE_ERROR
-from launcher.data import Batches
-from launcher.failures import (
-    STOPPED_FILE,
-    NonFinite,
-    RunEnded,
-    StopRequest,
-    fault,
-    inject,
-    restarts_left,
-    resume_mode,
-    timed,
-)
-from launcher.launch import hydra_quoted
+from launcher.data.batches import Batches
+from launcher.data.sources import run_data
 from launcher.layout import describe, stage_owner
-from launcher.metrics import MetricsLogger
-from launcher.optim import build_optimizers, clip_grad_norm, lr_at
 from launcher.parallel import build
 from launcher.parallel.context_parallel import chunk_positions
 from launcher.parallel.data_parallel import DTYPES, average_grads, grad_sync, local_tensor
@@ -71,8 +57,22 @@ from launcher.parallel.expert_parallel import (
 from launcher.plan import Plan
 from launcher.plan.context import loss_compiled
 from launcher.plan.report import plan_json
-from launcher.profiling import profiled, resumed_past
-from launcher.sources import run_data
+from launcher.runtime import distributed
+from launcher.runtime.failures import (
+    STOPPED_FILE,
+    NonFinite,
+    RunEnded,
+    StopRequest,
+    fault,
+    inject,
+    restarts_left,
+    resume_mode,
+    timed,
+)
+from launcher.runtime.launch import hydra_quoted
+from launcher.runtime.metrics import MetricsLogger
+from launcher.runtime.profiling import profiled, resumed_past
+from launcher.training.optim import build_optimizers, clip_grad_norm, lr_at
 from models.layers import document_ids
 from models.moe import expert_kernel
 
@@ -171,7 +171,11 @@ class Trainer:
         self.train_state = TrainState()
         ck = cfg.checkpoint
         self.checkpointer = Checkpointer(
-            checkpoint_dir(ck.dir, run_dir), ck.keep, ck.async_save, d.rank, self.checkpoint_meta
+            run_checkpoint_dir(ck.dir, run_dir),
+            ck.keep,
+            ck.async_save,
+            d.rank,
+            self.checkpoint_meta,
         )
 
     # -- model ---------------------------------------------------------------------------
@@ -183,7 +187,9 @@ class Trainer:
         self.tied = None  # a tied embedding split between pipeline stages
         built = build(cfg, lay, d, d.local_rank_of("pp") if lay.pp > 1 else 0)
         if lay.pp > 1:
-            from launcher.parallel import pipeline  # torch.distributed.pipelining: pp > 1 only
+            from launcher.parallel import (
+                pipeline_parallel,  # torch.distributed.pipelining: pp > 1 only
+            )
 
             self.stages = built.stages
             self.parts = [m for _, m in self.stages]
@@ -193,13 +199,13 @@ class Trainer:
             if names is not None:
                 held, last = dict(self.stages), lay.n_stages - 1
                 other = stage_owner(last, lay.pp, lay.schedule)
-                self.tied = pipeline.TiedEmbedding(
+                self.tied = pipeline_parallel.TiedEmbedding(
                     names,
                     held[0].get_parameter(names[0]) if 0 in held else None,
                     held[last].get_parameter(names[1]) if last in held else None,
                     d.pp_pair_group(0, other) if other != 0 else None,
                 )
-            self.schedule = pipeline.build_schedule(
+            self.schedule = pipeline_parallel.build_schedule(
                 self.stages,
                 lay.n_stages,
                 lay.schedule,
@@ -333,10 +339,10 @@ class Trainer:
             if self.schedule is None:
                 losses = [local(self.forward_loss(x, y, docs)) for x, y, docs in micro]
                 return torch.stack(losses).mean()
-            from launcher.parallel import pipeline
+            from launcher.parallel import pipeline_parallel
 
             out = [
-                pipeline.forward_only(
+                pipeline_parallel.forward_only(
                     dict(self.stages),
                     lay.n_stages,
                     lay.schedule,

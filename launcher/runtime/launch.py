@@ -16,7 +16,13 @@ import time
 from pathlib import Path
 
 from launcher.cli import fail
-from launcher.failures import EXIT_FILE, EXIT_STOPPED, STOPPED_FILE, parent_of, stopped_message
+from launcher.runtime.failures import (
+    EXIT_FILE,
+    EXIT_STOPPED,
+    STOPPED_FILE,
+    parent_of,
+    stopped_message,
+)
 
 # Set by relaunch() in the children, so that they do not print the plan a second time.
 CHILD_ENV = "LAUNCHER_CHILD"
@@ -111,7 +117,7 @@ def relaunch(
 
     With `rendezvous` (HOST:PORT) this is one node of `nodes`, each running this command: the
     agents meet in a c10d rendezvous there, elastic between `min_nodes` and `nodes` when
-    0 < min_nodes < nodes (launcher.rendezvous holds the store).
+    0 < min_nodes < nodes (launcher.runtime.rendezvous holds the store).
     """
     if nodes > 1 and not rendezvous:
         fail(
@@ -158,7 +164,7 @@ def rendezvous_args(
     endpoint: str, run_dir: str, nodes: int, min_nodes: int, join_timeout_s: float
 ) -> list[str]:
     """torchrun's options for one node of a run meeting at `endpoint` (the store is
-    launcher.rendezvous's: is_host=false). A node that leaves is noticed within ~3 s
+    launcher.runtime.rendezvous's: is_host=false). A node that leaves is noticed within ~3 s
     (keep-alive every 1 s, 3 missed); a round closes 5 s after the minimum has joined."""
     low = min_nodes or nodes
     conf = (
@@ -179,7 +185,7 @@ def rendezvous_args(
 def joined(endpoint: str, run_dir: Path, wait_s: float):
     """The rendezvous store up (started here when its host is this machine), and this
     launcher counted among its members while the block runs."""
-    from launcher import rendezvous
+    from launcher.runtime import rendezvous
 
     try:
         rendezvous.ensure(endpoint, run_dir / "rendezvous.log", wait_s)

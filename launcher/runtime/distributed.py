@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from launcher.failures import restart_attempt
 from launcher.layout import MESH_DIMS, Layout
+from launcher.runtime.failures import restart_attempt
 
 
 @dataclass

@@ -23,7 +23,7 @@ def state_of(overrides: list[str]) -> dict:
     """A one-process model and its AdamW state after one step: what a checkpoint holds."""
     from launcher.checkpoint.saver import ModelState
     from launcher.cli import compose
-    from launcher.trainer import build_model
+    from launcher.training.trainer import build_model
 
     cfg = compose(["hardware.devices_per_node=1", *overrides])
     model = build_model(cfg, 0)

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from launcher.data import EMBEDDED
+from launcher.data.batches import EMBEDDED
 
 FILES, TARGET_BYTES = 8, 16 << 20
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.data import (
+from launcher.data.batches import (
     ByteTokenizer,
     data_sizes,
     embedded_n_tokens,
@@ -247,7 +247,7 @@ class Use:
 def data_use(cfg) -> list[Use]:
     """Each training source's tokens, weight and epochs over the run ([] when they cannot be
     read: the rules say why)."""
-    from launcher.data import split_sizes
+    from launcher.data.batches import split_sizes
 
     sources, problems = run_sources(cfg.data)
     if problems:
@@ -289,7 +289,7 @@ class RunData:
 
 def run_data(data, seq_len: int) -> RunData:
     """The run's data from its DataConfig (the plan has refused what cannot be read)."""
-    from launcher.data import Split, load_stream, split
+    from launcher.data.batches import Split, load_stream, split
 
     sources, problems = run_sources(data)
     vals, more = validation_sources(data, sources)

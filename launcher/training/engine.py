@@ -1,9 +1,9 @@
 """Where a training process starts: join the process group, train, leave together.
 
-Receives a validated Plan. The trainer (launcher/trainer.py) builds the model identically on
-every rank, applies the layout and trains; a stop signal ends the process with
-failures.EXIT_STOPPED once a checkpoint of the current step is complete; an end the ranks agree
-on (a non-finite step, a damaged checkpoint given by path) with its own status (RunEnded).
+Receives a validated Plan. The trainer (launcher/training/trainer.py) builds the model identically
+on every rank, applies the layout and trains; a stop signal ends the process with
+failures.EXIT_STOPPED once a checkpoint of the current step is complete; an end the ranks agree on
+(a non-finite step, a damaged checkpoint given by path) with its own status (RunEnded).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from launcher import distributed, launch
-from launcher.failures import (
+from launcher.plan import Plan
+from launcher.runtime import distributed, launch
+from launcher.runtime.failures import (
     EXIT_FILE,
     EXIT_STOPPED,
     STOPPED_FILE,
@@ -26,8 +27,7 @@ from launcher.failures import (
     stopped_message,
     watch_parent,
 )
-from launcher.plan import Plan
-from launcher.trainer import Stopped, Trainer
+from launcher.training.trainer import Stopped, Trainer
 
 
 @record

@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from launcher.config import WandbMode
-from launcher.failures import ON_ORPHANED
+from launcher.runtime.failures import ON_ORPHANED
 
 
 def wandb_mode(requested: WandbMode) -> str:

@@ -1,9 +1,9 @@
 """What composes with what: every pair of the engine's features, at debug scale, either is a
-layout `launcher.train` runs or names the limitation (launcher/limitations.py) that refuses it.
+layout `launcher.train` runs or names the limitation (launcher/plan/limitations.py) that refuses it.
 
 Each feature is a few overrides (`FEATURES`); a pair is both sets on top of `BASE`, on as many
 ranks as its degrees multiply to. docs/planner.md's table is generated from this
-(`python -m launcher.composes`), and tests/test_limitations.py keeps that copy equal and checks
+(`python -m launcher.plan.composes`), and tests/test_limitations.py keeps that copy equal and checks
 that nothing but a limitation refuses a pair (a rule refusing one would be a wrong sample, not a
 composition hole). What "runs" means is shown by the parity rows and by the composition
 property test (tests/parallel/test_composition.py), which trains random layouts drawn from the
@@ -113,8 +113,8 @@ def config(overrides: list[str]):
 
 def verdict(features: tuple[Feature, ...]) -> str:
     """'yes', the names of the limitations that refuse the combination, or '-' (exclusive)."""
-    from launcher.limitations import refusals
     from launcher.plan import engine_plan
+    from launcher.plan.limitations import refusals
     from launcher.plan.rules import NOT_AVAILABLE
 
     kinds = [f.kind for f in features if f.kind]
@@ -153,12 +153,5 @@ def markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
-def generate(argv: list[str]) -> str:
-    """What `python -m launcher.composes` prints (launcher.docs calls it in its own process)."""
-    if argv:
-        raise SystemExit(f"python -m launcher.composes takes no arguments, not {' '.join(argv)}")
-    return markdown()
-
-
 if __name__ == "__main__":
-    sys.stdout.write(generate(sys.argv[1:]))
+    sys.stdout.write(markdown())
