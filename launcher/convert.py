@@ -78,7 +78,7 @@ def run_tokenizer(meta: dict) -> tuple[Path, int] | None:
 
 
 def explicit_tokenizer(path: Path) -> tuple[Path, int]:
-    from launcher.prepare import InputError, hf_encoder
+    from launcher.prepare import InputError, hf_encoder  # tokenizers: only to read a tokenizer
 
     try:
         encoder, _ = hf_encoder(path, None)
@@ -145,6 +145,7 @@ def to_hf_command(
     except HFConfigError as e:
         fail(str(e))
 
+    # torch and what needs it: loaded once the arguments are checked
     import torch
     from rich.progress import track
 
@@ -210,6 +211,7 @@ def hf_model(hf_dir: Path) -> tuple[dict, dict]:
 def from_hf_command(hf_dir: Path, out: Path) -> int:
     refuse_existing(out)
     _, fields = hf_model(hf_dir)
+    # torch and what needs it: loaded once the arguments are checked
     import torch.distributed.checkpoint as dcp
 
     from launcher.hf.weights import from_hf

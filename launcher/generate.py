@@ -20,7 +20,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import models
+from launcher.checkpoint.store import CheckpointError
 from launcher.cli import USAGE_ERROR, fail
+from launcher.convert import newest, run_tokenizer
+from launcher.data.batches import ByteTokenizer, read_header
+from launcher.data.sources import first_token_file
 
 
 class CachedCore:
@@ -47,7 +52,7 @@ class CachedCore:
 
 def with_kv_cache(model) -> None:
     """Replace every attention core's forward by a CachedCore of its own (in place)."""
-    from models.layers import AttentionCore
+    from models.layers import AttentionCore  # torch: loaded once the arguments are checked
 
     for module in model.modules():
         if isinstance(module, AttentionCore):
@@ -107,9 +112,9 @@ def load_model(entry, device: str):
     """The checkpoint's model, fp32 (bf16 on CUDA), its weights loaded, in eval mode. Built on
     the meta device and allocated once on `device`, then filled one tensor at a time from the
     checkpoint's shards: the model in memory once, plus its largest tensor."""
+    # torch and what needs it: loaded once the arguments are checked
     import torch
 
-    import models
     from launcher.checkpoint import reader, stream
     from launcher.parallel.materialize import to_empty
 
@@ -151,10 +156,6 @@ def load_model(entry, device: str):
 
 def tokenizer_of(entry, explicit: Path | None):
     """(encode, decode, EOS id, vocabulary size, what it is) of the run's tokenizer."""
-    from launcher.convert import run_tokenizer
-    from launcher.data.batches import ByteTokenizer, read_header
-    from launcher.data.sources import first_token_file
-
     if explicit is None:
         found = run_tokenizer(entry.meta or {})
         data = first_token_file(((entry.meta or {}).get("config") or {}).get("data") or {})
@@ -225,9 +226,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.device == "cuda" and not torch.cuda.is_available():
         fail("--device cuda: no CUDA device here (this torch sees none); use --device cpu")
-    from launcher.checkpoint.store import CheckpointError
-    from launcher.convert import newest
-
     try:
         entry = newest(args.path)
     except CheckpointError as e:

@@ -29,32 +29,34 @@ from models.moe import MoE, Router
 LATENT_NORM_EPS = 1e-6
 
 
-@dataclass
+@dataclass(kw_only=True)
 class DeepSeekArgs(LlamaArgs):
-    n_routed_experts: int = 256
-    n_shared_experts: int = 1
-    top_k: int = 8
-    moe_ffn_dim: int = 2048
-    n_dense_layers: int = 3
-    score_func: str = "sigmoid"
-    n_group: int = 1
-    topk_group: int = 1
-    norm_topk_prob: bool = True
-    routed_scaling_factor: float = 1.0
-    aux_loss_coef: float = 0.0
-    seq_aux_loss_coef: float = 0.0
-    q_lora_rank: int = 1536  # 0: queries projected directly from dim (DeepSeek-V2-Lite)
-    kv_lora_rank: int = 512
-    qk_nope_head_dim: int = 128
-    qk_rope_head_dim: int = 64
-    v_head_dim: int = 128
-    # YaRN (launcher/config.py ModelConfig says what each does); factor <= 1: plain RoPE.
-    rope_yarn_factor: float = 1.0
-    rope_yarn_original_max_seq_len: int = 4096
-    rope_yarn_beta_fast: float = 32.0
-    rope_yarn_beta_slow: float = 1.0
-    rope_yarn_mscale: float = 0.0
-    rope_yarn_mscale_all_dim: float = 0.0
+    """The model config fields this family reads (their defaults: models/config.py)."""
+
+    n_routed_experts: int
+    n_shared_experts: int
+    top_k: int
+    moe_ffn_dim: int
+    n_dense_layers: int
+    score_func: str
+    n_group: int
+    topk_group: int
+    norm_topk_prob: bool
+    routed_scaling_factor: float
+    aux_loss_coef: float
+    seq_aux_loss_coef: float
+    q_lora_rank: int  # 0: queries projected directly from dim (DeepSeek-V2-Lite)
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    # YaRN (models/config.py says what each does); factor <= 1: plain RoPE.
+    rope_yarn_factor: float
+    rope_yarn_original_max_seq_len: int
+    rope_yarn_beta_fast: float
+    rope_yarn_beta_slow: float
+    rope_yarn_mscale: float
+    rope_yarn_mscale_all_dim: float
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:

@@ -10,12 +10,24 @@ Face mapping read what differs from the records, never the family's name.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Tensor-parallel styles (Megatron's layout; launcher/parallel/tensor_parallel.py maps them
 # onto torch's): output features split over tp ranks, or input features split with the output
 # reduced into the residual stream's layout.
 COLUMN, ROW = "column", "row"
+
+
+@dataclass(frozen=True)
+class HFType:
+    """One transformers model type a family maps to."""
+
+    model_type: str
+    architecture: str
+    score_func: str | None = None  # the router's, where it tells two model types apart
+    read_defaults: dict = field(default_factory=dict)  # absent keys, as transformers reads them
+    written: dict = field(default_factory=dict)  # constant keys config.json gets beside shapes
 
 
 @dataclass(frozen=True)
@@ -39,9 +51,18 @@ class Family:
     yarn: bool = False  # YaRN RoPE scaling (model.rope_yarn_factor)
     moe: bool = False  # routed experts (model.n_routed_experts >= 1) in place of the MLP
     first_dense_layers: bool = False  # an MoE model's first n_dense_layers keep a dense MLP
-    # transformers' model types: (model_type, architecture, router score function or None),
-    # and the attention's and MoE layer's parameter names there (launcher/hf/names.py).
-    hf: tuple[tuple[str, str, str | None], ...] = field(default=())
+    # The planner's memory-bound traffic: elements the non-matmul operators of a block move per
+    # token, (per dim, per MLP hidden unit); launcher/plan/kernels.py says how they were counted.
+    elementwise: tuple[float, float] = (103.0, 16.0)  # RoPE and fp32 RMSNorm chains
+    # Hugging Face: transformers' model types, config.json's keys for the family's own fields
+    # beyond those every family shares (launcher/hf/config_json.py), keys written null for a
+    # zero, the RoPE scalings the model has, checks of what the model lacks, and the attention's
+    # and MoE layer's parameter names there (launcher/hf/names.py).
+    hf: tuple[HFType, ...] = field(default=())
+    hf_config: tuple[tuple[str, str], ...] = field(default=())
+    hf_null_zero: tuple[str, ...] = field(default=())
+    hf_rope: tuple[str, ...] = ("llama3",)
+    hf_unsupported: Callable[[dict], list[str]] | None = None
     hf_attention: dict[str, str] = field(default_factory=dict)
     hf_moe: dict[str, str] = field(default_factory=dict)
 
@@ -106,6 +127,49 @@ _HF_DEEPSEEK_MOE = {
     "feed_forward.shared.w2.weight": "mlp.shared_experts.down_proj.weight",
     "feed_forward.shared.w3.weight": "mlp.shared_experts.up_proj.weight",
 }
+# config.json keys of each family's own fields: (config.json key, model config field).
+_HF_HEAD_DIM = (("head_dim", "head_dim"),)  # DeepSeek's config.json has one too: its rope width
+_HF_DEEPSEEK_KEYS = (
+    ("intermediate_size", "ffn_dim"),
+    ("moe_intermediate_size", "moe_ffn_dim"),
+    ("n_routed_experts", "n_routed_experts"),
+    ("n_shared_experts", "n_shared_experts"),
+    ("num_experts_per_tok", "top_k"),
+    ("first_k_dense_replace", "n_dense_layers"),
+    ("q_lora_rank", "q_lora_rank"),
+    ("kv_lora_rank", "kv_lora_rank"),
+    ("qk_nope_head_dim", "qk_nope_head_dim"),
+    ("qk_rope_head_dim", "qk_rope_head_dim"),
+    ("v_head_dim", "v_head_dim"),
+    ("n_group", "n_group"),
+    ("topk_group", "topk_group"),
+    ("norm_topk_prob", "norm_topk_prob"),
+    ("routed_scaling_factor", "routed_scaling_factor"),
+)
+
+
+def _deepseek_unsupported(hf: dict) -> list[str]:
+    """What DeepSeek's config.json may ask for that this model does not do."""
+    out = []
+    defaults = next(
+        t.read_defaults for t in FAMILIES["deepseek"].hf if t.model_type == hf["model_type"]
+    )
+    missing = [k for k, _ in _HF_DEEPSEEK_KEYS if k not in hf and k not in defaults]
+    if missing:
+        out.append(f"no {', '.join(missing)} (their defaults are a full-size model's)")
+    if hf["model_type"] == "deepseek_v3" and hf.get("rope_interleave") is False:
+        # Rotate-half rows for the rope part of q and of the shared key: not permuted here.
+        out.append("rope_interleave=false (DeepSeek's interleaved RoPE rows only)")
+    if hf["model_type"] == "deepseek_v2":
+        method = hf.get("topk_method") or "greedy"
+        if method != "greedy" and (hf.get("n_group") or 1) > 1:
+            out.append(f"topk_method={method} (greedy top-k only)")
+        if hf.get("norm_topk_prob"):
+            # transformers' DeepseekV2 router never renormalises; ours would.
+            out.append("norm_topk_prob=true (transformers' DeepseekV2 ignores it)")
+    return out
+
+
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
@@ -115,7 +179,12 @@ FAMILIES: dict[str, Family] = {
             "models.llama:LlamaArgs",
             tp_embedding="tok_embeddings",
             tp_block={**_GQA, **_SWIGLU},
-            hf=(("llama", "LlamaForCausalLM", None),),
+            hf=(
+                HFType(
+                    "llama", "LlamaForCausalLM", written=dict(attention_bias=False, mlp_bias=False)
+                ),
+            ),
+            hf_config=(*_HF_HEAD_DIM, ("intermediate_size", "ffn_dim")),
             hf_attention=_HF_ATTENTION,
         ),
         Family(
@@ -128,6 +197,7 @@ FAMILIES: dict[str, Family] = {
             gated_mlp=False,
             biases=True,
             learned_positions=True,
+            elementwise=(16.0, 16.0),  # LayerNorm and biases: fewer than the rotary families
         ),
         Family(
             "mixtral",
@@ -136,7 +206,19 @@ FAMILIES: dict[str, Family] = {
             tp_embedding="tok_embeddings",
             tp_block=_GQA,  # every layer is an MoE one (tensor_parallel.moe_plan)
             moe=True,
-            hf=(("mixtral", "MixtralForCausalLM", None),),
+            hf=(
+                HFType(
+                    "mixtral",
+                    "MixtralForCausalLM",
+                    written=dict(sliding_window=None, output_router_logits=False),
+                ),
+            ),
+            hf_config=(
+                *_HF_HEAD_DIM,
+                ("intermediate_size", "moe_ffn_dim"),
+                ("num_local_experts", "n_routed_experts"),
+                ("num_experts_per_tok", "top_k"),
+            ),
             hf_attention=_HF_ATTENTION,
             hf_moe=_HF_MIXTRAL_MOE,
         ),
@@ -158,10 +240,35 @@ FAMILIES: dict[str, Family] = {
             yarn=True,
             moe=True,
             first_dense_layers=True,
+            # deepseek_v3: sigmoid router scores with a correction bias and group-limited
+            # choice; deepseek_v2: softmax, greedy top-k. Absent routing keys take transformers'
+            # defaults for the type. DeepSeek's checkpoints keep RoPE rows in interleaved pairs,
+            # as ours; no MTP module.
             hf=(
-                ("deepseek_v3", "DeepseekV3ForCausalLM", "sigmoid"),
-                ("deepseek_v2", "DeepseekV2ForCausalLM", "softmax"),
+                HFType(
+                    "deepseek_v3",
+                    "DeepseekV3ForCausalLM",
+                    "sigmoid",
+                    dict(n_group=8, topk_group=4, norm_topk_prob=True, routed_scaling_factor=2.5),
+                    dict(attention_bias=False, rope_interleave=True, num_nextn_predict_layers=0),
+                ),
+                HFType(
+                    "deepseek_v2",
+                    "DeepseekV2ForCausalLM",
+                    "softmax",
+                    dict(
+                        n_group=None,
+                        topk_group=None,
+                        norm_topk_prob=False,
+                        routed_scaling_factor=1.0,
+                    ),
+                    dict(attention_bias=False, topk_method="greedy", mlp_bias=False),
+                ),
             ),
+            hf_config=_HF_DEEPSEEK_KEYS,
+            hf_null_zero=("q_lora_rank",),
+            hf_rope=("yarn",),
+            hf_unsupported=_deepseek_unsupported,
             hf_attention=_HF_MLA,
             hf_moe=_HF_DEEPSEEK_MOE,
         ),
@@ -169,10 +276,14 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+# What an unknown family counts as until the config rules (launcher/plan/rules.py) refuse it
+# (before any count is used), and what an unknown Hugging Face model type is checked as.
+FALLBACK = "llama"
+
+
 def of(model) -> Family:
-    """The record of a model config's family. An unknown family is refused by the config rules
-    (launcher/plan/rules.py) before any count is used; until then it counts as llama."""
-    return FAMILIES.get(model.family, FAMILIES["llama"])
+    """The record of a model config's family (FALLBACK's for an unknown one)."""
+    return FAMILIES.get(model.family, FAMILIES[FALLBACK])
 
 
 def named_with(flag: str) -> str:

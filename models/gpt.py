@@ -18,18 +18,20 @@ from models.init import ONES, ZEROS, Rule, init_whole, normal
 from models.layers import AttentionCore, dropout, token_positions
 
 
-@dataclass
+@dataclass(kw_only=True)
 class GPTArgs:
-    dim: int = 2304
-    n_layers: int = 24
-    n_heads: int = 24
-    ffn_dim: int = 9216
-    vocab_size: int = 51200
-    max_seq_len: int = 2048
-    norm_eps: float = 1e-5
-    dropout: float = 0.1
-    flash_attention: bool = True
-    tie_embeddings: bool = True
+    """The model config fields this family reads (their defaults: models/config.py)."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    ffn_dim: int
+    vocab_size: int
+    max_seq_len: int
+    norm_eps: float
+    dropout: float
+    flash_attention: bool
+    tie_embeddings: bool
 
 
 class Embedding(nn.Module):

@@ -25,25 +25,27 @@ from models.layers import (
 )
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LlamaArgs:
-    dim: int = 4096
-    n_layers: int = 32
-    n_heads: int = 32
-    n_kv_heads: int = 8
-    head_dim: int | None = None
-    ffn_dim: int = 14336
-    vocab_size: int = 128256
-    max_seq_len: int = 8192
-    rope_theta: float = 500000.0
-    rope_scaling_factor: float = 1.0
-    rope_low_freq_factor: float = 1.0
-    rope_high_freq_factor: float = 4.0
-    rope_original_max_seq_len: int = 8192
-    norm_eps: float = 1e-5
-    dropout: float = 0.0
-    flash_attention: bool = True
-    tie_embeddings: bool = False  # output projection shares the embedding (Llama 3.2 1B, 3B)
+    """The model config fields this family reads (their defaults: models/config.py)."""
+
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int | None
+    ffn_dim: int
+    vocab_size: int
+    max_seq_len: int
+    rope_theta: float
+    rope_scaling_factor: float
+    rope_low_freq_factor: float
+    rope_high_freq_factor: float
+    rope_original_max_seq_len: int
+    norm_eps: float
+    dropout: float
+    flash_attention: bool
+    tie_embeddings: bool  # output projection shares the embedding (Llama 3.2 1B, 3B)
 
     def __post_init__(self) -> None:
         if self.head_dim is None:

@@ -14,12 +14,14 @@ from models.llama import LlamaArgs, Transformer, TransformerBlock
 from models.moe import MoE, Router
 
 
-@dataclass
+@dataclass(kw_only=True)
 class MixtralArgs(LlamaArgs):
-    n_routed_experts: int = 8
-    top_k: int = 2
-    moe_ffn_dim: int = 14336
-    aux_loss_coef: float = 0.0  # the Switch balance loss per forward (Mixtral trained with 0.02)
+    """The model config fields this family reads (their defaults: models/config.py)."""
+
+    n_routed_experts: int
+    top_k: int
+    moe_ffn_dim: int
+    aux_loss_coef: float  # the Switch balance loss per forward (Mixtral trained with 0.02)
 
 
 class Mixtral(Transformer):

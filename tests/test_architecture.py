@@ -9,6 +9,8 @@ from pathlib import Path
 
 from conftest import ROOT
 
+from models.families import FAMILIES
+
 SOURCES = sorted(p for top in ("launcher", "models") for p in (ROOT / top).rglob("*.py"))
 
 
@@ -147,3 +149,108 @@ def test_a_module_left_out_of_the_page_is_found():
     assert unnamed(ROOT / "launcher/plan/rules.py", found) is None
     assert "leaves out search.py" in unnamed(ROOT / "launcher/plan/search.py", found)
     assert "no entry" in unnamed(ROOT / "launcher/train.py", found)
+
+
+def import_groups(tree: ast.AST):
+    """Each run of consecutive import statements inside a function body (or a block of one)."""
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    for fn in functions:
+        for node in ast.walk(fn):
+            for field in ("body", "orelse", "finalbody"):
+                group = []
+                block = getattr(node, field, None)
+                for stmt in [*block, None] if isinstance(block, list) else []:
+                    if isinstance(stmt, ast.Import | ast.ImportFrom):
+                        group.append(stmt)
+                    elif group:
+                        yield group
+                        group = []
+
+
+def unexplained_imports(text: str, name: str) -> list[str]:
+    """The function-level imports of the project's modules whose group carries no comment (on
+    the line above it or on one of its lines): the reason it is not at the top."""
+    lines = text.splitlines()
+    out = []
+    for group in import_groups(ast.parse(text)):
+        spanned = lines[group[0].lineno - 2 : group[-1].end_lineno]
+        if any("#" in line for line in spanned):
+            continue
+        out += [
+            f"{name}:{stmt.lineno}: {lines[stmt.lineno - 1].strip()}"
+            for stmt in group
+            if imported(stmt)
+        ]
+    return out
+
+
+def test_a_function_imports_a_module_only_with_its_reason():
+    """Imports belong at the top; one inside a function is there because importing it at the
+    top would cost every command that loads the module (torch, a library only one path needs),
+    and says so."""
+    found = [
+        line
+        for p in SOURCES
+        for line in unexplained_imports(p.read_text(), p.relative_to(ROOT).as_posix())
+    ]
+    assert not found, found
+
+
+def test_an_import_without_its_reason_is_found():
+    text = (
+        "def f():\n    import torch\n\n    from launcher.cli import fail\n\n\n"
+        "def g():\n    # torch: g alone needs it\n    from launcher.parallel import build\n"
+    )
+    assert unexplained_imports(text, "m.py") == ["m.py:4: from launcher.cli import fail"]
+
+
+def family_branches(text: str, name: str, names: set[str]) -> list[str]:
+    """Where code compares with a family's name, or keys a table or lists by one."""
+
+    def named(node) -> bool:
+        return isinstance(node, ast.Constant) and node.value in names
+
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Compare):
+            hit = any(named(n) for n in [node.left, *node.comparators])
+            hit |= any(
+                isinstance(n, ast.Tuple | ast.List | ast.Set) and any(map(named, n.elts))
+                for n in node.comparators
+            )
+        elif isinstance(node, ast.Dict):
+            hit = any(named(k) for k in node.keys if k is not None)
+        elif isinstance(node, ast.Subscript):
+            hit = named(node.slice)
+        elif isinstance(node, ast.Tuple | ast.List | ast.Set):
+            hit = sum(map(named, node.elts)) > 1
+        else:
+            continue
+        if hit:
+            out.append(f"{name}:{node.lineno}")
+    return sorted(set(out))
+
+
+def test_no_code_outside_the_families_names_a_family():
+    """A family is one unit (models/: its record in families.py, its model module): the
+    planner, the engine, the Hugging Face mapping, checkpoints and the benchmarks read what
+    differs from the record's fields, never a family's name."""
+    sources = [p for top in ("launcher", "hydra_plugins") for p in (ROOT / top).rglob("*.py")]
+    found = [
+        hit
+        for p in sources
+        for hit in family_branches(p.read_text(), p.relative_to(ROOT).as_posix(), set(FAMILIES))
+    ]
+    assert not found, found
+
+
+def test_a_branch_on_a_family_name_is_found():
+    text = (
+        'a = m["family"] == "gpt"\nb = {"llama": 1}\nc = TABLE["mixtral"]\n'
+        'd = f in ("llama", "gpt")\ne = ("deepseek", "mixtral")\nok = family or "llama"\n'
+    )
+    lines = [
+        hit.split(":")[1]
+        for hit in family_branches(text, "m.py", {"llama", "gpt", "mixtral", "deepseek"})
+    ]
+    assert lines == ["1", "2", "3", "4", "5"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from launcher.cli import fail
+
 
 def parser(prog: str, doc: str, overrides_help: str) -> argparse.ArgumentParser:
     """A benchmark's command line: its docstring as help, config overrides, --json."""
@@ -21,8 +23,6 @@ def refusing_bad_config(run: Callable, *args):
     """run(*args); a config the planner or Hydra refuses ends the command with its message and
     exit status 2, as launcher.train does, instead of a traceback."""
     from hydra.errors import HydraException
-
-    from launcher.cli import fail
 
     try:
         return run(*args)

@@ -31,8 +31,11 @@ from rich.table import Table
 
 from launcher.bench import parser as bench_parser
 from launcher.bench import refusing_bad_config
+from launcher.bench.integrity_cost import save_cost
 from launcher.bench.peers import bare, engine, hugging_face
 from launcher.bench.planner import matmul_tflops, plans_per_second, search_405b
+from launcher.bench.prepare_speed import prepare_throughput
+from launcher.bench.start import start_by_ranks
 from launcher.bench.timing import interleaved, least_disturbed
 
 ENGINE, BARE, AGAIN, HF = "engine", "bare loop", "bare loop again", "transformers"
@@ -131,7 +134,6 @@ def planner_table(console: Console) -> Table:
 
 
 def checkpoint_table(console: Console, overrides: list[str]) -> Table:
-    from launcher.bench.integrity_cost import save_cost
 
     with console.status("") as status:
         r = save_cost(overrides, progress=status.update)
@@ -151,7 +153,6 @@ def checkpoint_table(console: Console, overrides: list[str]) -> Table:
 
 
 def prepare_table(console: Console) -> Table:
-    from launcher.bench.prepare_speed import prepare_throughput
 
     with console.status("") as status:
         r = prepare_throughput(progress=status.update)
@@ -172,7 +173,6 @@ def prepare_table(console: Console) -> Table:
 
 
 def start_table(console: Console) -> Table:
-    from launcher.bench.start import start_by_ranks
 
     with console.status("") as status:
         r = start_by_ranks(progress=status.update)

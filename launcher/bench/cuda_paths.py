@@ -36,6 +36,9 @@ from unittest.mock import patch
 
 import torch
 
+from launcher.parallel import context_parallel as cp
+from models import moe
+
 BASE = [
     "train.steps=4",
     "train.warmup_steps=2",
@@ -154,8 +157,6 @@ def grouped_mm_checks(device: str) -> dict:
     grouped matmul against the loop; returns the largest relative errors."""
     import yaml
 
-    from models import moe
-
     out = {}
     dev = torch.device(device)
     for model in MOE_MODELS:
@@ -197,7 +198,6 @@ def grouped_mm_checks(device: str) -> dict:
 def unaligned(x, counts, ws, grad, aligned: list) -> dict:
     """The grouped kernel with each expert's rows where they fall (align=1) against the
     default (on CUDA, rows aligned to 16 bytes): whether the kernel needs the padding."""
-    from models import moe
 
     leaves = [t.detach().requires_grad_() for t in (x, *ws)]
     try:
@@ -235,8 +235,6 @@ def kernels(device: str, x, counts, ws) -> list[str]:
     """The device kernels one grouped forward launches (that the grouped kernel ran)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from models import moe
-
     if device != "cuda":
         return []
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -250,7 +248,6 @@ def cp_block_checks(device: str) -> dict:
     flash kernel, CUDA's in bf16 (CPU's on CPU), against the matmul form, for this rank's own
     block (causal) and another's (unmasked), with GQA and without; one block is the whole
     attention here, so its output and log-sum-exp are the merged ones backward takes."""
-    from launcher.parallel import context_parallel as cp
 
     out = {}
     dev = torch.device(device)

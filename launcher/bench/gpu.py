@@ -44,11 +44,12 @@ from rich.console import Console
 from rich.table import Table
 
 from launcher.bench import parser as bench_parser
-from launcher.bench import refusing_bad_config
+from launcher.bench import refusing_bad_config, titan, titan_moe
 from launcher.bench.peers import Step, Workload, engine, hugging_face
 from launcher.bench.timing import seconds_per_step
 from launcher.plan.memory import GIB, reserve_gib
 from launcher.plan.search import with_overrides
+from models import families
 
 GPU_1B = [
     "model=llama3_2_1b",
@@ -89,11 +90,7 @@ WORKLOADS = {
 def titan_builder(w: Workload) -> Step:
     """torchtitan's own model of the workload's family: Llama 3 (launcher/bench/titan.py),
     DeepSeek-V3 or Mixtral-shaped MoE blocks (launcher/bench/titan_moe.py)."""
-    if w.model["family"] == "llama":
-        from launcher.bench.titan import torchtitan
-    else:
-        from launcher.bench.titan_moe import torchtitan
-    return torchtitan(w)
+    return (titan_moe if families.family(w.model["family"]).moe else titan).torchtitan(w)
 
 
 PEERS = {"transformers": hugging_face, "torchtitan": titan_builder}

@@ -18,12 +18,14 @@ from pathlib import Path
 
 import torch
 
+from launcher.checkpoint import saver, store
+from launcher.checkpoint.saver import ModelState
+from launcher.cli import compose
+from launcher.training.trainer import build_model
+
 
 def state_of(overrides: list[str]) -> dict:
     """A one-process model and its AdamW state after one step: what a checkpoint holds."""
-    from launcher.checkpoint.saver import ModelState
-    from launcher.cli import compose
-    from launcher.training.trainer import build_model
 
     cfg = compose(["hardware.devices_per_node=1", *overrides])
     model = build_model(cfg, 0)
@@ -43,7 +45,6 @@ def state_bytes(state: dict) -> int:
 def save_cost(overrides: list[str], rounds: int = 6, progress=print) -> dict:
     """Seconds a save blocks, with and without checksums (fastest of `rounds` turns each),
     the checkpoint's size and the background summing's seconds."""
-    from launcher.checkpoint import saver, store
 
     state = state_of(overrides)
     # In memory where there is room (/dev/shm): a disk's write-back lands on the saves at

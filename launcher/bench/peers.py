@@ -25,7 +25,17 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+import models
+from launcher.cli import compose
 from launcher.config import TrainConfig
+from launcher.hf.config_json import to_hf_config
+from launcher.parallel.data_parallel import DTYPES
+from launcher.plan import engine_plan
+from launcher.plan.report import problems_message
+from launcher.runtime import distributed
+from launcher.train import check_devices
+from launcher.training.optim import param_groups
+from launcher.training.trainer import Trainer
 
 Step = Callable[[], torch.Tensor]
 
@@ -56,13 +66,6 @@ def engine(overrides: list[str], run_dir: str | None = None):
     Exactly what `python -m launcher.train` runs per step (Trainer.train_step: the batch
     for the step, forward/backward, clipping, AdamW, the step's metrics), minus the logger.
     """
-    from launcher.cli import compose
-    from launcher.parallel.data_parallel import DTYPES
-    from launcher.plan import engine_plan
-    from launcher.plan.report import problems_message
-    from launcher.runtime import distributed
-    from launcher.train import check_devices
-    from launcher.training.trainer import Trainer
 
     cfg = compose(["hardware.devices_per_node=1", "hardware.nodes=1", *overrides])
     plan = engine_plan(cfg)
@@ -94,7 +97,6 @@ def plain_loop(model: nn.Module, w: Workload, forward: Callable | None = None) -
     """A plain training loop's step over `model` (AdamW on decayed matrices and undecayed
     vectors, as the engine groups them; torch's own global-norm clipping)."""
     forward = forward or model
-    from launcher.training.optim import param_groups
 
     t = w.train
     params = [p for p in model.parameters() if p.requires_grad]
@@ -121,7 +123,6 @@ def plain_loop(model: nn.Module, w: Workload, forward: Callable | None = None) -
 
 def bare(w: Workload) -> Step:
     """This project's model class in a plain loop: what the engine adds is the difference."""
-    import models
 
     torch.manual_seed(w.train.seed)
     model = models.build(w.model["family"], w.model)
@@ -138,8 +139,6 @@ def hugging_face(w: Workload) -> Step:
     DeepseekV3ForCausalLM or DeepseekV2ForCausalLM), random init, SDPA attention, in a plain
     loop; with compile, each decoder layer compiled."""
     import transformers
-
-    from launcher.hf.config_json import to_hf_config
 
     hf = to_hf_config(w.model, "float32")
     config = transformers.AutoConfig.for_model(**hf)  # model_type picks the class

@@ -21,6 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import models
+from launcher.cli import compose
+
 MODEL = [
     "model=llama3_debug",
     "model.dim=2048",
@@ -43,9 +46,6 @@ RANKS = (1, 2, 4, 8)
 def model_bytes() -> int:
     """The model's fp32 size (built on the meta device)."""
     import torch
-
-    import models
-    from launcher.cli import compose
 
     cfg = compose(MODEL)
     with torch.device("meta"):

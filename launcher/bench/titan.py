@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from launcher.bench.peers import Step, Workload, plain_loop
+from models import families
 
 WHEELS = "torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring-parser==0.18.0"
 
@@ -50,13 +51,24 @@ def _titan():
     return common, llama3, config_utils
 
 
-def _config(m: dict, seq_len: int, common, llama3, config_utils, family: str = "llama"):
+# What torchtitan's Llama 3 has no way to express, by the family records' flags.
+INEXPRESSIBLE = ("biases", "learned_positions", "mla")
+
+
+def _config(m: dict, seq_len: int, common, llama3, config_utils, experts: bool = False):
     """Llama3Model.Config of exactly the shape in `m` (ModelConfig fields), its RoPE tables
-    cut to the `seq_len` trained on, as its trainer's update_from_config cuts them. `family`:
-    the one `m` must be of (mixtral: its attention, norms and embeddings are Llama's)."""
-    for field, ok in [("family", m["family"] == family), ("dropout", not m["dropout"])]:
-        if not ok:
-            raise ValueError(f"torchtitan's Llama 3 cannot express {field}={m[field]!r}")
+    cut to the `seq_len` trained on, as its trainer's update_from_config cuts them. `experts`:
+    the caller replaces the feed-forward by routed experts (its attention, norms and embeddings
+    are then Llama's)."""
+    fam = families.family(m["family"])
+    cannot = [flag for flag in INEXPRESSIBLE if getattr(fam, flag)]
+    cannot += [] if fam.gated_mlp else ["a GELU MLP"]
+    cannot += ["routed experts"] if fam.moe and not experts else []
+    cannot += [f"dropout={m['dropout']!r}"] if m["dropout"] else []
+    if cannot:
+        raise ValueError(
+            f"torchtitan's Llama 3 cannot express model.family={m['family']} ({', '.join(cannot)})"
+        )
     if seq_len > m["max_seq_len"]:
         raise ValueError(f"sequence length {seq_len} exceeds max_seq_len={m['max_seq_len']}")
     dim, n_heads, vocab = m["dim"], m["n_heads"], m["vocab_size"]

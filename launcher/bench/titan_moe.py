@@ -51,8 +51,8 @@ import torch
 
 from launcher.bench import titan
 from launcher.bench.peers import Step, Workload, plain_loop
-
-FAMILIES = ("deepseek", "mixtral")
+from models import families
+from models.deepseek import LATENT_NORM_EPS
 
 
 def _titan() -> SimpleNamespace:
@@ -97,13 +97,13 @@ def _yarn_mscale(m: dict) -> float:
 
 
 def _check(m: dict, seq_len: int) -> None:
-    if m["family"] not in FAMILIES:
+    if not families.family(m["family"]).moe:
         raise ValueError(f"torchtitan's MoE peer cannot express family={m['family']!r}")
     if m["dropout"]:
         raise ValueError(f"torchtitan's MoE models cannot express dropout={m['dropout']!r}")
     if seq_len > m["max_seq_len"]:
         raise ValueError(f"sequence length {seq_len} exceeds max_seq_len={m['max_seq_len']}")
-    if m["family"] == "deepseek" and m["score_func"] == "softmax" and m["n_group"] > 1:
+    if m["score_func"] == "softmax" and m["n_group"] > 1:
         raise ValueError(
             f"n_group={m['n_group']} with score_func=softmax: torchtitan limits softmax routing "
             "to groups, ours picks from all experts (and its rules refuse it)"
@@ -138,7 +138,6 @@ def _mixtral_moe(t: SimpleNamespace, m: dict, i: int):
 
 def _deepseek_config(m: dict, seq_len: int, t: SimpleNamespace):
     """DeepSeekV3Model.Config of exactly the shape in `m`."""
-    from models.deepseek import LATENT_NORM_EPS
 
     common, d3, factor = t.common, t.deepseek_v3, m["rope_yarn_factor"]
     sigmoid = m["score_func"] == "sigmoid"
@@ -210,7 +209,7 @@ def _deepseek_config(m: dict, seq_len: int, t: SimpleNamespace):
 def _mixtral_config(m: dict, seq_len: int, t: SimpleNamespace):
     """Qwen3Model.Config of Mixtral blocks of exactly the shape in `m`: the Llama peer's
     config of the same shape, each block's feed-forward replaced by an MoE."""
-    llama = titan._config(m, seq_len, t.common, t.llama3, t.config_utils, family="mixtral")
+    llama = titan._config(m, seq_len, t.common, t.llama3, t.config_utils, experts=True)
     layers = [
         t.Qwen3TransformerBlock.Config(
             attention=block.attention,  # Llama's GQA: no q/k norms
@@ -229,7 +228,9 @@ def config(m: dict, seq_len: int):
     sequences of `seq_len`."""
     t = _titan()
     _check(m, seq_len)
-    make = _deepseek_config if m["family"] == "deepseek" else _mixtral_config
+    # DeepSeekV3Model for multi-head latent attention; Llama's attention in Qwen3's MoE blocks
+    # otherwise.
+    make = _deepseek_config if families.family(m["family"]).mla else _mixtral_config
     return make(m, seq_len, t)
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from launcher.checkpoint import reader, stream
 from launcher.checkpoint.store import (
     CheckpointError,
     list_checkpoints,
@@ -70,8 +71,6 @@ def export_command(path: Path, out: Path) -> int:
     except CheckpointError as e:
         fail(str(e))
     from rich.progress import track
-
-    from launcher.checkpoint import reader, stream
 
     damaged = reader.checkpoint_damage(entry)  # files, checksums, the metadata's allow-list
     if damaged:

@@ -22,6 +22,8 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from launcher.checkpoint.store import METADATA, damage
+
 # (module, name) the metadata pickle may construct.
 ALLOWED = {
     *(
@@ -100,7 +102,6 @@ class SafePlanner(DefaultLoadPlanner):
 def checkpoint_damage(entry, share: tuple[int, int] | None = (0, 1)) -> list[str]:
     """store.damage (files missing, resized, changed), and on the first of `share`'s ranks
     a `.metadata` that the allow-list refuses or that is not a whole pickle."""
-    from launcher.checkpoint.store import METADATA, damage
 
     problems = damage(entry, share)
     if problems or (share is not None and share[0] != 0):

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from launcher.checkpoint import reader
 from launcher.checkpoint.store import (
     PARTIAL,
     Entry,
@@ -256,6 +257,5 @@ class Checkpointer:
     def load(self, entry: Entry, state: dict) -> None:
         """Fill `state` (a subset of what was saved is fine) from a complete checkpoint,
         running none of its code (reader.py)."""
-        from launcher.checkpoint import reader
 
         reader.load(state, entry.path, no_dist=not dist.is_initialized())

@@ -22,7 +22,9 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from launcher.hf.names import check
 from launcher.layout import AXES
+from models import families
 
 FORMAT = "llm-launcher-checkpoint"
 META = "meta.json"
@@ -211,7 +213,9 @@ def open_checkpoint(path: str | Path) -> Entry:
 
 def shape_mismatches(saved: dict, model: dict) -> list[str]:
     """`saved.field=x but model.field=y` for every shape field that differs."""
-    fields = SHAPE_FIELDS + (("max_seq_len",) if model.get("family") == "gpt" else ())
+    fam = families.FAMILIES.get(model.get("family"))
+    positions = fam is not None and fam.learned_positions  # a table max_seq_len rows long
+    fields = SHAPE_FIELDS + (("max_seq_len",) if positions else ())
 
     def value(config: dict, f: str):
         # head_dim None means dim // n_heads: compared as such when the other side sets it.
@@ -293,8 +297,6 @@ def start_problems(
         return [f"checkpoint.initial_load_path: {entry.path} is damaged ({'; '.join(damaged)})"]
     if entry is None:
         if hf and load_path:
-            from launcher.hf.names import check
-
             return [f"checkpoint.initial_load_path: {p}" for p in check(load_path, model)]
         return []
     saved = ((entry.meta or {}).get("config") or {}).get("model") or {}

@@ -25,9 +25,13 @@ import numpy as np
 
 from launcher.data.batches import (
     ByteTokenizer,
+    Split,
     data_sizes,
     embedded_n_tokens,
+    load_stream,
     read_header,
+    split,
+    split_sizes,
     token_file_base,
 )
 
@@ -247,7 +251,6 @@ class Use:
 def data_use(cfg) -> list[Use]:
     """Each training source's tokens, weight and epochs over the run ([] when they cannot be
     read: the rules say why)."""
-    from launcher.data.batches import split_sizes
 
     sources, problems = run_sources(cfg.data)
     if problems:
@@ -289,7 +292,6 @@ class RunData:
 
 def run_data(data, seq_len: int) -> RunData:
     """The run's data from its DataConfig (the plan has refused what cannot be read)."""
-    from launcher.data.batches import Split, load_stream, split
 
     sources, problems = run_sources(data)
     vals, more = validation_sources(data, sources)

@@ -1,10 +1,11 @@
-"""config.json of a Hugging Face model <-> the run's model config fields, per family.
+"""config.json of a Hugging Face model <-> the run's model config fields.
 
-Pure Python (no torch): the pre-launch check reads config.json with it. Both spellings of
-RoPE that transformers reads are understood: `rope_parameters` (transformers 5) and
-`rope_theta` + `rope_scaling` (4.x); `to_hf_config` writes the 4.x one, which both load.
-DeepSeek has two model types: deepseek_v3 (sigmoid router scores with a correction bias and
-group-limited choice) and deepseek_v2 (softmax, greedy top-k); the router tells them apart.
+Pure Python (no torch): the pre-launch check reads config.json with it. What differs between
+families (their model types, their own keys, the RoPE scalings, what their model lacks) is in
+each family's record (models/families.py); nothing here names a family. Both spellings of RoPE
+that transformers reads are understood: `rope_parameters` (transformers 5) and `rope_theta` +
+`rope_scaling` (4.x); `to_hf_config` writes the 4.x one, which both load. A family with two model
+types (DeepSeek's v3 and v2) tells them apart by its router's score function.
 """
 
 from __future__ import annotations
@@ -14,14 +15,9 @@ from pathlib import Path
 
 from models import families
 
-# transformers' model_type -> (our family, architecture, our router's score function), from
-# the family records (models/families.py).
-MODEL_TYPES = {
-    model_type: (f.name, architecture, score)
-    for f in families.FAMILIES.values()
-    for model_type, architecture, score in f.hf
-}
-FAMILIES = tuple(dict.fromkeys(family for family, _, _ in MODEL_TYPES.values()))
+# transformers' model_type -> (our family, its HFType), from the family records.
+MODEL_TYPES = {t.model_type: (f.name, t) for f in families.FAMILIES.values() for t in f.hf}
+FAMILIES = tuple(dict.fromkeys(family for family, _ in MODEL_TYPES.values()))
 # (config.json key, model config field) shared by every family.
 COMMON = (
     ("hidden_size", "dim"),
@@ -32,44 +28,8 @@ COMMON = (
     ("rms_norm_eps", "norm_eps"),
     ("tie_word_embeddings", "tie_embeddings"),
 )
-# DeepSeek's config.json has a head_dim too: transformers sets it to qk_rope_head_dim.
-HEAD_DIM = (("head_dim", "head_dim"),)
-PER_FAMILY = {
-    "llama": (*HEAD_DIM, ("intermediate_size", "ffn_dim")),
-    "mixtral": (
-        *HEAD_DIM,
-        ("intermediate_size", "moe_ffn_dim"),
-        ("num_local_experts", "n_routed_experts"),
-        ("num_experts_per_tok", "top_k"),
-    ),
-    "deepseek": (
-        ("intermediate_size", "ffn_dim"),
-        ("moe_intermediate_size", "moe_ffn_dim"),
-        ("n_routed_experts", "n_routed_experts"),
-        ("n_shared_experts", "n_shared_experts"),
-        ("num_experts_per_tok", "top_k"),
-        ("first_k_dense_replace", "n_dense_layers"),
-        ("q_lora_rank", "q_lora_rank"),
-        ("kv_lora_rank", "kv_lora_rank"),
-        ("qk_nope_head_dim", "qk_nope_head_dim"),
-        ("qk_rope_head_dim", "qk_rope_head_dim"),
-        ("v_head_dim", "v_head_dim"),
-        ("n_group", "n_group"),
-        ("topk_group", "topk_group"),
-        ("norm_topk_prob", "norm_topk_prob"),
-        ("routed_scaling_factor", "routed_scaling_factor"),
-    ),
-}
 # config.json keys that null stands for: no q latent, one expert group.
 NULL_MEANS = {"q_lora_rank": 0, "n_group": 1, "topk_group": 1}
-# DeepSeek's routing keys, when absent, take transformers' defaults for the model type; the
-# other keys must be there (their defaults are a full-size DeepSeek-V3's or V2's shapes).
-DEEPSEEK_DEFAULTS = {
-    "deepseek_v3": dict(n_group=8, topk_group=4, norm_topk_prob=True, routed_scaling_factor=2.5),
-    "deepseek_v2": dict(
-        n_group=None, topk_group=None, norm_topk_prob=False, routed_scaling_factor=1.0
-    ),
-}
 # Llama 3 RoPE scaling: rope_parameters / rope_scaling key -> model config field.
 ROPE_LLAMA3 = (
     ("factor", "rope_scaling_factor"),
@@ -86,8 +46,6 @@ ROPE_YARN = (
     ("mscale", "rope_yarn_mscale", 0.0),
     ("mscale_all_dim", "rope_yarn_mscale_all_dim", 0.0),
 )
-# The RoPE scalings each family's model has.
-ROPE_TYPES = {"llama": ("llama3",), "mixtral": ("llama3",), "deepseek": ("yarn",)}
 
 
 class HFConfigError(ValueError):
@@ -118,7 +76,7 @@ def family_of(hf: dict) -> str:
 
 
 def _pairs(family: str) -> tuple[tuple[str, str], ...]:
-    return (*COMMON, *PER_FAMILY[family])
+    return (*COMMON, *families.family(family).hf_config)
 
 
 def _rope(hf: dict) -> tuple[dict, str]:
@@ -143,9 +101,9 @@ def unsupported(hf: dict) -> list[str]:
         out.append(f"sliding_window={hf['sliding_window']} (full causal attention only)")
     rope, key = _rope(hf)
     kind = rope.get("rope_type", rope.get("type", "default"))
-    family = MODEL_TYPES.get(hf.get("model_type"), ("llama",))[0]
-    if kind not in ("default", *ROPE_TYPES[family]):
-        out.append(f"{key}.rope_type={kind} (default or {ROPE_TYPES[family][0]} only)")
+    fam = families.family(MODEL_TYPES.get(hf.get("model_type"), (families.FALLBACK,))[0])
+    if kind not in ("default", *fam.hf_rope):
+        out.append(f"{key}.rope_type={kind} (default or {' or '.join(fam.hf_rope)} only)")
     if kind == "yarn":
         if rope.get("attention_factor") is not None:
             out.append(f"{key}.attention_factor (only the one mscale and factor give)")
@@ -153,27 +111,8 @@ def unsupported(hf: dict) -> list[str]:
             out.append(f"{key}.truncate=false (the truncated correction range only)")
     if rope.get("partial_rotary_factor", 1.0) != 1.0:
         out.append(f"{key}.partial_rotary_factor={rope['partial_rotary_factor']} (1 only)")
-    if family == "deepseek":
-        out += _deepseek_unsupported(hf)
-    return out
-
-
-def _deepseek_unsupported(hf: dict) -> list[str]:
-    out = []
-    defaults = DEEPSEEK_DEFAULTS[hf["model_type"]]
-    missing = [k for k, _ in PER_FAMILY["deepseek"] if k not in hf and k not in defaults]
-    if missing:
-        out.append(f"no {', '.join(missing)} (their defaults are a full-size model's)")
-    if hf["model_type"] == "deepseek_v3" and hf.get("rope_interleave") is False:
-        # Rotate-half rows for the rope part of q and of the shared key: not permuted here.
-        out.append("rope_interleave=false (DeepSeek's interleaved RoPE rows only)")
-    if hf["model_type"] == "deepseek_v2":
-        method = hf.get("topk_method") or "greedy"
-        if method != "greedy" and (hf.get("n_group") or 1) > 1:
-            out.append(f"topk_method={method} (greedy top-k only)")
-        if hf.get("norm_topk_prob"):
-            # transformers' DeepseekV2 router never renormalises; ours would.
-            out.append("norm_topk_prob=true (transformers' DeepseekV2 ignores it)")
+    if fam.hf_unsupported is not None and hf.get("model_type") in MODEL_TYPES:
+        out += fam.hf_unsupported(hf)
     return out
 
 
@@ -182,8 +121,8 @@ def model_fields(hf: dict) -> dict:
     family = family_of(hf)
     fam = families.family(family)
     fields: dict = {"family": family}
-    if family == "deepseek":
-        hf = {**DEEPSEEK_DEFAULTS[hf["model_type"]], **hf}
+    hf_type = MODEL_TYPES[hf["model_type"]][1]
+    hf = {**hf_type.read_defaults, **hf}
     for hf_key, field in _pairs(family):
         if hf_key in hf:
             fields[field] = hf[hf_key] if hf[hf_key] is not None else NULL_MEANS.get(hf_key)
@@ -193,9 +132,8 @@ def model_fields(hf: dict) -> dict:
         fields["head_dim"] = None  # MLA's head widths are their own fields
     elif fields.get("head_dim") is None:
         fields["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
-    score = MODEL_TYPES[hf["model_type"]][2]
-    if score is not None:  # the router tells the model types apart
-        fields["score_func"] = score
+    if hf_type.score_func is not None:  # the router tells the model types apart
+        fields["score_func"] = hf_type.score_func
     fields.setdefault("tie_embeddings", False)
     if fam.moe and not fam.first_dense_layers:
         fields["ffn_dim"] = fields["moe_ffn_dim"]  # as the presets write it; no dense layer
@@ -242,7 +180,7 @@ def mismatches(hf: dict, model: dict) -> list[str]:
     for hf_key, field in _pairs(family):
         if theirs.get(field) != ours.get(field):
             out.append(f"{hf_key}={theirs.get(field)} but model.{field}={ours.get(field)}")
-    if family == "deepseek" and theirs["score_func"] != ours.get("score_func", "softmax"):
+    if "score_func" in theirs and theirs["score_func"] != ours.get("score_func", "softmax"):
         out.append(
             f"model_type={hf['model_type']} (a {theirs['score_func']} router) but "
             f"model.score_func={ours.get('score_func', 'softmax')}"
@@ -273,13 +211,15 @@ def to_hf_config(model: dict, dtype: str) -> dict:
         raise HFConfigError(
             f"model.family={family} has no Hugging Face mapping (supported: {', '.join(FAMILIES)})"
         )
-    score = model.get("score_func", "softmax") if family == "deepseek" else None
-    model_type = next(t for t, (f, _, s) in MODEL_TYPES.items() if f == family and s == score)
-    arch = MODEL_TYPES[model_type][1]
+    fam = families.family(family)
+    score = model.get("score_func", "softmax")
+    hf_type = next((t for t in fam.hf if t.score_func == score), fam.hf[0])
     head_dim = model.get("head_dim") or model["dim"] // model["n_heads"]
-    out = {"architectures": [arch], "model_type": model_type}
+    out = {"architectures": [hf_type.architecture], "model_type": hf_type.model_type}
     for hf_key, field in _pairs(family):
         out[hf_key] = head_dim if field == "head_dim" else model[field]
+        if hf_key in fam.hf_null_zero and not out[hf_key]:
+            out[hf_key] = None
     out.update(
         hidden_act="silu",
         max_position_embeddings=model["max_seq_len"],
@@ -287,38 +227,22 @@ def to_hf_config(model: dict, dtype: str) -> dict:
         rope_scaling=None,
         torch_dtype=dtype,
     )
-    if family == "llama":
-        out.update(attention_bias=False, mlp_bias=False)
-    if family == "mixtral":
-        out.update(sliding_window=None, output_router_logits=False)
-    if family == "deepseek":
-        out.update(_deepseek_hf(model, model_type))
-    elif model.get("rope_scaling_factor", 1.0) != 1.0:
-        out["rope_scaling"] = {"rope_type": "llama3"}
-        out["rope_scaling"].update({key: model[field] for key, field in ROPE_LLAMA3})
-    return out
-
-
-def _deepseek_hf(model: dict, model_type: str) -> dict:
-    """config.json keys of a deepseek model beyond the shared ones."""
-    if model_type == "deepseek_v2" and model.get("norm_topk_prob"):
-        raise HFConfigError(
-            "model.norm_topk_prob=true with score_func=softmax has no transformers model: "
-            "DeepseekV2ForCausalLM never renormalises the chosen experts' weights"
-        )
-    out: dict = {"q_lora_rank": model["q_lora_rank"] or None, "attention_bias": False}
-    if model_type == "deepseek_v3":
-        # DeepSeek's checkpoints keep RoPE rows in interleaved pairs, as ours; no MTP module.
-        out.update(rope_interleave=True, num_nextn_predict_layers=0)
-    else:
-        out.update(topk_method="greedy", mlp_bias=False)
-    if _yarn_on(model.get("rope_yarn_factor")):
+    out.update(hf_type.written)
+    if fam.yarn and _yarn_on(model.get("rope_yarn_factor")):
         out["rope_scaling"] = {"rope_type": "yarn"}
         for key, field, _ in ROPE_YARN:
             out["rope_scaling"][key] = model[field]
         for key in ("mscale", "mscale_all_dim"):  # 0: unset
             if not out["rope_scaling"][key]:
                 del out["rope_scaling"][key]
+    elif not fam.yarn and model.get("rope_scaling_factor", 1.0) != 1.0:
+        out["rope_scaling"] = {"rope_type": "llama3"}
+        out["rope_scaling"].update({key: model[field] for key, field in ROPE_LLAMA3})
+    problems = unsupported(out)
+    if problems:
+        raise HFConfigError(
+            f"model.family={family} as configured has no transformers model: {'; '.join(problems)}"
+        )
     return out
 
 
@@ -329,7 +253,8 @@ def preset_yaml(name: str, hf_dir: str, hf: dict) -> str:
     order += ["vocab_size", "max_seq_len", "rope_theta", "rope_scaling_factor"]
     order += [f for _, f in ROPE_LLAMA3[1:]]
     order += ["norm_eps", "tie_embeddings", "n_routed_experts", "top_k", "moe_ffn_dim"]
-    order += [f for _, f in PER_FAMILY["deepseek"] if f not in order] + ["score_func"]
+    order += [f for fam in families.FAMILIES.values() for _, f in fam.hf_config]
+    order = [*dict.fromkeys(order), "score_func"]
     order += [f for _, f, _ in ROPE_YARN]
     lines = [
         f"# {(hf.get('architectures') or ['?'])[0]} from {hf_dir}/config.json",
@@ -337,7 +262,7 @@ def preset_yaml(name: str, hf_dir: str, hf: dict) -> str:
         f"name: {name}",
     ]
     unscaled = {f for _, f in ROPE_LLAMA3[1:]} if fields["rope_scaling_factor"] == 1.0 else set()
-    if fields["family"] == "deepseek":
+    if families.family(fields["family"]).yarn:
         unscaled.add("rope_scaling_factor")
         if not _yarn_on(fields["rope_yarn_factor"]):
             unscaled |= {f for _, f, _ in ROPE_YARN[1:]}

@@ -62,7 +62,7 @@ def _swiglu(prefix: str, d: int, f: int) -> dict[str, tuple[int, ...]]:
 def _attention(model: dict) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
     """(our attention weight -> shape, q/k weight -> heads whose rows are permuted)."""
     d, h = model["dim"], model["n_heads"]
-    if model["family"] == "deepseek":
+    if families.family(model["family"]).mla:
         nope, r, v = model["qk_nope_head_dim"], model["qk_rope_head_dim"], model["v_head_dim"]
         q, c = model["q_lora_rank"], model["kv_lora_rank"]
         if q:

@@ -22,14 +22,18 @@ from functools import partial
 import torch
 from torch import nn
 
+import models
 from launcher.config import Config
 from launcher.layout import Layout, recomputed
+from launcher.parallel import pipeline_parallel  # torch.distributed.pipelining: pp > 1 only
 from launcher.parallel.context_parallel import apply_cp
 from launcher.parallel.data_parallel import DTYPES, apply_ddp, apply_fsdp
 from launcher.parallel.expert_parallel import apply_ep, apply_moe_hooks, expert_parameter_names
+from launcher.parallel.materialize import materialize
 from launcher.parallel.recompute import apply_ac, apply_compile
 from launcher.parallel.tensor_parallel import apply_tp
 from launcher.runtime.distributed import Dist
+from models.init import Plan
 
 
 def keeps_shards(layout: Layout, compiled: bool, index: int) -> bool:
@@ -117,9 +121,6 @@ def build(cfg: Config, layout: Layout, d: Dist, pp_rank: int) -> Built:
     (no memory), split into this pipeline rank's stages, parallelized, then, unless the device
     is meta itself (the dry run), allocated and initialised on the device with only what this
     rank holds (launcher/parallel/materialize.py), and finally replicated where DDP applies."""
-    import models
-    from launcher.parallel.materialize import materialize
-    from models.init import Plan
 
     with torch.device("meta"):
         model = models.build(cfg.model.family, vars(cfg.model))
@@ -127,8 +128,6 @@ def build(cfg: Config, layout: Layout, d: Dist, pp_rank: int) -> Built:
     plan = Plan.of(model)  # the full model's parameters, for every rank's initial values
     tied = None
     if layout.pp > 1:
-        from launcher.parallel import pipeline_parallel  # torch.distributed.pipelining: pp > 1 only
-
         tied = pipeline_parallel.tied_names(model)
         stages = pipeline_parallel.split(
             model, pp_rank, layout.pp, layout.stages_per_rank, layout.schedule, layout.stage_layers

@@ -18,9 +18,11 @@ from omegaconf import DictConfig
 
 from launcher.cli import USAGE_ERROR, fail, hydra_app, to_config
 from launcher.config import PlanFormat
-from launcher.plan import engine_plan
+from launcher.plan import auto, engine_plan
+from launcher.plan.draw import draw_plan
 from launcher.plan.report import plan_json, print_plan
 from launcher.plan.rules import config_problems
+from launcher.plan.search import run_search
 
 DRAWING_FORMATS = (".png", ".svg", ".pdf")
 
@@ -30,8 +32,6 @@ def task(dcfg: DictConfig) -> None:
     if cfg.parallel.auto:  # the layout launcher.train would choose on hardware.*
         from hydra import compose
         from hydra.core.hydra_config import HydraConfig
-
-        from launcher.plan import auto
 
         overrides = list(HydraConfig.get().overrides.task)
         dcfg, problem = auto.recompose(
@@ -47,8 +47,6 @@ def task(dcfg: DictConfig) -> None:
             "draw the layout you pick with its overrides"
         )
     if cfg.plan.search:
-        from launcher.plan.search import run_search
-
         problems = config_problems(cfg)
         if problems:  # nothing to search: the model, batch or precision itself is refused
             fail("\n".join(["the search has nothing to search:", *(f"  - {p}" for p in problems)]))
@@ -60,7 +58,7 @@ def task(dcfg: DictConfig) -> None:
     plan = engine_plan(cfg)
     dry = None
     if cfg.plan.dry_run and plan.valid:
-        from launcher.plan.dry_run import dry_run
+        from launcher.plan.dry_run import dry_run  # torch: plan.dry_run=true only
 
         dry = dry_run(cfg, plan)
     drawing, note = None, ""
@@ -96,7 +94,6 @@ def draw(plan, path: str):
         return None, "plan.draw: nothing drawn, the plan breaks the rules above"
     if plan.layout.pp == 1:
         return None, "plan.draw: nothing drawn, pp=1 has no pipeline schedule"
-    from launcher.plan.draw import draw_plan
 
     try:
         drawing = draw_plan(plan, path)

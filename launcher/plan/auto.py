@@ -17,7 +17,7 @@ from dataclasses import asdict, replace
 from launcher.config import Config
 from launcher.layout import AXES, describe
 from launcher.plan.rules import config_problems
-from launcher.plan.search import runnable
+from launcher.plan.search import runnable, with_overrides
 
 WORLDS_TRIED = 64  # how far `smallest_world` looks
 
@@ -109,7 +109,6 @@ def choice_line(layout, world: int, previous: dict | None) -> str:
 def recompose(cfg: Config, overrides: list[str], world: tuple[int, int] | None, compose):
     """(the composed config of the chosen layout, None) or (None, why none fits), for a
     Hydra app's `compose(overrides)`; `world` is (nodes, per node), None: hardware.*."""
-    from launcher.plan.search import with_overrides
 
     nodes, per_node = world or (cfg.hardware.nodes, cfg.hardware.devices_per_node)
     extra, problem = plan_for(cfg, overrides, nodes, per_node)

@@ -36,9 +36,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from launcher import sweep
 from launcher.cli import compose, fail
 from launcher.plan import kernels, make_plan
-from launcher.plan.published import FUSED, MEGATRON, MEGATRON_KERNELS
+from launcher.plan.published import FUSED, MEGATRON, MEGATRON_KERNELS, RUNS, STACKS, megatron_runs
+from launcher.plan.search import candidate_overrides, with_overrides
 
 
 def megatron_flops(cfg) -> float:
@@ -112,8 +114,6 @@ def bench_rows(directory: Path) -> list[dict]:
 def measured_runs(sweep_dir: str) -> list[tuple[dict, object]]:
     """(summary row, Config) of every completed job of the sweep with a measured speed, or of
     every one-device benchmark (`launcher.bench.gpu --json`) in the directory."""
-    from launcher import sweep
-    from launcher.plan.search import candidate_overrides, with_overrides
 
     out = []
     rows = bench_rows(Path(sweep_dir)) or sweep.summarize(sweep_dir)
@@ -245,7 +245,6 @@ def calibrate_hopper() -> None:
     plain PyTorch blocks), then EFFICIENCY_COMPILED to its compiled ones (what compiling gains
     beyond the fused memory-bound work and the fewer launches kernels.py counts); print every
     torchtitan run with its residual, the held-out ones included."""
-    from launcher.plan.published import RUNS
 
     runs = [r for r in RUNS if r.stack == "torchtitan"]
     cfgs = [compose(r.overrides.split()) for r in runs]
@@ -428,7 +427,6 @@ def term_residuals(plans, measured: list[float], names: list[str]) -> str:
 
 def calibrate_published() -> None:
     """Predict every published run (launcher/plan/published.py) and print the errors."""
-    from launcher.plan.published import RUNS, STACKS, megatron_runs
 
     runs = megatron_runs(megatron_flops, compose) + RUNS
     cfgs = {run.name: compose(run.overrides.split()) for run in runs}

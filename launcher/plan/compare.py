@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from launcher.cli import compose
 from launcher.plan import Plan, engine_plan
 from launcher.plan import bubble as pl
 from launcher.plan.memory import GIB
@@ -98,7 +99,6 @@ DEFAULT_COLUMNS = "memory,step,mfu,verdict"
 
 
 def plans(base: list[str], rows: list[str]) -> list[Plan]:
-    from launcher.cli import compose
 
     return [engine_plan(compose([*base, *shlex.split(row)])) for row in rows]
 

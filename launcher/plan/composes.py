@@ -17,7 +17,11 @@ import sys
 from dataclasses import dataclass
 from itertools import combinations
 
+from launcher.cli import compose_dict, to_config
 from launcher.layout import MESH_DIMS
+from launcher.plan import engine_plan
+from launcher.plan.limitations import refusals
+from launcher.plan.rules import NOT_AVAILABLE
 
 
 @dataclass(frozen=True)
@@ -95,7 +99,6 @@ def overrides(features: tuple[Feature, ...]) -> list[str]:
 
 @functools.cache
 def _model_config(model: str):
-    from launcher.cli import compose_dict
 
     return compose_dict([model])
 
@@ -105,17 +108,12 @@ def config(overrides: list[str]):
     model's composition (once) with the values merged in, as Hydra would."""
     from omegaconf import OmegaConf
 
-    from launcher.cli import to_config
-
     dcfg = OmegaConf.merge(_model_config(overrides[0]), OmegaConf.from_dotlist(overrides[1:]))
     return to_config(dcfg)
 
 
 def verdict(features: tuple[Feature, ...]) -> str:
     """'yes', the names of the limitations that refuse the combination, or '-' (exclusive)."""
-    from launcher.plan import engine_plan
-    from launcher.plan.limitations import refusals
-    from launcher.plan.rules import NOT_AVAILABLE
 
     kinds = [f.kind for f in features if f.kind]
     if len(set(kinds)) < len(kinds):

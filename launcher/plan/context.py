@@ -101,7 +101,7 @@ class Context:
         )
         self.compiled = t.compile
         fam = families.of(m)
-        per_dim, per_mlp = kernels.ELEMENTWISE.get(fam.name, kernels.ELEMENTWISE_ROTARY)
+        per_dim, per_mlp = fam.elementwise
         fused = kernels.ELEMENTWISE_COMPILED if t.compile else 1.0
         self.elementwise_dim = per_dim * fused  # elements per token per layer, per dim
         self.elementwise_mlp = per_mlp * fused  # per MLP hidden unit

@@ -87,6 +87,7 @@ def dry_run(cfg: Config, plan: Plan) -> DryRun:
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    # torch: the planner imports this module, the dry run alone builds
     from launcher.parallel import build
     from launcher.runtime.distributed import mesh_dist
 

@@ -10,12 +10,13 @@ The constants and where they come from:
 - EFFICIENCY_COMPILED: torchtitan's compiled over eager Llama 3.1 8B runs on H100 (6,667 /
   5,762 tokens/s on 8 GPUs, 6,514 / 5,605 on 128; benchmarks/llama3_h100_202412_torchtitan.md,
   Tables 1 and 3): compiled blocks' device work runs this much faster.
-- ELEMENTWISE: bytes the non-matmul operators of one block read and write per token, forward
-  and backward, counted on this engine's own blocks with a TorchDispatchMode over every ATen
-  operator other than matmuls, attention and views (llama3_debug at dim 128 and 256, FFN 384
-  and 768; gpt_debug at sequence 128 and 256): elements per token = a x dim + b x MLP hidden
-  width (+ c x heads x sequence where attention is unfused), counted at the compute dtype.
-  Compiled blocks fuse chains of them: a third of the traffic (an assumption).
+- ELEMENTWISE (each family record's `elementwise`, models/families.py; ELEMENTWISE_SCORES): bytes
+  the non-matmul operators of one block read and write per token, forward and backward, counted on
+  this engine's own blocks with a TorchDispatchMode over every ATen operator other than matmuls,
+  attention and views (llama3_debug at dim 128 and 256, FFN 384 and 768; gpt_debug at sequence 128
+  and 256): elements per token = a x dim + b x MLP hidden width (+ c x heads x sequence where
+  attention is unfused), counted at the compute dtype. Compiled blocks fuse chains of them: a
+  third of the traffic (an assumption).
 - OPS: ATen operators per block, forward and backward (the same count): 187 for a dense llama
   block, 182 for gpt, 273 for a mixtral block, 36 for the embedding, head and loss. Compiled
   blocks launch about a tenth as many (an assumption).
@@ -47,10 +48,6 @@ EFFICIENCY_MAX = 0.698
 EFFICIENCY_DIM = 220.0
 EFFICIENCY_COMPILED = 1.047
 
-# (per dim, per MLP hidden unit): rotary families (llama, mixtral, deepseek) keep RoPE and
-# fp32 RMSNorm chains; gpt's LayerNorm and biases are fewer.
-ELEMENTWISE = {"gpt": (16.0, 16.0)}
-ELEMENTWISE_ROTARY = (103.0, 16.0)
 ELEMENTWISE_SCORES = 19.4  # per score of unfused attention (softmax, mask, dropout)
 ELEMENTWISE_COMPILED = 1 / 3
 

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from launcher.cli import fail
+from launcher.runtime import rendezvous
 from launcher.runtime.failures import (
     EXIT_FILE,
     EXIT_STOPPED,
@@ -185,7 +186,6 @@ def rendezvous_args(
 def joined(endpoint: str, run_dir: Path, wait_s: float):
     """The rendezvous store up (started here when its host is this machine), and this
     launcher counted among its members while the block runs."""
-    from launcher.runtime import rendezvous
 
     try:
         rendezvous.ensure(endpoint, run_dir / "rendezvous.log", wait_s)

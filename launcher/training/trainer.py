@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 import models
+from launcher.checkpoint.reader import checkpoint_damage
 from launcher.checkpoint.saver import Checkpointer, ModelState, RngState, TrainState
 from launcher.checkpoint.store import (
     Entry,
@@ -44,8 +45,9 @@ from launcher.checkpoint.store import (
 from launcher.cli import USAGE_ERROR
 from launcher.data.batches import Batches
 from launcher.data.sources import run_data
+from launcher.hf import weights as hf_weights
 from launcher.layout import describe, stage_owner
-from launcher.parallel import build
+from launcher.parallel import build, pipeline_parallel
 from launcher.parallel.context_parallel import chunk_positions
 from launcher.parallel.data_parallel import DTYPES, average_grads, grad_sync, local_tensor
 from launcher.parallel.expert_parallel import (
@@ -187,10 +189,6 @@ class Trainer:
         self.tied = None  # a tied embedding split between pipeline stages
         built = build(cfg, lay, d, d.local_rank_of("pp") if lay.pp > 1 else 0)
         if lay.pp > 1:
-            from launcher.parallel import (
-                pipeline_parallel,  # torch.distributed.pipelining: pp > 1 only
-            )
-
             self.stages = built.stages
             self.parts = [m for _, m in self.stages]
             indices = [i for i, _ in self.stages]
@@ -339,8 +337,6 @@ class Trainer:
             if self.schedule is None:
                 losses = [local(self.forward_loss(x, y, docs)) for x, y, docs in micro]
                 return torch.stack(losses).mean()
-            from launcher.parallel import pipeline_parallel
-
             out = [
                 pipeline_parallel.forward_only(
                     dict(self.stages),
@@ -477,8 +473,6 @@ class Trainer:
         damaged checkpoint given by path, or a directory of nothing but damaged ones, ends the
         run (exit 2) rather than starting over."""
         d = self.d
-        if entry is not None:  # torch.distributed.checkpoint: only where there is one to load
-            from launcher.checkpoint.reader import checkpoint_damage
         while entry is not None:
             mine = checkpoint_damage(entry, (d.rank, d.world_size))
             found = [mine]
@@ -506,8 +500,6 @@ class Trainer:
     def load_hf(self, path: str) -> int:
         """The model's weights from a Hugging Face directory; each rank reads its shards.
         Returns the number of values this rank read."""
-        from launcher.hf import weights as hf_weights
-
         with timed(f"loading {path}", self.d.rank, self.cfg.train.timeout_s):
             read = hf_weights.load_into(self.parts, path, vars(self.cfg.model))
         held = [*self.params, *self.copies]

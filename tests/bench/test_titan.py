@@ -75,3 +75,7 @@ def test_refuses_what_it_cannot_express():
         titan.build(workload(dropout=0.1))
     with pytest.raises(ValueError, match="max_seq_len"):
         titan.build(workload(max_seq_len=32))
+    with pytest.raises(ValueError, match=r"family=gpt \(biases, learned_positions, a GELU MLP"):
+        titan.build(workload(family="gpt"))
+    with pytest.raises(ValueError, match=r"family=mixtral \(routed experts\)"):
+        titan.build(workload(family="mixtral"))

@@ -11,7 +11,13 @@ from safetensors.torch import load_file, save_file
 
 import models
 from hf import hf_models
-from launcher.hf.config_json import mismatches, model_fields, to_hf_config, unsupported
+from launcher.hf.config_json import (
+    HFConfigError,
+    mismatches,
+    model_fields,
+    to_hf_config,
+    unsupported,
+)
 from launcher.hf.names import Source, check, sources
 from launcher.hf.weights import Reader, from_hf, to_interleaved, to_rotate_half
 
@@ -189,6 +195,12 @@ def test_deepseek_mismatches_and_unsupported():
     ]
     llama_yarn = {**hf_config("llama"), "rope_parameters": v3["rope_parameters"]}
     assert unsupported(llama_yarn) == ["rope_parameters.rope_type=yarn (default or llama3 only)"]
+    renormalised = {**model_fields(v2), "norm_topk_prob": True}
+    with pytest.raises(HFConfigError, match="norm_topk_prob=true .transformers' DeepseekV2 ig"):
+        to_hf_config(renormalised, "float32")  # a model no transformers class computes
+    gpt = compose_config(["model=gpt_debug"]).model
+    with pytest.raises(HFConfigError, match="model.family=gpt has no Hugging Face mapping"):
+        to_hf_config(vars(gpt), "float32")
 
 
 @pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v2"])

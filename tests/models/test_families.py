@@ -8,6 +8,8 @@ family, and every projection with an output wider than a head must be named.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import compose_config
@@ -79,3 +81,24 @@ def test_planner_shape_follows_the_records():
             counted = shape(cfg.model).total
             params = sum(p.numel() for p in model.parameters())
             assert counted == params, f"{name} {overrides}: planner {counted:,}, model {params:,}"
+
+
+@pytest.mark.parametrize("name", sorted(FAMILIES))
+def test_a_family_declares_which_fields_it_reads_and_no_default(name):
+    """Each model field is declared once, with its default, in models/config.py; a family's
+    Args name the ones its model reads, with no default of their own to contradict it."""
+    _, args = family(name).classes()
+    fields = dataclasses.fields(args)
+    assert {f.name for f in fields} <= models.FIELDS
+    with_default = [f.name for f in fields if f.default is not dataclasses.MISSING]
+    assert with_default == []
+
+
+def test_build_refuses_a_field_no_model_has_and_fills_one_left_out():
+    fields = vars(compose_config(["model=llama3_debug"]).model)
+    with pytest.raises(ValueError, match="kv_lora: not model config fields"):
+        models.build("llama", {**fields, "kv_lora": 512})
+    older = {k: v for k, v in fields.items() if k != "rope_high_freq_factor"}
+    with torch.device("meta"):
+        model = models.build("llama", older)  # a checkpoint saved before the field
+    assert model.layers["0"].attention.wq.weight.shape == (fields["dim"], fields["dim"])

@@ -12,7 +12,14 @@ from conftest import compose_config
 import models
 from launcher.plan.model_size import shape
 from launcher.training.trainer import build_model
+from models.config import ModelConfig
 from models.llama import Attention, LlamaArgs, rope_cache, rope_frequencies
+
+
+def llama_args(**fields) -> LlamaArgs:
+    """LlamaArgs of the model config's defaults (models/config.py), with these fields."""
+    defaults = vars(ModelConfig())
+    return LlamaArgs(**{f: fields.get(f, defaults[f]) for f in LlamaArgs.__dataclass_fields__})
 
 
 def reference_attention(attn: Attention, x: torch.Tensor, args: LlamaArgs) -> torch.Tensor:
@@ -45,7 +52,7 @@ def reference_attention(attn: Attention, x: torch.Tensor, args: LlamaArgs) -> to
 
 @pytest.mark.parametrize("fused", [True, False])
 def test_attention_matches_reference(fused):
-    args = LlamaArgs(dim=64, n_heads=8, n_kv_heads=2, rope_theta=10000.0, flash_attention=fused)
+    args = llama_args(dim=64, n_heads=8, n_kv_heads=2, rope_theta=10000.0, flash_attention=fused)
     torch.manual_seed(0)
     attn = Attention(args)
     x = torch.randn(2, 12, 64)
@@ -58,7 +65,9 @@ def test_attention_matches_reference(fused):
 def test_llama3_rope_scaling():
     """Meta's published rule: wavelengths above original/low kept divided by the factor,
     below original/high kept, linear in between."""
-    args = LlamaArgs(head_dim=128, n_heads=32, dim=4096, rope_scaling_factor=8.0)
+    args = llama_args(
+        head_dim=128, n_heads=32, dim=4096, rope_scaling_factor=8.0, rope_original_max_seq_len=8192
+    )
     got = rope_frequencies(args).double()
     base = 1.0 / (500000.0 ** (torch.arange(0, 128, 2).double() / 128))
     for f, g in zip(base.tolist(), got.tolist(), strict=True):
