@@ -46,6 +46,7 @@ class Family:
     # Shape, for the planner and the rules.
     gated_mlp: bool = True  # SwiGLU (w1, w2, w3) or a GELU MLP (fc1, fc2)
     biases: bool = False  # every projection has a bias, the norms are LayerNorms with one
+    qkv_bias: bool = False  # the query, key and value projections alone have biases
     learned_positions: bool = False  # a (max_seq_len, dim) position table beside the tokens'
     mla: bool = False  # multi-head latent attention (needs kv_lora_rank, ...)
     yarn: bool = False  # YaRN RoPE scaling (model.rope_yarn_factor)
@@ -89,6 +90,7 @@ _SWIGLU = {"feed_forward.w1": COLUMN, "feed_forward.w3": COLUMN, "feed_forward.w
 # Hugging Face parameter names: ours (under layers.{i}) -> theirs (under model.layers.{i});
 # "{e}" numbers the experts. The names every family shares (embedding, norms, dense MLP) are in
 # launcher/hf/names.py.
+_QKV = (("wq", "q"), ("wk", "k"), ("wv", "v"))
 _HF_ATTENTION = {
     "attention.wq.weight": "self_attn.q_proj.weight",
     "attention.wk.weight": "self_attn.k_proj.weight",
@@ -186,6 +188,20 @@ FAMILIES: dict[str, Family] = {
             ),
             hf_config=(*_HF_HEAD_DIM, ("intermediate_size", "ffn_dim")),
             hf_attention=_HF_ATTENTION,
+        ),
+        Family(
+            "qwen2",
+            "models.qwen2:Qwen2",
+            "models.qwen2:Qwen2Args",
+            tp_embedding="tok_embeddings",
+            tp_block={**_GQA, **_SWIGLU},
+            qkv_bias=True,
+            hf=(HFType("qwen2", "Qwen2ForCausalLM", written=dict(use_sliding_window=False)),),
+            hf_config=(("intermediate_size", "ffn_dim"),),  # head_dim: hidden_size / heads
+            hf_attention={
+                **_HF_ATTENTION,
+                **{f"attention.{w}.bias": f"self_attn.{p}_proj.bias" for w, p in _QKV},
+            },
         ),
         Family(
             "gpt",

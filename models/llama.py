@@ -76,13 +76,14 @@ def rope_cache(args: LlamaArgs, seq_len: int) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, args: LlamaArgs):
+    def __init__(self, args: LlamaArgs, qkv_bias: bool = False):
+        """qkv_bias: biases on the query, key and value projections (Qwen2's)."""
         super().__init__()
         self.head_dim = args.head_dim
         self.core = AttentionCore(args.dropout, args.flash_attention)
-        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=False)
-        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
-        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=False)
+        self.wq = nn.Linear(args.dim, args.n_heads * args.head_dim, bias=qkv_bias)
+        self.wk = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=qkv_bias)
+        self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=qkv_bias)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
     def forward(

@@ -140,6 +140,7 @@ NAMED_ELSEWHERE = {
     "docs/performance.md": "torchtitan's benchmark page",
     "docs/performance-summary.md": "NeMo AutoModel's benchmark page",
     "recipes/NAME.yaml": "a placeholder",
+    "models/NAME.py": "a placeholder",
     "conf/model/my_llama.yaml": "written by the user (launcher.convert's help)",
     "conf/model/tiny_llama.yaml": "written by docs/examples/hf.sh",
     "docs/examples/tour.sh": "an example in launcher/docs.py's docstring",

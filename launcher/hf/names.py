@@ -88,7 +88,12 @@ def _attention(model: dict) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]
         "attention.wv.weight": (k * e, d),
         "attention.wo.weight": (d, h * e),
     }
-    return shapes, {"attention.wq.weight": h, "attention.wk.weight": k}
+    heads = {"attention.wq.weight": h, "attention.wk.weight": k}
+    if families.family(model["family"]).qkv_bias:  # q's and k's rows permuted as their weights'
+        shapes |= {"attention.wq.bias": (h * e,), "attention.wk.bias": (k * e,)}
+        shapes |= {"attention.wv.bias": (k * e,)}
+        heads |= {"attention.wq.bias": h, "attention.wk.bias": k}
+    return shapes, heads
 
 
 def _feed_forward(model: dict, i: int) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:

@@ -109,12 +109,12 @@ def attention_shape(m: ModelConfig) -> dict:
         )
     e = head_dim(m)
     q, kv = m.n_heads * e, m.n_kv_heads * e
-    bias = families.of(m).biases
+    fam = families.of(m)
     return dict(
         # Biases: q, k, v column-parallel (sharded); the output projection's row-parallel
         # bias is added after the reduction, replicated.
-        attn_params=m.dim * (2 * q + 2 * kv) + (q + 2 * kv if bias else 0),
-        attn_replicated=m.dim if bias else 0,
+        attn_params=m.dim * (2 * q + 2 * kv) + (q + 2 * kv if fam.biases or fam.qkv_bias else 0),
+        attn_replicated=m.dim if fam.biases else 0,
         q_width=q,
         k_width=kv,
         v_width=kv,

@@ -38,6 +38,8 @@ LLAMA_RUN = [
 ]
 MIXTRAL = dict(SHARED, intermediate_size=256, num_local_experts=4, num_experts_per_tok=2)
 MIXTRAL_RUN = ["model=mixtral_debug"]
+QWEN2 = dict(SHARED, intermediate_size=384)  # qwen2_debug: biases on q, k and v
+QWEN2_RUN = ["model=qwen2_debug"]
 # deepseek_debug: MLA with a q latent, first layer dense, 8 experts (sigmoid + bias, best 2 of
 # 4 groups, weights renormalised x 2.5) + 1 shared, YaRN 128 -> 512.
 DEEPSEEK_V3 = dict(
@@ -97,6 +99,7 @@ DEEPSEEK_V2_RUN = [
 RUN = {
     "llama": LLAMA_RUN,
     "mixtral": MIXTRAL_RUN,
+    "qwen2": QWEN2_RUN,
     "deepseek_v3": DEEPSEEK_V3_RUN,
     "deepseek_v2": DEEPSEEK_V2_RUN,
 }
@@ -113,6 +116,7 @@ def build(kind: str, seed: int = 0, **changes):
     names = {
         "llama": ("LlamaConfig", "LlamaForCausalLM", LLAMA),
         "mixtral": ("MixtralConfig", "MixtralForCausalLM", MIXTRAL),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", QWEN2),
         "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", DEEPSEEK_V3),
         "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", DEEPSEEK_V2),
     }

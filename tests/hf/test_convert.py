@@ -60,6 +60,7 @@ def convert_here(*args) -> None:
         ("llama", torch.float32),
         ("llama", torch.bfloat16),
         ("mixtral", None),
+        ("qwen2", None),
         ("deepseek_v3", None),
         ("deepseek_v2", None),
     ],

@@ -2,8 +2,8 @@
 layout computes transformers' logits, and each rank reads only the slices it holds.
 
 The engine's own Trainer loads the weights (tests/hf/hf_logits.py, a job of tests/group.py); the
-reference is transformers' LlamaForCausalLM / MixtralForCausalLM / DeepseekV3ForCausalLM /
-DeepseekV2ForCausalLM on the same batch.
+reference is transformers' LlamaForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM /
+DeepseekV3ForCausalLM / DeepseekV2ForCausalLM on the same batch.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ CASES = [("llama", name) for name in LAYOUTS] + [
     ("mixtral", "one process"),
     ("mixtral", "dp_shard=2"),
     ("mixtral", "pp=2"),
+    ("qwen2", "one process"),
+    ("qwen2", "tp=2"),  # the q/k biases' rows permuted and sharded as their weights'
     ("deepseek_v3", "one process"),
     ("deepseek_v3", "dp_shard=2"),
     ("deepseek_v3", "pp=2"),

@@ -23,6 +23,7 @@ from models.families import FAMILIES, family
 VARIANTS = {
     "llama": [["model=llama3_debug"]],
     "gpt": [["model=gpt_debug"]],
+    "qwen2": [["model=qwen2_debug"]],
     "mixtral": [["model=mixtral_debug"]],
     "deepseek": [["model=deepseek_debug"], ["model=deepseek_debug", "model.q_lora_rank=0"]],
 }
