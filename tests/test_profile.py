@@ -44,7 +44,7 @@ def test_a_trace_per_rank_for_each_step_asked_for_and_a_memory_timeline(group):
 
 def test_steps_outside_the_run_and_memory_without_steps_are_refused():
     from launcher.cli import compose
-    from launcher.plan.rules import config_problems
+    from launcher.plan.config_rules import config_problems
 
     def problems(*overrides: str) -> list[str]:
         return [p.message for p in config_problems(compose(list(overrides)))]

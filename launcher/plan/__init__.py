@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from launcher.config import Config
 from launcher.data.sources import data_use, repeat_warnings
 from launcher.layout import AXES, Layout, stage_split
+from launcher.plan.config_rules import config_problems
 from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
+from launcher.plan.problem import Problem
 from launcher.plan.rules import (
-    Problem,
-    config_problems,
     engine_problems,
     layout_problems,
     reads_any,

@@ -19,9 +19,9 @@ from omegaconf import DictConfig
 from launcher.cli import USAGE_ERROR, fail, hydra_app, to_config
 from launcher.config import PlanFormat
 from launcher.plan import auto, engine_plan
+from launcher.plan.config_rules import config_problems
 from launcher.plan.draw import draw_plan
 from launcher.plan.report import plan_json, print_plan
-from launcher.plan.rules import config_problems
 from launcher.plan.search import run_search
 
 DRAWING_FORMATS = (".png", ".svg", ".pdf")

@@ -16,7 +16,7 @@ from dataclasses import asdict, replace
 
 from launcher.config import Config
 from launcher.layout import AXES, describe
-from launcher.plan.rules import config_problems
+from launcher.plan.config_rules import config_problems
 from launcher.plan.search import runnable, with_overrides
 
 WORLDS_TRIED = 64  # how far `smallest_world` looks

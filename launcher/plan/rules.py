@@ -1,20 +1,19 @@
 """The rules a run must satisfy. Each broken rule becomes a Problem naming values and rule.
 
-Three sets: `config_problems` (model, training, precision, data: independent of the layout),
-`layout_problems` (degrees, divisibility, pipeline, batch: evaluated for every searched
-layout, so kept cheap) and `engine_problems` (what `launcher.train` cannot run yet: the
-records of launcher/plan/limitations.py).
+Three sets: the config rules (model, training, precision, data: independent of the layout;
+launcher/plan/config_rules.py), the layout rules here (degrees, divisibility, pipeline, batch:
+evaluated for every searched layout, so kept cheap) and `engine_problems` (what
+`launcher.train` cannot run yet: the records of launcher/plan/limitations.py). Config and
+layout rules are of one kind: a registered check that declares what it reads and yields a
+message per way a run breaks it.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from launcher.config import Config, DType, ParallelConfig
-from launcher.data.batches import data_sizes, split_sizes
-from launcher.data.sources import run_sources, validation_sources
+from launcher.config import Config, ParallelConfig
 from launcher.layout import (
     AXES,
     LOOPED,
@@ -26,19 +25,8 @@ from launcher.layout import (
 )
 from launcher.plan import bubble as pl
 from launcher.plan.limitations import refusals
-from launcher.plan.ranges import range_problems
+from launcher.plan.problem import Problem
 from models import families
-
-PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
-
-
-@dataclass(frozen=True)
-class Problem:
-    rule: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"[{self.rule}] {self.message}"
 
 
 def resolve_degrees(p: ParallelConfig, world: int) -> tuple[dict[str, int], list[Problem]]:
@@ -76,246 +64,6 @@ def resolve_degrees(p: ParallelConfig, world: int) -> tuple[dict[str, int], list
             )
         )
     return degrees, problems
-
-
-def config_problems(cfg: Config) -> list[Problem]:
-    """Rules on model, training, data, precision and hardware that no layout changes."""
-    errors: list[Problem] = []
-    err = lambda rule, msg: errors.append(Problem(rule, msg))
-    m, t, prec = cfg.model, cfg.train, cfg.precision
-    name = f"model={m.name}"
-    if m.family not in families.FAMILIES:
-        err("model", f"model.family={m.family} is not one of {', '.join(families.FAMILIES)}")
-    if not PLAIN_NAME.fullmatch(m.name) or m.name.startswith("."):
-        # The run directory is outputs/<model.name>-<hash>: a name never places it elsewhere.
-        err(
-            "model",
-            f"model.name={m.name!r} must be a plain name (letters, digits, '.', '_', '-'; not "
-            "starting with '.'): it names the run directory outputs/<model.name>-<hash>",
-        )
-    # Every value in its range first: the rules below divide by and compare these.
-    for group, message in range_problems(cfg):
-        err(group, message)
-    if errors:
-        return errors
-    fam = families.of(m)
-    if m.head_dim is None and m.dim % m.n_heads:
-        err("model", f"model.dim={m.dim} must be divisible by n_heads={m.n_heads} ({name})")
-    if m.n_heads % m.n_kv_heads:
-        err(
-            "model", f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads} ({name})"
-        )
-    if bool(m.n_routed_experts) != fam.moe:
-        err(
-            "model",
-            f"model.n_routed_experts={m.n_routed_experts}: a {m.family} model "
-            + ("needs routed experts (>= 1)" if fam.moe else "has no routed experts")
-            + f" (the MoE families: {families.named_with('moe')}; {name})",
-        )
-    if m.n_routed_experts and (not 1 <= m.top_k <= m.n_routed_experts or m.moe_ffn_dim < 1):
-        err(
-            "model",
-            f"an MoE needs 1 <= top_k={m.top_k} <= n_routed_experts="
-            f"{m.n_routed_experts} and moe_ffn_dim={m.moe_ffn_dim} >= 1 ({name})",
-        )
-    if m.n_routed_experts and m.n_dense_layers and not fam.first_dense_layers:
-        err(
-            "model",
-            f"model.n_dense_layers={m.n_dense_layers}: every layer of a {m.family} model is an "
-            f"MoE one (dense first layers: {families.named_with('first_dense_layers')})",
-        )
-    elif m.n_routed_experts and not 0 <= m.n_dense_layers < m.n_layers:
-        err(
-            "model",
-            f"model.n_dense_layers={m.n_dense_layers} must be in [0, n_layers={m.n_layers}): "
-            f"the layers after the first n_dense_layers are the MoE ones ({name})",
-        )
-    if fam.mla and not (m.kv_lora_rank and m.qk_rope_head_dim and m.v_head_dim):
-        err(
-            "model",
-            f"{m.family} (MLA) needs kv_lora_rank, qk_rope_head_dim and v_head_dim ({name})",
-        )
-    if m.n_routed_experts:
-        errors.extend(_routing_problems(m, name))
-    if m.rope_yarn_factor > 1 and not fam.yarn:
-        err(
-            "model",
-            f"model.rope_yarn_factor={m.rope_yarn_factor:g}: YaRN RoPE is "
-            f"{families.named_with('yarn')}'s "
-            f"({name} is {m.family}; Llama 3 scaling is rope_scaling_factor)",
-        )
-
-    if t.seq_len > m.max_seq_len:
-        err("seq_len", f"train.seq_len={t.seq_len} exceeds max_seq_len={m.max_seq_len} ({name})")
-    if t.min_lr > t.lr:
-        err("lr", f"train.min_lr={t.min_lr} must be <= train.lr={t.lr}")
-    ck = cfg.checkpoint
-    if ck.initial_load_weights_only and not ck.initial_load_path:
-        err("checkpoint", "checkpoint.initial_load_weights_only=true needs initial_load_path")
-    if ck.initial_load_format.value == "hf" and not ck.initial_load_path:
-        err("checkpoint", "checkpoint.initial_load_format=hf needs initial_load_path=HF_DIR")
-    if t.eval_interval and t.eval_batches < 1:
-        err("train", f"train.eval_batches={t.eval_batches} must be >= 1 when evaluating")
-    if cfg.data.sources or cfg.data.val_sources:
-        source_problems(cfg, err)
-    else:
-        data = _data_sizes(cfg.data.path, err)
-        val_fraction = cfg.data.val_fraction
-        source = "the embedded corpus" if cfg.data.path is None else f"data.path={cfg.data.path}"
-        if data is not None and m.vocab_size < data[1]:
-            err(
-                "vocab",
-                f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of {source}, "
-                f"{data[1]:,} tokens ({name}): set model.vocab_size >= {data[1]}",
-            )
-        if data is not None:
-            try:
-                split_sizes(data[0], t.seq_len, val_fraction)
-            except ValueError as e:
-                err("data_size", f"{source}: {e}")
-    if cfg.pipeline.schedule not in SCHEDULES:
-        err(
-            "schedule",
-            f"pipeline.schedule={cfg.pipeline.schedule} is not one of {', '.join(SCHEDULES)}",
-        )
-
-    dtypes = {
-        k: getattr(prec, f"{k}_dtype") for k in ("compute", "param", "grad", "master", "optimizer")
-    }
-    fp16 = [f"precision.{k}_dtype" for k, v in dtypes.items() if v == DType.fp16]
-    if fp16:
-        err(
-            "precision",
-            f"{', '.join(fp16)}=fp16 needs loss scaling, which is not available; use bf16",
-        )
-    # bf16 moments beside fp32 master weights are upcast for each update (optim.py); the reverse
-    # would keep fp32 moments for an update rounded to bf16 weights, and is not implemented.
-    if (prec.master_dtype, prec.optimizer_dtype) == (DType.bf16, DType.fp32):
-        err(
-            "precision",
-            "precision.optimizer_dtype=fp32 needs master_dtype=fp32 (got bf16): Adam moments "
-            "may be narrower than the master weights, not wider; set one of them to match",
-        )
-    errors.extend(Problem("launch", msg) for msg in launch_problems(cfg))
-    outside = [s for s in cfg.profile.steps if not 1 <= s <= t.steps]
-    if outside:
-        err(
-            "profile",
-            f"profile.steps={cfg.profile.steps}: {outside} not in 1..train.steps={t.steps}",
-        )
-    if cfg.profile.memory and not cfg.profile.steps:
-        err("profile", "profile.memory=true needs profile.steps=[N, ...]: the steps to record")
-    if prec.compute_dtype != prec.param_dtype:
-        err(
-            "precision",
-            f"precision.compute_dtype={prec.compute_dtype.value} must equal "
-            f"param_dtype={prec.param_dtype.value}: forward runs in the parameters' dtype",
-        )
-    return errors
-
-
-def launch_problems(cfg: Config) -> list[str]:
-    """A rendezvous a launcher can meet at, and a node range a run can go on over (torchrun's
-    elastic mode with a rendezvous, a SLURM job's --nodes=MIN-MAX under hydra/launcher=slurm):
-    a world that shrinks needs parallel.auto=true to re-plan, and under torchrun a restart to
-    regroup."""
-    la, nodes = cfg.launch, cfg.hardware.nodes
-    out = []
-    if la.rendezvous:
-        host, _, port = la.rendezvous.rpartition(":")
-        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            out.append(f"launch.rendezvous={la.rendezvous} must be HOST:PORT (port 1-65535)")
-    if la.min_nodes > nodes:
-        out.append(f"launch.min_nodes={la.min_nodes} exceeds hardware.nodes={nodes}")
-    elif 0 < la.min_nodes < nodes:
-        elastic = f"launch.min_nodes={la.min_nodes} < hardware.nodes={nodes} (elastic)"
-        if not cfg.parallel.auto:
-            out.append(
-                f"{elastic} needs parallel.auto=true: the group that goes on with fewer nodes "
-                "re-plans its layout for them"
-            )
-        if la.rendezvous and cfg.train.max_restarts < 1:
-            out.append(
-                f"{elastic} needs train.max_restarts >= 1: a node that leaves fails the "
-                "others' step, and torchrun restarts them into the smaller group"
-            )
-    return out
-
-
-def _routing_problems(m, name: str) -> list[Problem]:
-    """The router's settings (models/moe.py): a score function it has, and groups that split
-    the experts evenly and leave top_k of them to choose from."""
-    out = []
-    if m.score_func not in ("softmax", "sigmoid"):
-        out.append(f"model.score_func={m.score_func} is not softmax or sigmoid ({name})")
-    elif m.score_func == "softmax" and m.n_group > 1:
-        out.append(
-            f"model.n_group={m.n_group} with score_func=softmax: the softmax router picks its "
-            f"top_k greedily, group-limited routing is the sigmoid router's ({name})"
-        )
-    elif m.score_func == "sigmoid" and m.n_group > 1:
-        if m.n_routed_experts % m.n_group:
-            out.append(
-                f"n_group={m.n_group} must divide n_routed_experts={m.n_routed_experts} ({name})"
-            )
-        elif not 1 <= m.topk_group <= m.n_group:
-            out.append(f"need 1 <= topk_group={m.topk_group} <= n_group={m.n_group} ({name})")
-        elif m.n_routed_experts // m.n_group < 2:
-            out.append(
-                f"n_group={m.n_group} groups of {m.n_routed_experts} experts: a group needs "
-                f"two, its score is the sum of its two best ({name})"
-            )
-        elif m.topk_group * (m.n_routed_experts // m.n_group) < m.top_k:
-            out.append(
-                f"top_k={m.top_k} experts cannot come from topk_group={m.topk_group} groups of "
-                f"{m.n_routed_experts // m.n_group} ({name})"
-            )
-    return [Problem("model", msg) for msg in out]
-
-
-def source_problems(cfg: Config, err) -> None:
-    """A blend's sources and the named validation sets: readable, agreeing on the tokenizer,
-    in the model's vocabulary, each large enough for its windows (launcher.data.sources)."""
-    m, t = cfg.model, cfg.train
-    train, problems = run_sources(cfg.data)
-    vals, more = validation_sources(cfg.data, train) if train else ([], [])
-    for message in problems + more:
-        err("data", message)
-    if not train or more:
-        return
-    vocab = train[0].vocab_size
-    if m.vocab_size < vocab:
-        err(
-            "vocab",
-            f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of the data "
-            f"sources, {vocab:,} tokens (model={m.name}): set model.vocab_size >= {vocab}",
-        )
-    for s in train:
-        try:
-            split_sizes(s.n_tokens, t.seq_len, cfg.data.val_fraction)
-        except ValueError as e:
-            err("data_size", f"{s.label}: {e}")
-    for v in vals:
-        if v.n_tokens < t.seq_len + 1:
-            err(
-                "data_size",
-                f"data.val_sources.{v.label}: n_tokens={v.n_tokens:,} is too few for one "
-                f"window of train.seq_len + 1 = {t.seq_len + 1} tokens",
-            )
-
-
-def _data_sizes(path: str | None, err) -> tuple[int, int] | None:
-    """(n_tokens, vocabulary size) of the run's data from its header; None, and a problem,
-    when it cannot be read."""
-    try:
-        return data_sizes(path)
-    except (OSError, ValueError, KeyError) as e:
-        err(
-            "data",
-            f"data.path={path} is not a readable token file ({e}); build one with "
-            "`python -m launcher.prepare --out PATH FILES...`",
-        )
-        return None
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,11 @@ from rich.table import Table
 
 from launcher.config import Config
 from launcher.layout import Layout
+from launcher.plan.config_rules import config_problems
 from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
 from launcher.plan.report import estimate_json
-from launcher.plan.rules import config_problems, engine_problems, layout_problems
+from launcher.plan.rules import engine_problems, layout_problems
 from models import families
 
 # (mode, matmuls) from the least recompute to the most: op keeping every other matmul's output

@@ -24,8 +24,8 @@ from launcher.plan.checkpoint_size import (
     checkpoint_size,
     node_bytes,
 )
+from launcher.plan.config_rules import config_problems
 from launcher.plan.report import plan_json, print_plan
-from launcher.plan.rules import config_problems
 
 DEBUG_MODELS = ("llama3_debug", "gpt_debug", "mixtral_debug", "deepseek_debug")
 

@@ -1,0 +1,344 @@
+"""The config rules: what a run must satisfy whatever its layout (model, training, data,
+precision, launch, profiling).
+
+Each is a registered check, as the layout rules are (launcher/plan/rules.py): its name (the
+Problem's), the settings it reads, and a generator of messages, one per way a config breaks
+it. `first` rules (names and every value's range) run before the others, which divide by and
+compare those values and run only when the first ones pass. The order of registration is the
+order of the messages.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from launcher.config import Config, DType
+from launcher.data.batches import data_sizes, split_sizes
+from launcher.data.sources import run_sources, validation_sources
+from launcher.layout import SCHEDULES
+from launcher.plan.problem import Problem
+from launcher.plan.ranges import range_problems
+from models import families
+
+PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
+
+
+@dataclass(frozen=True)
+class ConfigRule:
+    """One config rule: its name, the settings it reads (groups or fields), its check (a
+    message per way the config breaks it; a Problem where it names another rule), and whether
+    it runs first."""
+
+    name: str
+    reads: tuple[str, ...]
+    check: Callable[[Config], Iterable[str | Problem]]
+    first: bool = False
+
+
+CONFIG_RULES: list[ConfigRule] = []
+
+
+def config_rule(name: str, reads: tuple[str, ...], first: bool = False):
+    """Register the decorated check as a config rule (in order)."""
+
+    def register(check):
+        CONFIG_RULES.append(ConfigRule(name, reads, check, first))
+        return check
+
+    return register
+
+
+def config_problems(cfg: Config) -> list[Problem]:
+    """Every config rule's problems: the first rules', and the others' only when those pass."""
+
+    def run(rules: list[ConfigRule]) -> list[Problem]:
+        return [
+            found if isinstance(found, Problem) else Problem(r.name, found)
+            for r in rules
+            for found in r.check(cfg)
+        ]
+
+    errors = run([r for r in CONFIG_RULES if r.first])
+    return errors or run([r for r in CONFIG_RULES if not r.first])
+
+
+def _name(cfg: Config) -> str:
+    return f"model={cfg.model.name}"
+
+
+@config_rule("model", ("model.family",), first=True)
+def family_known(cfg):
+    if cfg.model.family not in families.FAMILIES:
+        yield f"model.family={cfg.model.family} is not one of {', '.join(families.FAMILIES)}"
+
+
+@config_rule("model", ("model.name",), first=True)
+def plain_name(cfg):
+    name = cfg.model.name
+    if not PLAIN_NAME.fullmatch(name) or name.startswith("."):
+        # The run directory is outputs/<model.name>-<hash>: a name never places it elsewhere.
+        yield (
+            f"model.name={name!r} must be a plain name (letters, digits, '.', '_', '-'; not "
+            "starting with '.'): it names the run directory outputs/<model.name>-<hash>"
+        )
+
+
+@config_rule("range", ("every numeric setting",), first=True)
+def in_range(cfg):
+    """Every value in its range (launcher/plan/ranges.py), under its group's name."""
+    for group, message in range_problems(cfg):
+        yield Problem(group, message)
+
+
+@config_rule("model", ("model.dim", "model.n_heads", "model.n_kv_heads", "model.head_dim"))
+def heads(cfg):
+    m = cfg.model
+    if m.head_dim is None and m.dim % m.n_heads:
+        yield f"model.dim={m.dim} must be divisible by n_heads={m.n_heads} ({_name(cfg)})"
+    if m.n_heads % m.n_kv_heads:
+        yield f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads} ({_name(cfg)})"
+
+
+@config_rule("model", ("model.family", "model.n_routed_experts", "model.top_k"))
+def routed_experts(cfg):
+    m, fam = cfg.model, families.of(cfg.model)
+    if bool(m.n_routed_experts) != fam.moe:
+        yield (
+            f"model.n_routed_experts={m.n_routed_experts}: a {m.family} model "
+            + ("needs routed experts (>= 1)" if fam.moe else "has no routed experts")
+            + f" (the MoE families: {families.named_with('moe')}; {_name(cfg)})"
+        )
+    if m.n_routed_experts and (not 1 <= m.top_k <= m.n_routed_experts or m.moe_ffn_dim < 1):
+        yield (
+            f"an MoE needs 1 <= top_k={m.top_k} <= n_routed_experts="
+            f"{m.n_routed_experts} and moe_ffn_dim={m.moe_ffn_dim} >= 1 ({_name(cfg)})"
+        )
+
+
+@config_rule("model", ("model.family", "model.n_dense_layers", "model.n_layers"))
+def dense_layers(cfg):
+    m, fam = cfg.model, families.of(cfg.model)
+    if m.n_routed_experts and m.n_dense_layers and not fam.first_dense_layers:
+        yield (
+            f"model.n_dense_layers={m.n_dense_layers}: every layer of a {m.family} model is an "
+            f"MoE one (dense first layers: {families.named_with('first_dense_layers')})"
+        )
+    elif m.n_routed_experts and not 0 <= m.n_dense_layers < m.n_layers:
+        yield (
+            f"model.n_dense_layers={m.n_dense_layers} must be in [0, n_layers={m.n_layers}): "
+            f"the layers after the first n_dense_layers are the MoE ones ({_name(cfg)})"
+        )
+
+
+@config_rule("model", ("model.family", "model.kv_lora_rank", "model.qk_rope_head_dim"))
+def latent_attention(cfg):
+    m = cfg.model
+    if families.of(m).mla and not (m.kv_lora_rank and m.qk_rope_head_dim and m.v_head_dim):
+        yield f"{m.family} (MLA) needs kv_lora_rank, qk_rope_head_dim and v_head_dim ({_name(cfg)})"
+
+
+@config_rule("model", ("model.score_func", "model.n_group", "model.topk_group"))
+def routing(cfg):
+    """The router's settings (models/moe.py): a score function it has, and groups that split
+    the experts evenly and leave top_k of them to choose from."""
+    m, name = cfg.model, _name(cfg)
+    if not m.n_routed_experts:
+        return
+    if m.score_func not in ("softmax", "sigmoid"):
+        yield f"model.score_func={m.score_func} is not softmax or sigmoid ({name})"
+    elif m.score_func == "softmax" and m.n_group > 1:
+        yield (
+            f"model.n_group={m.n_group} with score_func=softmax: the softmax router picks its "
+            f"top_k greedily, group-limited routing is the sigmoid router's ({name})"
+        )
+    elif m.score_func == "sigmoid" and m.n_group > 1:
+        if m.n_routed_experts % m.n_group:
+            yield f"n_group={m.n_group} must divide n_routed_experts={m.n_routed_experts} ({name})"
+        elif not 1 <= m.topk_group <= m.n_group:
+            yield f"need 1 <= topk_group={m.topk_group} <= n_group={m.n_group} ({name})"
+        elif m.n_routed_experts // m.n_group < 2:
+            yield (
+                f"n_group={m.n_group} groups of {m.n_routed_experts} experts: a group needs "
+                f"two, its score is the sum of its two best ({name})"
+            )
+        elif m.topk_group * (m.n_routed_experts // m.n_group) < m.top_k:
+            yield (
+                f"top_k={m.top_k} experts cannot come from topk_group={m.topk_group} groups of "
+                f"{m.n_routed_experts // m.n_group} ({name})"
+            )
+
+
+@config_rule("model", ("model.family", "model.rope_yarn_factor"))
+def yarn(cfg):
+    m = cfg.model
+    if m.rope_yarn_factor > 1 and not families.of(m).yarn:
+        yield (
+            f"model.rope_yarn_factor={m.rope_yarn_factor:g}: YaRN RoPE is "
+            f"{families.named_with('yarn')}'s "
+            f"({_name(cfg)} is {m.family}; Llama 3 scaling is rope_scaling_factor)"
+        )
+
+
+@config_rule("seq_len", ("train.seq_len", "model.max_seq_len"))
+def seq_len(cfg):
+    t, m = cfg.train, cfg.model
+    if t.seq_len > m.max_seq_len:
+        yield f"train.seq_len={t.seq_len} exceeds max_seq_len={m.max_seq_len} ({_name(cfg)})"
+
+
+@config_rule("lr", ("train.lr", "train.min_lr"))
+def min_lr(cfg):
+    if cfg.train.min_lr > cfg.train.lr:
+        yield f"train.min_lr={cfg.train.min_lr} must be <= train.lr={cfg.train.lr}"
+
+
+@config_rule("checkpoint", ("checkpoint.initial_load_*",))
+def initial_load(cfg):
+    ck = cfg.checkpoint
+    if ck.initial_load_weights_only and not ck.initial_load_path:
+        yield "checkpoint.initial_load_weights_only=true needs initial_load_path"
+    if ck.initial_load_format.value == "hf" and not ck.initial_load_path:
+        yield "checkpoint.initial_load_format=hf needs initial_load_path=HF_DIR"
+
+
+@config_rule("train", ("train.eval_interval", "train.eval_batches"))
+def eval_batches(cfg):
+    if cfg.train.eval_interval and cfg.train.eval_batches < 1:
+        yield f"train.eval_batches={cfg.train.eval_batches} must be >= 1 when evaluating"
+
+
+@config_rule("data", ("data", "model.vocab_size", "train.seq_len"))
+def data(cfg):
+    """The run's data: a blend's sources and named validation sets, or one token file (the
+    embedded corpus by default): readable, in the model's vocabulary, large enough."""
+    if cfg.data.sources or cfg.data.val_sources:
+        yield from source_problems(cfg)
+        return
+    m, t = cfg.model, cfg.train
+    source = "the embedded corpus" if cfg.data.path is None else f"data.path={cfg.data.path}"
+    try:
+        n_tokens, vocab = data_sizes(cfg.data.path)
+    except (OSError, ValueError, KeyError) as e:
+        yield (
+            f"data.path={cfg.data.path} is not a readable token file ({e}); build one with "
+            "`python -m launcher.prepare --out PATH FILES...`"
+        )
+        return
+    if m.vocab_size < vocab:
+        yield Problem(
+            "vocab",
+            f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of {source}, "
+            f"{vocab:,} tokens ({_name(cfg)}): set model.vocab_size >= {vocab}",
+        )
+    try:
+        split_sizes(n_tokens, t.seq_len, cfg.data.val_fraction)
+    except ValueError as e:
+        yield Problem("data_size", f"{source}: {e}")
+
+
+def source_problems(cfg: Config) -> Iterable[str | Problem]:
+    """A blend's sources and the named validation sets: readable, agreeing on the tokenizer,
+    in the model's vocabulary, each large enough for its windows (launcher.data.sources)."""
+    m, t = cfg.model, cfg.train
+    train, problems = run_sources(cfg.data)
+    vals, more = validation_sources(cfg.data, train) if train else ([], [])
+    yield from problems + more
+    if not train or more:
+        return
+    vocab = train[0].vocab_size
+    if m.vocab_size < vocab:
+        yield Problem(
+            "vocab",
+            f"model.vocab_size={m.vocab_size} is smaller than the vocabulary of the data "
+            f"sources, {vocab:,} tokens (model={m.name}): set model.vocab_size >= {vocab}",
+        )
+    for s in train:
+        try:
+            split_sizes(s.n_tokens, t.seq_len, cfg.data.val_fraction)
+        except ValueError as e:
+            yield Problem("data_size", f"{s.label}: {e}")
+    for v in vals:
+        if v.n_tokens < t.seq_len + 1:
+            yield Problem(
+                "data_size",
+                f"data.val_sources.{v.label}: n_tokens={v.n_tokens:,} is too few for one "
+                f"window of train.seq_len + 1 = {t.seq_len + 1} tokens",
+            )
+
+
+@config_rule("schedule", ("pipeline.schedule",))
+def schedule(cfg):
+    if cfg.pipeline.schedule not in SCHEDULES:
+        yield f"pipeline.schedule={cfg.pipeline.schedule} is not one of {', '.join(SCHEDULES)}"
+
+
+@config_rule("precision", ("precision.*_dtype",))
+def no_fp16(cfg):
+    prec = cfg.precision
+    dtypes = {
+        k: getattr(prec, f"{k}_dtype") for k in ("compute", "param", "grad", "master", "optimizer")
+    }
+    fp16 = [f"precision.{k}_dtype" for k, v in dtypes.items() if v == DType.fp16]
+    if fp16:
+        yield f"{', '.join(fp16)}=fp16 needs loss scaling, which is not available; use bf16"
+
+
+@config_rule("precision", ("precision.master_dtype", "precision.optimizer_dtype"))
+def moments_no_wider(cfg):
+    # bf16 moments beside fp32 master weights are upcast for each update (optim.py); the reverse
+    # would keep fp32 moments for an update rounded to bf16 weights, and is not implemented.
+    prec = cfg.precision
+    if (prec.master_dtype, prec.optimizer_dtype) == (DType.bf16, DType.fp32):
+        yield (
+            "precision.optimizer_dtype=fp32 needs master_dtype=fp32 (got bf16): Adam moments "
+            "may be narrower than the master weights, not wider; set one of them to match"
+        )
+
+
+@config_rule("launch", ("launch", "hardware.nodes", "parallel.auto", "train.max_restarts"))
+def launch(cfg):
+    """A rendezvous a launcher can meet at, and a node range a run can go on over (torchrun's
+    elastic mode with a rendezvous, a SLURM job's --nodes=MIN-MAX under hydra/launcher=slurm):
+    a world that shrinks needs parallel.auto=true to re-plan, and under torchrun a restart to
+    regroup."""
+    la, nodes = cfg.launch, cfg.hardware.nodes
+    if la.rendezvous:
+        host, _, port = la.rendezvous.rpartition(":")
+        if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            yield f"launch.rendezvous={la.rendezvous} must be HOST:PORT (port 1-65535)"
+    if la.min_nodes > nodes:
+        yield f"launch.min_nodes={la.min_nodes} exceeds hardware.nodes={nodes}"
+    elif 0 < la.min_nodes < nodes:
+        elastic = f"launch.min_nodes={la.min_nodes} < hardware.nodes={nodes} (elastic)"
+        if not cfg.parallel.auto:
+            yield (
+                f"{elastic} needs parallel.auto=true: the group that goes on with fewer nodes "
+                "re-plans its layout for them"
+            )
+        if la.rendezvous and cfg.train.max_restarts < 1:
+            yield (
+                f"{elastic} needs train.max_restarts >= 1: a node that leaves fails the "
+                "others' step, and torchrun restarts them into the smaller group"
+            )
+
+
+@config_rule("profile", ("profile.steps", "profile.memory", "train.steps"))
+def profile(cfg):
+    steps = cfg.profile.steps
+    outside = [s for s in steps if not 1 <= s <= cfg.train.steps]
+    if outside:
+        yield f"profile.steps={steps}: {outside} not in 1..train.steps={cfg.train.steps}"
+    if cfg.profile.memory and not steps:
+        yield "profile.memory=true needs profile.steps=[N, ...]: the steps to record"
+
+
+@config_rule("precision", ("precision.compute_dtype", "precision.param_dtype"))
+def compute_is_param(cfg):
+    prec = cfg.precision
+    if prec.compute_dtype != prec.param_dtype:
+        yield (
+            f"precision.compute_dtype={prec.compute_dtype.value} must equal "
+            f"param_dtype={prec.param_dtype.value}: forward runs in the parameters' dtype"
+        )
