@@ -55,19 +55,19 @@ def test_tensorboard_events_hold_each_step_once_across_a_resume(tmp_path):
     reader; a resume from step 2 hides the steps 3-4 logged before the interruption."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from launcher.config import WandbConfig, WandbMode
+    from launcher.config import LoggingConfig, WandbConfig, WandbMode
 
     def logger(start: int) -> MetricsLogger:
         return MetricsLogger(
             str(tmp_path),
             enabled=True,
             total_steps=5,
-            log_interval=100,
-            wandb_cfg=WandbConfig(mode=WandbMode.disabled),
+            logging=LoggingConfig(
+                wandb=WandbConfig(mode=WandbMode.disabled), log_interval=100, tensorboard=True
+            ),
             config={},
             run_name="tb",
             start_step=start,
-            tensorboard=True,
         )
 
     first = logger(0)

@@ -263,8 +263,10 @@ def cp_block_checks(device: str) -> dict:
             for fused in (True, False):
                 with nullcontext() if fused else patch.object(cp, "_fused", never):
                     reached = cp._fused(q, v, mask, own)
-                    o, lse = cp._block_forward(q, k, v, mask, own)
-                    grads = cp._block_backward(q, k, v, do, o.to(q.dtype), lse, mask, own)
+                    o, lse = cp._block_forward(q, k, v, cp.Masking(mask, own))
+                    grads = cp._block_backward(
+                        q, k, v, do, o.to(q.dtype), lse, cp.Masking(mask, own)
+                    )
                 runs.append((reached, [o, lse, *grads]))
             errors = rel(BLOCK_GRADIENTS, runs[0][1], runs[1][1])
             name = f"H{heads} K{kv_heads} E{e} {'own' if own else 'other'} block"

@@ -28,6 +28,7 @@ query and key head dim, V the value head dim (E under GQA and MHA; MLA's values 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -96,7 +97,7 @@ class ContextAttention(nn.Module):
         pos = positions if positions.dim() == 1 else positions[0]
         p = self.dropout if self.training else 0.0
         return context_attention(
-            q, k, v, pos, pos, self.group, self.method, dropout=p, documents=documents
+            q, k, v, pos, self.group, self.method, dropout=p, documents=documents
         )
 
     def extra_repr(self) -> str:
@@ -119,8 +120,7 @@ def context_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    q_pos: torch.Tensor,
-    k_pos: torch.Tensor,
+    positions: torch.Tensor,
     group: dist.ProcessGroup,
     method: str,
     dropout: float = 0.0,
@@ -129,11 +129,11 @@ def context_attention(
     """Causal softmax(q k^T / sqrt(E)) v over the keys of every rank in `group`.
 
     q (B, H, S_local, E); k (B, K, S_local, E), v (B, K, S_local, V) with K dividing H (GQA:
-    query head h reads kv head h // (H / K), as repeat_interleave does); q_pos, k_pos (S_local,)
-    the global positions of this rank's queries and keys, ascending, on q's device. Query i sees
-    key j iff q_pos[i] >= position of j. Returns (B, H, S_local, V) in q's dtype (fp32 or bf16:
-    blocks in the fused kernel compute in it, the matmul form in fp32; the partial outputs merge
-    in fp32).
+    query head h reads kv head h // (H / K), as repeat_interleave does); positions (S_local,)
+    the global positions of this rank's tokens (its queries and keys), ascending, on q's
+    device. Query i sees key j iff its position >= position of j. Returns (B, H, S_local, V) in q's
+    dtype (fp32 or bf16: blocks in the fused kernel compute in it, the matmul form in fp32; the
+    partial outputs merge in fp32).
     Every rank of `group` must call it with the same shapes. `dropout`: the probability of
     dropping each attention probability (training), in [0, 1). `documents` (B, S) of the whole
     sequence, the same on every rank: document masking (models.layers.attention_mask); a
@@ -154,17 +154,17 @@ def context_attention(
             f"q {tuple(q.shape)} and k {tuple(k.shape)} must share B and E, and kv heads "
             f"K={k.shape[1]} must divide query heads H={q.shape[1]}"
         )
-    elif q_pos.shape != (q.shape[2],) or k_pos.shape != (k.shape[2],):
+    elif positions.shape != (q.shape[2],) or k.shape[2] != q.shape[2]:
         problems.append(
-            f"q_pos {tuple(q_pos.shape)} and k_pos {tuple(k_pos.shape)} must hold one position per "
-            f"query ({q.shape[2]}) and key ({k.shape[2]})"
+            f"positions {tuple(positions.shape)} must hold one position per token: queries "
+            f"({q.shape[2]}) and keys ({k.shape[2]}) alike"
         )
     if problems:
         raise ValueError("; ".join(problems))
     # One draw from the global generator per call (none without dropout).
     drop = (dropout, int(torch.randint(2**62, ()))) if dropout else None
     fn = _AllGatherAttention if method == "allgather" else _RingAttention
-    return fn.apply(q, k, v, q_pos, k_pos, group, drop, documents)
+    return fn.apply(q, k, v, positions, positions, group, drop, documents)
 
 
 # --- blocks: one rank's queries against one rank's keys, shared by both methods -------------
@@ -277,11 +277,35 @@ def _kv_grad(grad: torch.Tensor, kv_heads: int) -> torch.Tensor:
     return grad.float().unflatten(1, (kv_heads, -1)).sum(2)
 
 
-def _block_forward(q, k, v, mask, own: bool, scale=None):
+class Masking(NamedTuple):
+    """How one block is masked: the causal or document mask ((Sq, Sk), (B, 1, 1, Sq, Sk) under
+    document masking, or None), whether the block holds this rank's own keys, and
+    dropout_scale's mask (B, H, Sq, Sk) or None."""
+
+    mask: torch.Tensor | None
+    own: bool
+    scale: torch.Tensor | None = None
+
+
+class Pair(NamedTuple):
+    """This rank's queries against one rank's block of keys: their positions (the queries' and
+    the block's), the part of the pair to compute (_block_bounds), whether the keys are this
+    rank's own, attention dropout ((p, seed) or None), the pair's index (query rank x cp + key
+    rank: its dropout stream) and the documents (or None)."""
+
+    q_pos: torch.Tensor
+    k_pos: torch.Tensor
+    bound: tuple
+    own: bool
+    drop: tuple | None
+    index: int
+    docs: torch.Tensor | None
+
+
+def _block_forward(q, k, v, masking: Masking):
     """Attention of queries q (B, H, Sq, E) to one block k (B, K, Sk, E), v (B, K, Sk, V) under
-    `mask` (Sq, Sk) or None; own: the block holds this rank's own keys. Returns the block's
-    output (B, H, Sq, V) and log-sum-exp (B, H, Sq), both fp32. scale: dropout_scale's mask
-    (B, H, Sq, Sk) or None."""
+    `masking`. Returns the block's output (B, H, Sq, V) and log-sum-exp (B, H, Sq), both fp32."""
+    mask, own, scale = masking
     if scale is None and _fused(q, v, mask, own):
         if q.device.type == "cuda":
             out, lse = torch.ops.aten._scaled_dot_product_flash_attention(
@@ -303,11 +327,12 @@ def _block_forward(q, k, v, mask, own: bool, scale=None):
     return out.flatten(1, 2), lse.flatten(1, 2)
 
 
-def _block_backward(q, k, v, do, out, lse, mask, own: bool, scale=None):
+def _block_backward(q, k, v, do, out, lse, masking: Masking):
     """Gradients of one block, from the upstream gradient `do` (like q) and the merged output
     `out` (q's dtype) and log-sum-exp `lse` (B, H, Sq) of the whole attention: P = exp(q k^T /
     sqrt(E) - lse) is then the block's part of the global softmax. Returns fp32 dq (B, H, Sq,
     E), dk (B, K, Sk, E), dv (B, K, Sk, V)."""
+    mask, own, scale = masking
     if scale is None and _fused(q, v, mask, own):
         if q.device.type == "cuda":
             # Dense inputs: no cumulative sequence lengths; no dropout, so no generator state.
@@ -368,12 +393,13 @@ def _finish(out: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return final.copy_(out)
 
 
-def _sub_block(q, q_pos, k_pos, bound, drop, block: int, documents=None):
-    """The part of a block to compute, from `bound` (_block_bounds): (rows, keys, mask, the
-    dropout's scaled keep-mask), or None when causality skips the block, or the documents do.
-    The mask is (Sq, Sk), or (B, 1, 1, Sq, Sk) under document masking (the grouped heads'
-    shape); None where nothing is masked."""
-    rows, keys, masked = bound
+def _sub_block(q, pair: Pair):
+    """The part of the pair's block to compute, from its bound (_block_bounds): (rows, keys,
+    its Masking), or None when causality skips the block, or the documents do. The mask is
+    (Sq, Sk), or (B, 1, 1, Sq, Sk) under document masking (the grouped heads' shape); None where
+    nothing is masked."""
+    q_pos, k_pos, documents = pair.q_pos, pair.k_pos, pair.docs
+    rows, keys, masked = pair.bound
     if rows >= q.shape[2] or keys == 0:
         return None
     if documents is not None:
@@ -383,35 +409,35 @@ def _sub_block(q, q_pos, k_pos, bound, drop, block: int, documents=None):
     else:
         mask = (q_pos[rows:, None] >= k_pos[None, :keys]) if masked else None
     shape = (q.shape[0], q.shape[1], q.shape[2] - rows, keys)
-    return rows, keys, mask, dropout_scale(drop, shape, q.device, block)
+    return (
+        rows,
+        keys,
+        Masking(mask, pair.own, dropout_scale(pair.drop, shape, q.device, pair.index)),
+    )
 
 
-def _attend(out, lse, q, k, v, q_pos, k_pos, bound, own: bool, drop, block: int, docs) -> None:
-    """Attend q (B, H, Sq, E) to the block k (B, K, Sk, E), v (B, K, Sk, V) at positions k_pos
-    (Sk,) and merge into (out, lse); `bound` from _block_bounds says which part of the block to
-    compute; drop: (p, seed) of attention dropout or None; block: query rank x cp + key rank;
-    docs: the documents, or None."""
-    part = _sub_block(q, q_pos, k_pos, bound, drop, block, docs)
+def _attend(out, lse, q, k, v, pair: Pair) -> None:
+    """Attend q (B, H, Sq, E) to the block k (B, K, Sk, E), v (B, K, Sk, V) of `pair` and merge
+    into (out, lse)."""
+    part = _sub_block(q, pair)
     if part is None:
         return
-    rows, keys, mask, scale = part
-    blk_out, blk_lse = _block_forward(
-        q[:, :, rows:], k[:, :, :keys], v[:, :, :keys], mask, own, scale
-    )
+    rows, keys, masking = part
+    blk_out, blk_lse = _block_forward(q[:, :, rows:], k[:, :, :keys], v[:, :, :keys], masking)
     _merge(out, lse, blk_out, blk_lse, rows)
 
 
-def _attend_backward(dq, q, k, v, do, out, lse, q_pos, k_pos, bound, own, drop, block, docs):
+def _attend_backward(dq, q, k, v, do, out, lse, pair: Pair):
     """Backward of _attend: adds the block's part of dq into `dq` (fp32) and returns its
     (dk, dv) for the block's first `keys` keys (fp32, (B, K, keys, E) and (B, K, keys, V)), or
     None if skipped."""
-    part = _sub_block(q, q_pos, k_pos, bound, drop, block, docs)
+    part = _sub_block(q, pair)
     if part is None:
         return None
-    rows, keys, mask, scale = part
+    rows, keys, masking = part
     dq_b, dk_b, dv_b = _block_backward(
         q[:, :, rows:], k[:, :, :keys], v[:, :, :keys], do[:, :, rows:], out[:, :, rows:],
-        lse[:, :, rows:], mask, own, scale,
+        lse[:, :, rows:], masking,
     )  # fmt: skip
     dq[:, :, rows:] += dq_b
     return dk_b, dv_b
@@ -454,10 +480,8 @@ class _AllGatherAttention(torch.autograd.Function):
         out, lse = _start(q, v)
         for src, bound in enumerate(bounds):
             k_src, v_src = kv[src, ..., :e], kv[src, ..., e:]
-            _attend(
-                out, lse, q, k_src, v_src, q_pos, k_pos_all[src], bound, src == rank, drop,
-                rank * cp + src, docs,
-            )  # fmt: skip
+            pair = Pair(q_pos, k_pos_all[src], bound, src == rank, drop, rank * cp + src, docs)
+            _attend(out, lse, q, k_src, v_src, pair)
         out = _finish(out, q.dtype)
         ctx.group, ctx.bounds, ctx.drop, ctx.docs = group, bounds, drop, docs
         ctx.save_for_backward(q, kv, q_pos, k_pos_all, out, lse)
@@ -471,10 +495,10 @@ class _AllGatherAttention(torch.autograd.Function):
         dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
         dkv = torch.zeros_like(kv)
         for src, bound in enumerate(ctx.bounds):
-            grads = _attend_backward(
-                dq, q, kv[src, ..., :e], kv[src, ..., e:], do, out, lse, q_pos, k_pos_all[src],
-                bound, src == rank, ctx.drop, rank * cp + src, ctx.docs,
-            )  # fmt: skip
+            pair = Pair(
+                q_pos, k_pos_all[src], bound, src == rank, ctx.drop, rank * cp + src, ctx.docs
+            )
+            grads = _attend_backward(dq, q, kv[src, ..., :e], kv[src, ..., e:], do, out, lse, pair)
             if grads is not None:
                 keys = grads[0].shape[2]
                 dkv[src, :, :, :keys, :e] = grads[0]
@@ -529,10 +553,10 @@ class _RingAttention(torch.autograd.Function):
             src = (rank - step) % cp  # the rank whose K/V block this rank holds at this step
             # The next block is already on its way while this one is computed.
             pending = _ring_start(blk, group) if step < cp - 1 else None
-            _attend(
-                out, lse, q, *blk, q_pos, k_pos_all[src], bounds[src], src == rank, drop,
-                rank * cp + src, docs,
-            )  # fmt: skip
+            pair = Pair(
+                q_pos, k_pos_all[src], bounds[src], src == rank, drop, rank * cp + src, docs
+            )
+            _attend(out, lse, q, *blk, pair)
             if pending is not None:
                 blk = tuple(_ring_finish(pending))
         out = _finish(out, q.dtype)
@@ -557,10 +581,10 @@ class _RingAttention(torch.autograd.Function):
         for step in range(cp):
             src = (rank - step) % cp
             pending_kv = _ring_start(blk, group) if step < cp - 1 else None
-            grads = _attend_backward(
-                dq, q, *blk, do, out, lse, q_pos, k_pos_all[src], bounds[src], src == rank,
-                ctx.drop, rank * cp + src, ctx.docs,
-            )  # fmt: skip
+            pair = Pair(
+                q_pos, k_pos_all[src], bounds[src], src == rank, ctx.drop, rank * cp + src, ctx.docs
+            )
+            grads = _attend_backward(dq, q, *blk, do, out, lse, pair)
             if pending_acc is not None:  # src's accumulator, from the rank that held it last
                 acc = tuple(_ring_finish(pending_acc))
             if grads is not None:

@@ -29,7 +29,15 @@ from torch.distributed.pipelining import (
 )
 from torch.distributed.pipelining._backward import stage_backward
 
-from launcher.layout import SCHEDULES, SINGLE, rank_stages, split_layers, stage_owner, stage_starts
+from launcher.layout import (
+    SCHEDULES,
+    SINGLE,
+    Layout,
+    rank_stages,
+    split_layers,
+    stage_owner,
+    stage_starts,
+)
 from launcher.parallel.data_parallel import local_tensor
 from models.moe import MoE
 
@@ -195,8 +203,7 @@ def build_schedule(
 @torch.no_grad()
 def forward_only(
     stages: dict[int, nn.Module],
-    n_stages: int,
-    schedule: str,
+    lay: Layout,
     mesh: DeviceMesh,
     x: torch.Tensor,
     y: torch.Tensor,
@@ -205,11 +212,13 @@ def forward_only(
     documents: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Evaluation: run the batch through the stages in order, passing activations point to point
-    (not every schedule has a forward-only mode); returns the loss on the last stage's rank.
+    (not every schedule has a forward-only mode) in the layout's placement; returns the loss on
+    the last stage's rank.
     `positions`: of the tokens in x (context parallelism), None meaning 0..S-1; `documents`:
     document masking (models.layers)."""
     import torch.distributed as dist
 
+    n_stages, schedule = lay.n_stages, lay.schedule
     pp, me, group = mesh.size(), mesh.get_local_rank(), mesh.get_group()
     peer = lambda stage: dist.get_global_rank(group, stage_owner(stage, pp, schedule))  # noqa: E731
     h = x

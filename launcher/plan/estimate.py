@@ -20,6 +20,9 @@ from launcher.plan.context import (
     rank_params,
 )
 from launcher.plan.memory import (
+    OpSaved,
+    Saved,
+    Split,
     cp_transient_bytes,
     layer_activation_bytes,
     op_layer_activation_bytes,
@@ -79,6 +82,7 @@ class Estimate:
 
 def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> float:
     s, m = ctx.shape, ctx.model
+    split = Split(lay.tp, lay.sequence_parallel, lay.cp, ctx.cp_method, ctx.compiled)
     if recompute == "op":
         shared = m.n_shared_experts * m.moe_ffn_dim
         heads_out = s.heads_out_width
@@ -89,8 +93,8 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
             heads_out = sum(mm.out for mm in mms[:3] if mm.kept)
             mlp_out = sum(mm.out for mm in mms[4:] if mm.kept and not mm.row)
             row_kept = sum(mm.row and mm.kept for mm in mms)
-        return op_layer_activation_bytes(
-            dim=m.dim,
+        kept = OpSaved(
+            m.dim,
             heads_out=heads_out,
             o=s.o_width,
             latent_out=s.latent_out_width,
@@ -98,14 +102,12 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
             row_parallel=row_parallel,
             row_parallel_kept=row_kept,
             routed_out=0 if dense else ctx.routed_out,
-            tp=lay.tp,
-            sp=lay.sequence_parallel,
-            flash=ctx.flash,
-            act_b=ctx.act_b,
-            compiled=ctx.compiled,
         )
-    return layer_activation_bytes(
-        dim=m.dim,
+        return op_layer_activation_bytes(
+            kept, split, flash=ctx.flash, act_b=ctx.act_b, compiled=ctx.compiled
+        )
+    saved = Saved(
+        m.dim,
         q=s.q_width,
         k=s.k_width,
         v=s.v_width,
@@ -115,17 +117,16 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
         routed=0 if dense else ctx.routed_saved,
         routed_bytes=0 if dense else ctx.routed_bytes,
         n_heads=s.n_heads,
+        whole_mlp=dense or m.n_shared_experts > 0,
+    )
+    return layer_activation_bytes(
+        saved,
+        split,
         seq=ctx.seq // lay.cp,
-        tp=lay.tp,
-        sp=lay.sequence_parallel,
         recompute=recompute,
         flash=ctx.flash,
         dropout=ctx.dropout,
         act_b=ctx.act_b,
-        cp=lay.cp,
-        cp_method=ctx.cp_method,
-        sp_keeps_gathered=ctx.compiled,
-        whole_mlp=dense or m.n_shared_experts > 0,
     )
 
 

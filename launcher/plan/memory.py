@@ -11,6 +11,8 @@ generalised to GQA, MLA, gated and routed MLPs): see `layer_activation_bytes`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from launcher.config import DType
 
 GIB = 1024**3
@@ -41,29 +43,49 @@ def state_bytes(
     return params, grads, n_params * master_b / opt_shard, n_params * optim_b / opt_shard
 
 
+@dataclass(frozen=True)
+class Saved:
+    """What one block can save for backward, per token, in elements (the widths of the model's
+    Shape for a dense or an MoE block): q, k, v after their projections, the attention output
+    (o), MLA's latents, the MLP's tensors, the routed experts' copies (`routed`) and the
+    router's bytes, the heads of unfused attention's scores; whole_mlp: an MLP (dense, or
+    shared experts) takes the whole norm output."""
+
+    dim: int
+    q: int = 0
+    k: int = 0
+    v: int = 0
+    o: int = 0
+    latent: int = 0
+    mlp: int = 0
+    routed: int = 0
+    routed_bytes: float = 0
+    n_heads: int = 0
+    whole_mlp: bool = True
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a layout splits a block's tensors: tensor parallelism over tp ranks, with sequence
+    parallelism (sp; a compiled block keeps SP's gathered inputs whole: sp_keeps_gathered),
+    and context parallelism over cp ranks by its method."""
+
+    tp: int = 1
+    sp: bool = False
+    cp: int = 1
+    cp_method: str = "allgather"
+    sp_keeps_gathered: bool = False
+
+
 def layer_activation_bytes(
+    saved: Saved,
+    split: Split,
     *,
-    dim: int,
-    q: int,
-    k: int,
-    v: int,
-    o: int,
-    latent: int,
-    mlp: int,
-    routed: int,
-    n_heads: int,
     seq: int,
-    tp: int,
-    sp: bool,
     recompute: str,
     flash: bool,
     dropout: bool,
     act_b: int,
-    sp_keeps_gathered: bool = False,
-    cp: int = 1,
-    cp_method: str = "allgather",
-    whole_mlp: bool = True,
-    routed_bytes: float = 0,
 ) -> float:
     """Bytes one block saves for backward, per token of one micro-batch on one rank.
 
@@ -98,41 +120,56 @@ def layer_activation_bytes(
     For a GPT layer with dropout in 16 bits and Megatron's SP this is Korthikanti et al.'s table:
     34 + 5 a s / h (times s b h) without parallelism, (34 + 5 a s / h) / t with TP and SP.
     """
+    dim, q, k, v, o, mlp, routed = (
+        saved.dim,
+        saved.q,
+        saved.k,
+        saved.v,
+        saved.o,
+        saved.mlp,
+        saved.routed,
+    )
+    tp, sp, cp = split.tp, split.sp, split.cp
     if recompute == "full":
         return dim * act_b / (tp if sp else 1)
     outside = 4 * dim * act_b + (2 * dim if dropout else 0)
     inside = (q + k + v + o + mlp) * act_b
     if cp > 1 and recompute == "none":
-        if cp_method == "allgather":
+        if split.cp_method == "allgather":
             inside += (cp - 1) * (k + v) * act_b
     elif not flash and recompute != "selective":
-        inside += n_heads * seq * (act_b + (1 + act_b if dropout else 0))
-    if sp and tp > 1 and sp_keeps_gathered:  # norm outputs kept whole, not as shards
+        inside += saved.n_heads * seq * (act_b + (1 + act_b if dropout else 0))
+    if sp and tp > 1 and split.sp_keeps_gathered:  # norm outputs kept whole, not as shards
         outside -= 2 * dim * act_b
         inside += 2 * dim * act_b * tp
     if routed and tp > 1 and not sp:
         # Each tp rank routes a slice of the whole norm output (a copy); the whole one is kept
         # only if an MLP takes it (shared experts: whole_mlp).
-        outside += dim * act_b / tp - (0 if whole_mlp else dim * act_b)
-    routed_total = routed * act_b + routed_bytes
-    return outside / (tp if sp else 1) + (inside + routed_total) / tp + latent * act_b
+        outside += dim * act_b / tp - (0 if saved.whole_mlp else dim * act_b)
+    routed_total = routed * act_b + saved.routed_bytes
+    return outside / (tp if sp else 1) + (inside + routed_total) / tp + saved.latent * act_b
+
+
+@dataclass(frozen=True)
+class OpSaved:
+    """What per-op selective recompute can keep of one block, per token, in elements: the
+    outputs of the projections into heads, of the MLP's up projections and of MLA's latent
+    projections, the attention output (o), the routed experts' (`routed_out`), and how many
+    row-parallel output projections (wo, w2) the block has and how many the policy keeps
+    (None: all)."""
+
+    dim: int
+    heads_out: int = 0
+    o: int = 0
+    latent_out: int = 0
+    mlp_out: int = 0
+    row_parallel: int = 0
+    row_parallel_kept: int | None = None
+    routed_out: float = 0
 
 
 def op_layer_activation_bytes(
-    *,
-    dim: int,
-    heads_out: int,
-    o: int,
-    latent_out: int,
-    mlp_out: int,
-    row_parallel: int,
-    routed_out: int,
-    row_parallel_kept: int | None = None,
-    tp: int,
-    sp: bool,
-    flash: bool,
-    act_b: int,
-    compiled: bool = False,
+    saved: OpSaved, split: Split, *, flash: bool, act_b: int, compiled: bool = False
 ) -> float:
     """Bytes one block keeps for backward under per-op selective recompute (recompute=op), per
     token of one micro-batch on one rank: what the checkpoint's policy saves, nothing else.
@@ -150,14 +187,15 @@ def op_layer_activation_bytes(
     - routed experts (`routed_out` per token: each copy's up projections and output row, and
       the router's scores), their tokens split over tp.
     """
-    kept = row_parallel if row_parallel_kept is None else row_parallel_kept
+    dim, row, tp, sp = saved.dim, saved.row_parallel, split.tp, split.sp
+    kept = row if saved.row_parallel_kept is None else saved.row_parallel_kept
     block_input = dim / (tp if sp else 1)
-    inside = (heads_out + mlp_out + (o if flash else 0)) / tp
+    inside = (saved.heads_out + saved.mlp_out + (saved.o if flash else 0)) / tp
     if tp == 1:
         outputs = kept * dim
     else:
-        outputs = row_parallel * dim / (tp if sp else 1) + (kept * dim if compiled else 0)
-    return (block_input + inside + latent_out + outputs + routed_out / tp) * act_b
+        outputs = row * dim / (tp if sp else 1) + (kept * dim if compiled else 0)
+    return (block_input + inside + saved.latent_out + outputs + saved.routed_out / tp) * act_b
 
 
 def cp_transient_bytes(

@@ -12,7 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
-from launcher.config import WandbMode
+from launcher.config import LoggingConfig, WandbMode
 from launcher.runtime.failures import ON_ORPHANED
 
 
@@ -99,15 +99,14 @@ class MetricsLogger:
         run_dir: str,
         enabled: bool,
         total_steps: int,
-        log_interval: int,
-        wandb_cfg,
+        logging: LoggingConfig,
         config: dict,
         run_name: str,
         start_step: int = 0,
         layout: str = "",
-        tensorboard: bool = False,
     ):
-        self.enabled, self.total, self.interval = enabled, total_steps, max(1, log_interval)
+        self.enabled, self.total = enabled, total_steps
+        self.interval = max(1, logging.log_interval)
         self.layout = layout  # every row says what it ran on (a resume may re-plan)
         self.last: dict | None = None  # the last row logged, and the last evaluation
         self.last_eval: float | None = None
@@ -121,13 +120,13 @@ class MetricsLogger:
         path = Path(run_dir) / "metrics.jsonl"
         self.wandb_done = keep_steps_up_to(path, start_step)
         self.file = open(path, "a")  # noqa: SIM115 (closed in close())
-        mode = wandb_mode(wandb_cfg.mode)
+        mode = wandb_mode(logging.wandb.mode)
         if mode != "disabled":
             import wandb
 
             self.wandb_run = wandb.init(
-                project=wandb_cfg.project,
-                entity=wandb_cfg.entity,
+                project=logging.wandb.project,
+                entity=logging.wandb.entity,
                 mode=mode,
                 dir=run_dir,
                 name=run_name,
@@ -139,7 +138,7 @@ class MetricsLogger:
             # A rank whose launcher dies exits at once (failures.watch_parent): the steps
             # wandb holds in its queue go to its files first.
             ON_ORPHANED.append(self._orphaned)
-        if tensorboard:
+        if logging.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             # Events of the steps after the one resumed from, written before an interruption,

@@ -340,8 +340,7 @@ class Trainer:
             out = [
                 pipeline_parallel.forward_only(
                     dict(self.stages),
-                    lay.n_stages,
-                    lay.schedule,
+                    lay,
                     self.d.mesh["pp"],
                     x,
                     y,
@@ -553,13 +552,11 @@ class Trainer:
             str(self.run_dir),
             enabled=self.last and first,
             total_steps=t.steps,
-            log_interval=self.cfg.logging.log_interval,
-            wandb_cfg=self.cfg.logging.wandb,
+            logging=self.cfg.logging,
             run_name=self.run_dir.name,
             config=self.config,
             start_step=start,
             layout=f"{d.world_size} rank(s): {describe(asdict(self.layout))}",
-            tensorboard=self.cfg.logging.tensorboard,
         )
         interval = self.cfg.checkpoint.interval
         ok, skipped, ended = False, 0, "failed"

@@ -45,9 +45,7 @@ def job(out: Path, *overrides: str) -> None:
         else:
             lay = trainer.layout
             keep = lambda h, y: logits.append(h) or h.sum()  # noqa: E731
-            pipeline_parallel.forward_only(
-                dict(trainer.stages), lay.n_stages, lay.schedule, d.mesh["pp"], x, x, keep
-            )
+            pipeline_parallel.forward_only(dict(trainer.stages), lay, d.mesh["pp"], x, x, keep)
     if logits and d.dp_rank == 0 and d.local_rank_of("tp") == 0:
         torch.save(logits[0], out / "logits.pt")
 

@@ -108,7 +108,7 @@ def case(name: str, balanced: bool, heads: str, dtype: torch.dtype, group, docum
     for counts in COUNTS.values():
         counts[:] = [0, 0]
     out = cpa.context_attention(
-        local["q"], local["k"], local["v"], pos, pos, group, method, documents=documents
+        local["q"], local["k"], local["v"], pos, group, method, documents=documents
     )
     out.backward(shard(grad_out).to(dtype))
     got = {"out": out, **{f"d{n}": t.grad for n, t in local.items()}}
@@ -142,9 +142,7 @@ def dropout_case(method: str, balanced: bool, group, p: float = 0.25) -> dict:
     local = {n: shard(t).requires_grad_() for n, t in full.items()}
     pos = cpa.chunk_positions(S, cp, rank, balanced)
     torch.manual_seed(1)
-    out = cpa.context_attention(
-        local["q"], local["k"], local["v"], pos, pos, group, method, dropout=p
-    )
+    out = cpa.context_attention(local["q"], local["k"], local["v"], pos, group, method, dropout=p)
     out.backward(shard(grad_out))
     got = {"out": out, **{f"d{n}": t.grad for n, t in local.items()}}
     result = {n: errors(got[n], shard(want[n])) for n in want}

@@ -43,7 +43,7 @@ def job(out: Path, *overrides: str) -> None:
             lay = trainer.layout
             keep = lambda h, y: held.append(h) or h.sum()  # noqa: E731
             pipeline_parallel.forward_only(
-                dict(trainer.stages), lay.n_stages, lay.schedule, d.mesh["pp"], x, x, keep,
+                dict(trainer.stages), lay, d.mesh["pp"], x, x, keep,
                 trainer.positions, docs,
             )  # fmt: skip
     if held and d.local_rank_of("tp") == 0:

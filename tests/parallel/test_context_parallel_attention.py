@@ -145,7 +145,7 @@ def test_context_attention_refuses_bad_arguments_together():
     q, k = torch.zeros(1, 3, 4, 8), torch.zeros(1, 2, 4, 8)
     pos = torch.arange(4)
     with pytest.raises(ValueError) as err:
-        context_attention(q, k, k, pos, pos, None, "ulysses", dropout=1.0)
+        context_attention(q, k, k, pos, None, "ulysses", dropout=1.0)
     message = str(err.value)
     assert "method='ulysses' must be one of allgather, ring" in message
     assert "dropout=1.0 must be in [0, 1)" in message

@@ -7,7 +7,14 @@ from conftest import compose_config
 
 from launcher.layout import split_layers, stage_split
 from launcher.plan import bubble as pl
-from launcher.plan.memory import layer_activation_bytes, op_layer_activation_bytes, state_bytes
+from launcher.plan.memory import (
+    OpSaved,
+    Saved,
+    Split,
+    layer_activation_bytes,
+    op_layer_activation_bytes,
+    state_bytes,
+)
 from launcher.plan.model_size import active_matmul_params_per_token, flops_per_token, shape
 
 
@@ -29,20 +36,19 @@ def test_megatron_fp32_grads_and_pure_bf16():
 # GPT-3 175B layer (Korthikanti et al. 2022): h 12288, a 96, s 2048, 16-bit, dropout masks.
 H, A, S, T = 12288, 96, 2048, 8
 # Its per-token widths: q, k, v and the attention output are h each, the GeLU MLP keeps 2 x 4h.
-GPT_LAYER = dict(
-    dim=H, q=H, k=H, v=H, o=H, latent=0, mlp=2 * 4 * H, routed=0, n_heads=A, seq=S, act_b=2
-)
+GPT_LAYER = Saved(dim=H, q=H, k=H, v=H, o=H, mlp=2 * 4 * H, n_heads=A)
 
 
 def korthikanti(t=1, sp=False, recompute="none"):
     """Bytes per layer divided by s b h, from the planner's per-token count (b = 1)."""
     per_token = layer_activation_bytes(
-        **GPT_LAYER,
-        tp=t,
-        sp=sp,
+        GPT_LAYER,
+        Split(tp=t, sp=sp),
+        seq=S,
         recompute=recompute,
         flash=False,
         dropout=True,
+        act_b=2,
     )
     return per_token / H
 
@@ -64,9 +70,9 @@ def test_korthikanti_activation_table(kwargs, expected):
 
 
 def test_compiled_sequence_parallel_keeps_the_gathered_inputs():
-    common = dict(**GPT_LAYER, tp=T, sp=True, recompute="selective", flash=True, dropout=True)
-    compiled = layer_activation_bytes(**common, sp_keeps_gathered=True)
-    eager = layer_activation_bytes(**common)
+    common = dict(seq=S, recompute="selective", flash=True, dropout=True, act_b=2)
+    compiled = layer_activation_bytes(GPT_LAYER, Split(T, True, sp_keeps_gathered=True), **common)
+    eager = layer_activation_bytes(GPT_LAYER, Split(T, True), **common)
     # The two norm outputs (attention and MLP inputs) are kept whole rather than as 1/t shards.
     assert (compiled - eager) / H == pytest.approx(2 * 2 * (1 - 1 / T))
 
@@ -75,43 +81,29 @@ def test_compiled_sequence_parallel_keeps_the_gathered_inputs():
 def test_op_keeps_reductions_not_partial_sums_unless_compiled(sp):
     # Two row-parallel projections (wo, w2), bf16, at t = 8: eager blocks keep the reduction of
     # each (a 1/t shard under SP), compiled ones the whole partial sum besides.
-    common = dict(dim=H, heads_out=0, o=0, latent_out=0, mlp_out=0, row_parallel=2)
-    common.update(routed_out=0, tp=8, sp=sp, flash=True, act_b=2)
-    eager = op_layer_activation_bytes(**common) / H
-    compiled = op_layer_activation_bytes(**common, compiled=True) / H
+    kept, split = OpSaved(dim=H, row_parallel=2), Split(tp=8, sp=sp)
+    eager = op_layer_activation_bytes(kept, split, flash=True, act_b=2) / H
+    compiled = op_layer_activation_bytes(kept, split, flash=True, act_b=2, compiled=True) / H
     block_input = 2 / (8 if sp else 1)
     assert eager - block_input == pytest.approx(2 * 2 / (8 if sp else 1))
     assert compiled - eager == pytest.approx(2 * 2)
 
 
 def test_flash_attention_and_no_dropout_drop_their_terms():
-    base = dict(**GPT_LAYER, tp=1, sp=False, recompute="none")
-    flash = layer_activation_bytes(**base, flash=True, dropout=False) / H
+    flash = layer_activation_bytes(
+        GPT_LAYER, Split(), seq=S, recompute="none", flash=True, dropout=False, act_b=2
+    )
+    flash /= H
     assert flash == pytest.approx(32)  # 34 less the two residual dropout masks, no scores
 
 
 def test_swiglu_saves_one_ffn_wide_tensor_more_than_gelu():
     m = compose_config(["model=llama3_8b"]).model
-    common = dict(
-        dim=m.dim,
-        q=4096,
-        k=1024,
-        v=1024,
-        o=4096,
-        latent=0,
-        routed=0,
-        n_heads=32,
-        seq=8192,
-        tp=1,
-        sp=False,
-        recompute="none",
-        flash=True,
-        dropout=False,
-        act_b=2,
-    )
+    widths = dict(dim=m.dim, q=4096, k=1024, v=1024, o=4096, n_heads=32)
+    common = dict(seq=8192, recompute="none", flash=True, dropout=False, act_b=2)
     # SwiGLU keeps w1 x, w3 x and their product (silu recomputed); GeLU its input and output.
-    swiglu = layer_activation_bytes(**common, mlp=3 * m.ffn_dim)
-    gelu = layer_activation_bytes(**common, mlp=2 * m.ffn_dim)
+    swiglu = layer_activation_bytes(Saved(**widths, mlp=3 * m.ffn_dim), Split(), **common)
+    gelu = layer_activation_bytes(Saved(**widths, mlp=2 * m.ffn_dim), Split(), **common)
     assert swiglu - gelu == m.ffn_dim * 2
 
 
