@@ -43,6 +43,13 @@ class Family:
     tp_embedding: str
     tp_block: dict[str, str]
     tp_embedding_sum: str = ""
+    # `tp_shared`: modules in a block whose output every head reads while each rank holds only
+    # its heads (MLA's rotated key): each rank's backward adds only its heads' share of the
+    # gradient, so it is summed over tp (Megatron's "copy to tensor-parallel region").
+    # `tp_local_input`: sublayers whose replicated layers take the sequence-parallel gathered
+    # input as a plain local tensor (MLA's latent projections).
+    tp_shared: tuple[str, ...] = ()
+    tp_local_input: tuple[str, ...] = ()
     # Shape, for the planner and the rules.
     gated_mlp: bool = True  # SwiGLU (w1, w2, w3) or a GELU MLP (fc1, fc2)
     biases: bool = False  # every projection has a bias, the norms are LayerNorms with one
@@ -252,6 +259,8 @@ FAMILIES: dict[str, Family] = {
                 "attention.wo": ROW,
                 **_SWIGLU,  # the first n_dense_layers
             },
+            tp_shared=("attention.shared_key",),
+            tp_local_input=("attention",),
             mla=True,
             yarn=True,
             moe=True,

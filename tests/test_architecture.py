@@ -254,3 +254,35 @@ def test_a_branch_on_a_family_name_is_found():
         for hit in family_branches(text, "m.py", {"llama", "gpt", "mixtral", "deepseek"})
     ]
     assert lines == ["1", "2", "3", "4", "5"]
+
+
+def long_parameter_lists(text: str, name: str, most: int = 8) -> list[str]:
+    """Functions taking more than `most` parameters (self, cls and an autograd ctx aside)."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, [a.vararg, a.kwarg])]
+            count = len(params) - (bool(a.args) and a.args[0].arg in ("self", "cls", "ctx"))
+            if count > most:
+                out.append(f"{name}:{node.lineno} {node.name} ({count})")
+    return out
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """A longer list is the fields of an object the caller has (a layout, a config group, a
+    block's widths): pass that."""
+    found = [
+        hit
+        for p in SOURCES
+        for hit in long_parameter_lists(p.read_text(), p.relative_to(ROOT).as_posix())
+    ]
+    assert not found, found
+
+
+def test_a_long_parameter_list_is_found():
+    text = (
+        "def f(a, b, c, d, e, f, g, h, i):\n    pass\n\n\n"
+        "class C:\n    def m(self, a, b, c, d, e, f, g, h):\n        pass\n"
+    )
+    assert long_parameter_lists(text, "m.py") == ["m.py:1 f (9)"]

@@ -103,20 +103,18 @@ def apply_tp(
             for name, style in fam.tp_block.items()
             if _find(block, name) is not None
         }
-        if fam.mla:
-            # MLA's rotated key is shared by all heads: each rank's backward adds only its own
-            # heads' share of its gradient (Megatron's "copy to tensor-parallel region").
-            block.attention.shared_key.register_forward_hook(
+        for name in fam.tp_shared:  # read by every head, each rank holding its own heads
+            block.get_submodule(name).register_forward_hook(
                 lambda module, args, out: _SumGradient.apply(out, group)
             )
         if sp:
             plan["attention_norm"] = SequenceParallel()
             plan["ffn_norm"] = SequenceParallel()
-            # MLA's latent projections are plain (replicated) layers: they take the gathered
-            # input as a local tensor. Its gradient is still whole: every path from it into
-            # the heads passes a column-parallel layer, whose backward all-reduces, or the
-            # shared key's hook above.
-            gathered_inputs.append(("attention", fam.mla))
+            # A sublayer whose replicated layers take the gathered input as a local tensor
+            # (MLA's latent projections): its gradient is still whole, as every path from it
+            # into the heads passes a column-parallel layer, whose backward all-reduces, or a
+            # tp_shared module's hook above.
+            gathered_inputs.append(("attention", "attention" in fam.tp_local_input))
         if isinstance(block.feed_forward, MoE):
             plan.update(moe_plan(block.feed_forward, sp, residual))
             split_routed_tokens(block.feed_forward, mesh, sp)

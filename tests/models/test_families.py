@@ -53,8 +53,9 @@ def test_tp_plan_names_modules_the_model_has(name):
         if fam.tp_embedding_sum:
             assert _find(model, fam.tp_embedding_sum) is not None
     blocks = [b for m in variants for b in m.layers.values()]
-    missing = [n for n in fam.tp_block if not any(_find(b, n) is not None for b in blocks)]
-    assert not missing, f"{name}: tp_block names no module of any block: {missing}"
+    named = [*fam.tp_block, *fam.tp_shared, *fam.tp_local_input]
+    missing = [n for n in named if all(_find(b, n) is None for b in blocks)]
+    assert not missing, f"{name}: the TP plan names no module of any block: {missing}"
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
