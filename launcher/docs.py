@@ -185,8 +185,10 @@ def script_text(block: Block) -> str:
 def in_process(block: Block) -> str | None:
     """What a generated block's `python -m MODULE ARGS` prints, run here when MODULE has
     `generate(argv)`, or `markdown()` and the command no arguments (None: it runs in bash)."""
+    if block.kind != "generated":
+        return None
     argv = shlex.split(block.commands[0])
-    if block.kind != "generated" or argv[:2] != ["python", "-m"] or len(argv) < 3:
+    if argv[:2] != ["python", "-m"] or len(argv) < 3:
         return None
     module = importlib.import_module(argv[2])
     if hasattr(module, "generate"):

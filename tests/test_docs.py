@@ -165,3 +165,13 @@ def test_comments_and_pages_cite_only_files_the_repository_has():
     ]
     outside = [str(p.relative_to(docs.ROOT)) for p in files if "../shared/" in p.read_text()]
     assert not missing and not outside, (missing, outside)
+
+
+def test_only_a_generated_python_module_block_runs_in_this_process():
+    script = docs.Block(docs.ROOT / "README.md", "output", script="tour")
+    assert docs.in_process(script) is None  # a script's block: bash
+    shown = docs.Block(docs.ROOT / "README.md", "output", ["python -m launcher.plan.compare"])
+    assert docs.in_process(shown) is None  # an output block: bash, as typed
+    limits = ["python -m launcher.plan.limitations"]
+    table = docs.Block(docs.ROOT / "README.md", "generated", limits)
+    assert docs.in_process(table).startswith("| limitation |")
