@@ -68,7 +68,7 @@ def checkpoint_minutes(plan: Plan) -> float | None:
 def verdict(plan: Plan) -> str:
     """fits, or what stops the layout: its memory, the rules it breaks, the engine."""
     rules = {p.rule for p in plan.errors} - {"memory", NOT_AVAILABLE}
-    parts = [] if plan.fits else ["does not fit"]
+    parts = [] if plan.fits or plan.memory is None else ["does not fit"]
     parts += [f"refused ({', '.join(sorted(rules))})"] if rules else []
     parts += (
         ["the engine cannot run it yet"] if NOT_AVAILABLE in {p.rule for p in plan.errors} else []
