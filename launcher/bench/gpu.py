@@ -8,7 +8,11 @@ Workloads (`--workload`), each in bf16 with compiled blocks on one 80 GB GPU:
 - deepseek_v2_lite: the first 4 of DeepSeek-V2-Lite's 27 layers (MLA, one dense layer, then
   64 routed experts of 1408 top-6 + 2 shared) at sequence 4096, global batch 4;
 - mixtral_8x7b: 2 of Mixtral 8x7B's 32 layers (8 experts of 14336, top-2; what fits with fp32
-  Adam states) at sequence 4096, global batch 4.
+  Adam states) at sequence 4096, global batch 4;
+- gpt_1_7b: Megatron's GPT 1.7B (dim 2304, 24 layers, 24 heads, GeLU MLP of 4 x dim, learned
+  positions, LayerNorm, dropout 0.1, vocabulary 51200) whole, as published (attention not fused),
+  at sequence 2048, global batch 16 in micro-batches of 2 (64 GiB planned on 80 GB; 4 would
+  need 98, the score matrices not being fused). torchtitan has no GPT: run it with `--peers ""`.
 
 Each contender trains the same micro-batches for `--steps` steps after `--warmup` (compilation
 happens there):
@@ -80,8 +84,20 @@ DEEPSEEK_V2_LITE = ["model=deepseek_v2_lite", "model.n_layers=4", *MOE_RUN]
 # reserve); 3 layers: 4.616B x 16 B = 73.9 GB, past ~70 GB before any activation.
 MIXTRAL_8X7B = ["model=mixtral_8x7b", "model.n_layers=2", *MOE_RUN]
 
+# Megatron's GPT 1.7B whole at its published sequence, 32,768 tokens per step as the others.
+GPT_1_7B = [
+    "model=gpt_1_7b",
+    "hardware=h100_80g",
+    "precision=bf16_mixed",
+    "train.compile=true",
+    "train.seq_len=2048",
+    "train.global_batch_size=16",
+    "train.micro_batch_size=2",
+]
+
 WORKLOADS = {
     "llama3_2_1b": GPU_1B,
+    "gpt_1_7b": GPT_1_7B,
     "deepseek_v2_lite": DEEPSEEK_V2_LITE,
     "mixtral_8x7b": MIXTRAL_8X7B,
 }

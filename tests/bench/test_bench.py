@@ -109,6 +109,19 @@ def test_gpu_benchmark_runs_on_cpu_at_a_tiny_size(tmp_path):
     json.dumps(r)
 
 
+def test_gpu_benchmark_gpt_workload_at_a_tiny_size(tmp_path):
+    """The GPT workload keeps its keys (8 micro-batches of 2, attention as published) under a
+    tiny model; torchtitan has no GPT, so its peer is a row that says so."""
+    tiny = ["model=gpt_debug", "hardware=cpu", "train.compile=false", "train.seq_len=32"]
+    r = gpu.run(
+        tiny, steps=1, warmup=0, peers=["torchtitan"], progress=lambda _: 0, workload="gpt_1_7b"
+    )
+    assert r["workload"] == "gpt_1_7b" and r["model"] == "gpt_debug"
+    assert r["micro_batches"] == 8 and r["tokens_per_step"] == 16 * 32
+    assert r["contenders"]["engine"]["tokens_per_s"] > 0
+    assert "failed" in r["contenders"]["torchtitan"] or "skipped" in r["contenders"]["torchtitan"]
+
+
 def test_gpu_benchmark_merges_overrides_and_refuses_unknown_peers(capsys):
     assert with_overrides(["a=1", "b=2"], ["b=3", "c=4"]) == ["a=1", "b=3", "c=4"]
     with pytest.raises(SystemExit) as e:
