@@ -11,6 +11,9 @@
 #   gpt, gpt_eager              Megatron GPT 1.7B as published (attention not fused), engine alone
 #   gpt_flash                   the same, compiled, fused attention and no dropout (what llama runs)
 #   llama, llama_eager          the default (Llama 3.2 1B), compiled with both peers / eager alone
+#   llama_profile, dsv2_profile the default compiled / DeepSeek's eager, engine alone, and one
+#                               more step profiled: its top kernels in $OUT/JOB.txt (--profile)
+#   gpt_flash_profile           gpt_flash, profiled likewise
 # Tried on CPU at debug size first: EXTRA="model=deepseek_debug hardware=cpu train.seq_len=64
 # train.compile=false" bash docs/measured/gpu_jobs.sh dsv2_eager (nvidia-smi absent: h100_80g).
 set -u
@@ -49,6 +52,11 @@ for job in "$@"; do
     gpt_flash) bench gpt_flash 150 gpt_1_7b 2 "" model.flash_attention=true model.dropout=0 ;;
     llama) bench llama 200 llama3_2_1b 2 transformers,torchtitan ;;
     llama_eager) bench llama_eager 90 llama3_2_1b 1 "" train.compile=false ;;
+    llama_profile) bench llama_profile 150 llama3_2_1b 2 "" --profile "$OUT/llama_profile.txt" ;;
+    dsv2_profile) bench dsv2_profile 120 deepseek_v2_lite 1 "" train.compile=false \
+                    --profile "$OUT/dsv2_profile.txt" ;;
+    gpt_flash_profile) bench gpt_flash_profile 150 gpt_1_7b 2 "" model.flash_attention=true \
+                         model.dropout=0 --profile "$OUT/gpt_flash_profile.txt" ;;
     *) echo "unknown job $job (see the script's header)" >&2; exit 2 ;;
   esac
 done

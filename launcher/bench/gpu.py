@@ -128,6 +128,64 @@ def measure(step: Step, w: Workload, steps: int, warmup: int) -> dict:
     return out
 
 
+# Kernel names by what they compute, for the profile's summary (matched in lower case).
+KERNEL_KINDS = {
+    "matmul": (
+        "gemm",
+        "matmul",
+        "cutlass",
+        "xmma",
+        "nvjet",
+        "::mm",
+        "::bmm",
+        "addmm",
+        "grouped_mm",
+    ),
+    "attention": ("flash", "fmha", "attention", "attn"),
+}
+
+
+def kind(name: str) -> str:
+    low = name.lower()
+    return next((k for k, words in KERNEL_KINDS.items() if any(w in low for w in words)), "other")
+
+
+def profile_table(step: Step, w: Workload, top: int = 25) -> str:
+    """One more step under torch.profiler: its `top` kernels by self device time (CPU time on
+    a CPU), each kernel's share, and the step's time by kind (matmul, attention, the rest)."""
+    from torch.profiler import ProfilerActivity, profile  # only the --profile path needs it
+
+    cuda = w.device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        step()
+        if cuda:
+            torch.cuda.synchronize(w.device)
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    # Ranges the code names (record_function: "Optimizer.step#AdamW.step", "ProfilerStep#1")
+    # would count their kernels' time twice.
+    events = [e for e in prof.key_averages() if getattr(e, attr) > 0 and "#" not in e.key]
+    if cuda:  # the kernels themselves, not the operators that launch them
+        events = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    total = sum(getattr(e, attr) for e in events) or 1.0
+    by_kind: dict[str, float] = {}
+    for e in events:
+        by_kind[kind(e.key)] = by_kind.get(kind(e.key), 0.0) + getattr(e, attr)
+    lines = [
+        f"one step, {total / 1e3:,.1f} ms of {'kernel' if cuda else 'CPU'} time: "
+        + ", ".join(
+            f"{k} {v / total:.1%}" for k, v in sorted(by_kind.items(), key=lambda x: -x[1])
+        ),
+        f"{'share':>6}  {'ms':>9}  {'calls':>6}  kind       kernel",
+    ]
+    for e in sorted(events, key=lambda e: -getattr(e, attr))[:top]:
+        t = getattr(e, attr)
+        lines.append(
+            f"{t / total:6.1%}  {t / 1e3:9.2f}  {e.count:6d}  {kind(e.key):9s}  {e.key[:110]}"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def release(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
@@ -141,6 +199,7 @@ def run(
     peers: list[str],
     progress=print,
     workload: str = "llama3_2_1b",
+    profile: bool = False,
 ) -> dict:
     """Every contender's figures and the planner's for `workload` (a key of WORKLOADS) with
     `overrides` replacing its keys, as one JSON-able dict."""
@@ -182,6 +241,9 @@ def run(
 
     progress(f"engine: {warmup} warm-up and {steps} timed steps")
     record("engine", measure(step, w, steps, warmup))
+    if profile:
+        progress("engine: one step profiled")
+        result["profile"] = profile_table(step, w)
     del step
     release(w.device)
     for name in peers:
@@ -251,7 +313,13 @@ def main(argv: list[str] | None = None) -> None:
         default=",".join(PEERS),
         help=f"comma-separated, from {', '.join(PEERS)}; empty: the engine alone",
     )
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="after the engine's timed steps, profile one more and write its top kernels and "
+        "its time by kind (matmul, attention, the rest) to FILE",
+    )
+    args = parser.parse_intermixed_args(argv)  # overrides before and after the options
     peers = [p for p in args.peers.split(",") if p]
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
@@ -259,9 +327,19 @@ def main(argv: list[str] | None = None) -> None:
     console = Console(width=140)
     with console.status("") as status:
         result = refusing_bad_config(
-            run, args.overrides, args.steps, args.warmup, peers, status.update, args.workload
+            run,
+            args.overrides,
+            args.steps,
+            args.warmup,
+            peers,
+            status.update,
+            args.workload,
+            bool(args.profile),
         )
     console.print(table(result))
+    if args.profile:
+        with open(args.profile, "w") as f:
+            f.write(result["profile"])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -92,7 +92,13 @@ def test_cpu_comparison_tables(tmp_path):
 
 def test_gpu_benchmark_runs_on_cpu_at_a_tiny_size(tmp_path):
     overrides = ["model=llama3_debug", "hardware=cpu", "train.compile=false", *TINY]
-    r = gpu.run(overrides, steps=2, warmup=1, peers=["transformers"], progress=lambda _: 0)
+    r = gpu.run(
+        overrides, steps=2, warmup=1, peers=["transformers"], progress=lambda _: 0, profile=True
+    )
+    # --profile: one more step's kernels, the matmuls named as such and leading on a CPU.
+    summary, header, first = r["profile"].splitlines()[:3]
+    assert summary.startswith("one step") and "matmul" in summary and "attention" in summary
+    assert first.split()[3] == "matmul" and "::mm" in first
     # The defaults that were not overridden stay: bf16 autocast on CPU, as on the GPU.
     assert r["dtype"] == "bfloat16" and r["device"] == "cpu" and r["seq_len"] == 32
     assert "model=llama3_2_1b" not in r["overrides"]

@@ -129,3 +129,23 @@ def test_gradients_equal_autograd_through_the_mask(fused, v_dim, p):
         results.append([out, *(t.grad for t in leaves)])
     for got, want in zip(*results, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_unfused_attention_keeps_five_bytes_a_score_in_bf16():
+    """The unfused core saves the probabilities in bf16 (2 bytes a score, softmax computed in
+    fp32), dropout's mask (1) and its output (2): Korthikanti et al.'s 5, the planner's count,
+    whatever the device's autocast does with a plain softmax (CUDA's returns fp32)."""
+    b, h, s, e = 2, 4, 32, 8
+    q, k, v = (torch.randn(b, h, s, e, dtype=torch.bfloat16, requires_grad=True) for _ in "qkv")
+    scores = []
+
+    def pack(t):
+        if t.numel() == b * h * s * s:
+            scores.append(t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = masked_attention(q, k, v, None, 0.1, fused=False)
+    assert sum(scores) == 5, scores
+    out.sum().backward()
+    assert q.grad.dtype == torch.bfloat16 and torch.isfinite(q.grad).all()
