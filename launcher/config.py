@@ -80,6 +80,8 @@ class WandbMode(str, Enum):
 @dataclass
 class HardwareConfig:
     name: str = "cpu"
+    # The device as sold (power, memory type): the part the preset's figures were fitted on.
+    part: str = ""
     nodes: int = 1
     devices_per_node: int = 2
     device_type: DeviceType = DeviceType.cpu
@@ -97,16 +99,23 @@ class HardwareConfig:
     inter_node_hop_us: float = 100.0
     # Host time per operator the engine launches (Python, dispatch, kernel launch), per op.
     op_overhead_us: float = 10.0
+    # Time per micro-batch outside the kernels and launches counted (the step's loop between
+    # micro-batches: the device waits), measured per part and engine: 0, nothing measured.
+    microbatch_overhead_us: float = 0.0
     # Fraction of peak_tflops the engine's compute achieves, as measured for the run as
     # configured (compile included), from `python -m launcher.plan.calibrate --from SWEEP_DIR`.
     # 0: the GEMM curve fitted to the Megatron-LM A100 table (EFFICIENCY_MAX x w / (w +
     # EFFICIENCY_DIM) in launcher/plan/kernels.py), times efficiency_scale, times
-    # EFFICIENCY_COMPILED under train.compile (docs/planner.md, "Calibration").
+    # compile_factor under train.compile (docs/planner.md, "Calibration").
     efficiency: float = 0.0
-    # The share of that curve the kernels reach on this hardware, relative to its own peak: 1
-    # is Megatron-LM's on A100; the GPU presets carry this engine's kind of stack's (fitted to
-    # torchtitan's runs, and on h200 to this engine's own).
+    # The share of that curve the kernels reach on this part, relative to its own peak: 1 is
+    # Megatron-LM's on A100; each GPU preset's is fitted to runs on its own part (this engine's
+    # where there are some, else torchtitan's: `python -m launcher.plan.calibrate --hopper`).
     efficiency_scale: float = 1.0
+    # What compiled blocks' kernels gain over eager ones on this part, beyond the fused
+    # memory-bound work and the fewer launches the planner counts (launcher/plan/kernels.py);
+    # fitted with efficiency_scale. 1: none (nothing measured compiled on the part).
+    compile_factor: float = 1.0
 
 
 @dataclass

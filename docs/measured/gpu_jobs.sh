@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The prepared GPU measurements (../shared/GPU.md's list): run from the repository root on the GPU
+# The prepared GPU measurements: run from the repository root on the GPU
 # machine, the wheels of `make gpu-wheels` on PYTHONPATH, as `bash docs/measured/gpu_jobs.sh
 # JOB...`. Each job writes $OUT/JOB.log (and JOB.json) as it ends, under its own timeout cut to
 # what is left of DEADLINE_S (seconds from the script's start, default 540: a device call runs

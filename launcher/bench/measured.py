@@ -34,7 +34,7 @@ def results(directory: Path) -> list[tuple[str, dict]]:
     for path in sorted(directory.glob("*.json")):
         result = json.loads(path.read_text())
         if isinstance(result, dict) and "contenders" in result:
-            out.append((path.stem, result))
+            out.append((f"{directory.name}/{path.stem}", result))
     return out
 
 

@@ -8,11 +8,13 @@ ones: each row's TFLOP/s per GPU with Megatron's own FLOP count, 96 B s l h^2 (1
 V/(16 l h)) per iteration (full recomputation, attention counted without the causal mask),
 grid search on the squared relative error.
 
-`--hopper`: `hardware.efficiency_scale` of the H100 and A100 presets (h800 and b200 take
-h100_80g's) to torchtitan's eager runs marked "fit" on each, then EFFICIENCY_COMPILED to its
-compiled H100 ones; every torchtitan run's residual. Then the h200 preset's scale to this
-engine's own eager run on one H200 (docs/measured/h200-2026-11-26), each of its measured runs'
-speed and memory residuals.
+`--hopper`: each GPU preset's `hardware.efficiency_scale` and `compile_factor`, fitted to runs on
+its own part. h100_hbm2e (the 500 W HBM2e H100s of torchtitan's runs) and a100_80g: the scale
+to torchtitan's eager runs marked "fit" on each, h100_hbm2e's compile factor to its compiled H100
+ones; every torchtitan run's residual. h100_80g and h200 (one die, GH100): this engine's own
+runs in docs/measured, the scale to its eager run on an H200, the factor to its compiled run on
+a 700 W H100 SXM, every other run held out, with speed and memory residuals (h800 and b200
+take h100_80g's). Last, each preset's part and what its figures were fitted on.
 
 `--published`: every published run's prediction and error, fitted and held-out marked, each
 fused stack's scale fitted to its own fit runs; the held-out aggregates.
@@ -224,27 +226,32 @@ def rms(r: list[float]) -> float:
     return math.sqrt(sum(x * x for x in r) / len(r))
 
 
-def compiled_speed(cfg, factor: float) -> float:
-    """tokens/s per device the planner predicts for `cfg` with EFFICIENCY_COMPILED=factor."""
-    saved = kernels.EFFICIENCY_COMPILED
-    kernels.EFFICIENCY_COMPILED = factor
-    try:
-        return make_plan(cfg).estimate.tokens_per_s_per_device
-    finally:
-        kernels.EFFICIENCY_COMPILED = saved
+def part_speed(cfg, scale: float, factor: float, overhead_us: float | None = None) -> float:
+    """tokens/s per device the planner predicts for `cfg` with the part's efficiency_scale,
+    compile_factor and (unless None) microbatch_overhead_us replaced."""
+    hw = replace(cfg.hardware, efficiency=0.0, efficiency_scale=scale, compile_factor=factor)
+    if overhead_us is not None:
+        hw = replace(hw, microbatch_overhead_us=overhead_us)
+    return make_plan(replace(cfg, hardware=hw)).estimate.tokens_per_s_per_device
 
 
-# The presets whose efficiency_scale torchtitan's published runs set (its eager "fit" rows on
-# each).
-TORCHTITAN_PRESETS = ("h100_80g", "a100_80g")
+def in_use(preset: str) -> tuple[float, float, float]:
+    hw = compose([f"hardware={preset}"]).hardware
+    return hw.efficiency_scale, hw.compile_factor, hw.microbatch_overhead_us
+
+
+# The presets whose figures torchtitan's published runs set: its eager "fit" rows on each give
+# the scale, its compiled H100 rows h100_hbm2e's compile_factor (a100_80g takes that factor:
+# torchtitan published no compiled A100 run).
+TORCHTITAN_PRESETS = ("h100_hbm2e", "a100_80g")
 
 
 def calibrate_hopper() -> None:
-    """Fit hardware.efficiency_scale for H100 and A100 to torchtitan's eager runs marked "fit"
-    on each in launcher/plan/published.py (this engine's kind of stack: FSDP2, DTensor TP,
-    plain PyTorch blocks), then EFFICIENCY_COMPILED to its compiled ones (what compiling gains
-    beyond the fused memory-bound work and the fewer launches kernels.py counts); print every
-    torchtitan run with its residual, the held-out ones included."""
+    """The presets' efficiency_scale and compile_factor, each fitted to runs on its own part:
+    torchtitan's published ones (its eager rows marked "fit" for the scale of h100_hbm2e and
+    a100_80g, its compiled H100 rows for h100_hbm2e's factor; launcher/plan/published.py),
+    then this engine's own on the GH100 die (calibrate_engine); every run's residual, the
+    held-out ones included, and the presets with what each was fitted on."""
 
     runs = [r for r in RUNS if r.stack == "torchtitan"]
     cfgs = [compose(r.overrides.split()) for r in runs]
@@ -259,82 +266,196 @@ def calibrate_hopper() -> None:
         scales[preset] = best_factor(
             scaled_speed, [c for c, _ in fit], [m for _, m in fit], 0.1, 2.0
         )
-    cfgs = [with_hardware(c, efficiency_scale=scales[c.hardware.name]) for c in cfgs]
     fit = [
         (c, r.tokens_per_s)
         for r, c, k in zip(runs, cfgs, compiled, strict=True)
         if r.use == "fit" and k
     ]
-    factor = best_factor(compiled_speed, [c for c, _ in fit], [m for _, m in fit], 0.5, 2.0)
-    fitted = ", ".join(
-        f"{p} {scales[p]:.3f} (in use: {compose([f'hardware={p}']).hardware.efficiency_scale})"
-        for p in TORCHTITAN_PRESETS
+    factor = best_factor(
+        lambda c, f: part_speed(c, scales[c.hardware.name], f),
+        [c for c, _ in fit],
+        [m for _, m in fit],
+        0.5,
+        2.0,
     )
+    fitted = ", ".join(f"{p} {scales[p]:.3f} (in use: {in_use(p)[0]})" for p in scales)
     table = Table(
-        title=f"efficiency_scale fitted to torchtitan's eager rows: {fitted}; compile factor "
-        f"{factor:.3f} to its compiled rows (in use: {kernels.EFFICIENCY_COMPILED})",
+        title=f"torchtitan's runs: efficiency_scale fitted to its eager rows: {fitted}; "
+        f"h100_hbm2e's compile_factor {factor:.3f} to its compiled rows (in use: "
+        f"{in_use('h100_hbm2e')[1]})",
         title_justify="left",
     )
-    for col in ("run", "fits", "published tok/s/GPU", "predicted", "residual"):
-        table.add_column(col, justify="left" if col == "run" else "right")
+    for col in ("run", "part", "fits", "published tok/s/GPU", "predicted", "residual"):
+        table.add_column(col, justify="left" if col in ("run", "part") else "right")
     for run, cfg, k in zip(runs, cfgs, compiled, strict=True):
-        p = compiled_speed(cfg, factor)
+        p = part_speed(cfg, scales[cfg.hardware.name], factor)
         fits = ("compile" if k else "scale") if run.use == "fit" else "-"
         table.add_row(
             run.name,
+            cfg.hardware.name,
             fits,
             f"{run.tokens_per_s:,.0f}",
             f"{p:,.0f}",
             f"{(p - run.tokens_per_s) / run.tokens_per_s:+.1%}",
         )
     Console(width=120).print(table)
-    calibrate_h200()
+    calibrate_engine()
+    Console(width=150).print(presets_table())
 
 
-# This engine's own runs on one H200 (launcher.bench.gpu --json, docs/speed.md "On one GPU"):
-# the h200 preset's efficiency_scale is fitted to its eager run at 8,192 tokens, the others are
-# held out.
-H200_RUNS = Path(__file__).resolve().parents[2] / "docs" / "measured" / "h200-2026-11-26"
-H200_FIT = "bench_eager"
+# This engine's own runs (launcher.bench.gpu --json; docs/speed.md, "On one GPU") on the GH100
+# die that the H100 SXM and the H200 share: the same SMs, clocks and peak, the memory apart
+# (memory_gbps). efficiency_scale is fitted to the eager Llama run on the H200, compile_factor
+# to the compiled one on the H100, microbatch_overhead_us to the pair of H200 runs that differ
+# in their micro-batches alone (8 of 1 against 4 of 2 at sequence 4096: the same tokens, the
+# same GEMM widths to the planner; measured before the loss was compiled, which costs per token,
+# not per micro-batch); every other run in these directories is held out (the sub-directories,
+# runs of code since changed, are not read as runs).
+MEASURED = Path(__file__).resolve().parents[2] / "docs" / "measured"
+ENGINE_RUNS = ("h100-2026-11-26", "h200-2026-11-26", "h200-2026-11-27")
+ENGINE_SCALE_RUN = ("h200-2026-11-26", "bench_eager")
+ENGINE_COMPILE_RUN = ("h100-2026-11-26", "bench_compiled")
+ENGINE_MICROBATCH_RUNS = (
+    "h200-2026-11-26/eager-loss",
+    "bench_4096_compiled",
+    "bench_4096_mb2_compiled",
+)
+ENGINE_PRESETS = ("h100_80g", "h200")
 
 
-def calibrate_h200() -> None:
-    """Fit hardware.efficiency_scale for H200 to this engine's measured eager run there and
-    print every measured run's residual (tokens/s and peak memory without the reserve)."""
-    runs = measured_runs(str(H200_RUNS))
-    fit = [(cfg, row["tokens_per_s"]) for row, cfg in runs if row["job"] == H200_FIT]
-    scale = best_factor(scaled_speed, [c for c, _ in fit], [m for _, m in fit], 0.1, 2.0)
-    in_use = compose(["hardware=h200"]).hardware.efficiency_scale
+def step_seconds(cfg, tokens_per_s: float) -> float:
+    return cfg.train.global_batch_size * cfg.train.seq_len / tokens_per_s
+
+
+def fit_overhead(scale: float, factor: float) -> float:
+    """microbatch_overhead_us from the pair of runs that differ in their micro-batches alone:
+    the measured step-time difference past the planner's own, per micro-batch."""
+    directory, many, few = ENGINE_MICROBATCH_RUNS
+    runs = {row["job"]: (row, cfg) for row, cfg in measured_runs(str(MEASURED / directory))}
+    gap = {}
+    for job in (many, few):
+        row, cfg = runs[job]
+        measured = step_seconds(cfg, row["tokens_per_s"])
+        planned = step_seconds(cfg, part_speed(cfg, scale, factor, 0.0))
+        gap[job] = (measured - planned, cfg.train.global_batch_size // cfg.train.micro_batch_size)
+    (gap_many, n_many), (gap_few, n_few) = gap[many], gap[few]
+    return max(0.0, (gap_many - gap_few) / (n_many - n_few) * 1e6)
+
+
+def engine_runs() -> list[tuple[str, dict, object]]:
+    """(directory, summary row, Config) of this engine's measured runs."""
+    return [(d, row, cfg) for d in ENGINE_RUNS for row, cfg in measured_runs(str(MEASURED / d))]
+
+
+def fit_engine(runs) -> tuple[float, float, float]:
+    """efficiency_scale to the eager run, compile_factor to the compiled one, the overhead per
+    micro-batch to the pair: each depends a little on the others, so three rounds."""
+
+    def one(key: tuple[str, str]) -> list:
+        return [(cfg, row["tokens_per_s"]) for d, row, cfg in runs if (d, row["job"]) == key]
+
+    eager, compiled = one(ENGINE_SCALE_RUN), one(ENGINE_COMPILE_RUN)
+    scale, factor, overhead = 1.0, 1.0, 0.0
+    for _ in range(3):
+        scale = best_factor(
+            lambda c, x, f=factor, o=overhead: part_speed(c, x, f, o),
+            [c for c, _ in eager],
+            [m for _, m in eager],
+            0.1,
+            2.0,
+        )
+        factor = best_factor(
+            lambda c, f, s=scale, o=overhead: part_speed(c, s, f, o),
+            [c for c, _ in compiled],
+            [m for _, m in compiled],
+            0.5,
+            3.0,
+        )
+        overhead = fit_overhead(scale, factor)
+    return scale, factor, overhead
+
+
+def calibrate_engine() -> None:
+    """Fit the GH100 presets' efficiency_scale and compile_factor to this engine's runs and
+    print every run's residual (tokens/s, and peak memory without the CUDA reserve)."""
+    runs = engine_runs()
+    scale, factor, overhead = fit_engine(runs)
+    uses = ", ".join(
+        f"{p} {in_use(p)[0]} x {in_use(p)[1]} + {in_use(p)[2]:g} us" for p in ENGINE_PRESETS
+    )
     table = Table(
-        title=f"h200: efficiency_scale {scale:.3f} fitted to this engine's {H200_FIT} run "
-        f"(in use: {in_use}), {H200_RUNS.name}",
+        title=f"this engine on the GH100 die ({', '.join(ENGINE_PRESETS)}): efficiency_scale "
+        f"{scale:.3f} fitted to {'/'.join(ENGINE_SCALE_RUN)}, compile_factor {factor:.3f} to "
+        f"{'/'.join(ENGINE_COMPILE_RUN)}, microbatch_overhead_us {overhead:,.0f} to "
+        f"{'/'.join(ENGINE_MICROBATCH_RUNS[:2])} and {ENGINE_MICROBATCH_RUNS[2]} (in use: {uses})",
         title_justify="left",
     )
-    cols = ("run", "point", "fits", "measured tok/s", "predicted", "residual", "memory GiB")
-    for col in (*cols, "predicted GiB"):
-        table.add_column(col, justify="left" if col in ("run", "point") else "right")
-    for row, cfg in runs:
-        plan = make_plan(with_hardware(cfg, efficiency=0.0, efficiency_scale=scale))
+    cols = ("run", "part", "point", "fits", "measured tok/s", "predicted", "residual")
+    for col in (*cols, "memory GiB", "predicted GiB"):
+        table.add_column(col, justify="left" if col in ("run", "part", "point") else "right")
+    for d, row, cfg in runs:
+        plan = make_plan(
+            with_hardware(
+                cfg,
+                efficiency=0.0,
+                efficiency_scale=scale,
+                compile_factor=factor,
+                microbatch_overhead_us=overhead,
+            )
+        )
         pred, got = plan.estimate.tokens_per_s_per_device, row["tokens_per_s"]
         memory = plan.memory.total - plan.context.reserve
         peak = row["peak_allocated_gib"]
+        fits = {ENGINE_SCALE_RUN: "scale", ENGINE_COMPILE_RUN: "compile"}.get((d, row["job"]), "-")
         table.add_row(
-            row["job"],
-            f"seq {cfg.train.seq_len}, micro-batch {cfg.train.micro_batch_size}"
+            f"{d}/{row['job']}",
+            cfg.hardware.name,
+            f"{cfg.model.name}, seq {cfg.train.seq_len}, micro-batch "
+            f"{cfg.train.micro_batch_size}"
             + (", compiled" if cfg.train.compile else ", eager")
             + (
                 f", recompute={cfg.recompute.mode.value}"
                 if cfg.recompute.mode.value != "none"
                 else ""
             ),
-            "scale" if row["job"] == H200_FIT else "-",
+            fits,
             f"{got:,.0f}",
             f"{pred:,.0f}",
             f"{pred / got - 1:+.1%}",
             f"{peak:.2f}",
             f"{memory / 2**30:.2f} ({memory / 2**30 / peak - 1:+.0%})",
         )
-    Console(width=150).print(table)
+    Console(width=170).print(table)
+
+
+# What each GPU preset's efficiency_scale and compile_factor were fitted on (the tables above).
+FITTED_ON = {
+    "h100_hbm2e": "torchtitan's runs on that part (first table)",
+    "a100_80g": "torchtitan's 8B run on 64 A100s (first table); compile_factor h100_hbm2e's",
+    "h100_80g": "this engine's runs on H100 and H200 (second table)",
+    "h200": "this engine's runs on H100 and H200 (second table)",
+    "h800": "h100_80g's: the same die and HBM",
+    "b200": "h100_80g's: an assumption, nothing measured on B200",
+}
+
+
+def presets_table() -> Table:
+    table = Table(title="the GPU presets", title_justify="left")
+    cols = ("efficiency_scale", "compile_factor", "microbatch_overhead_us")
+    for col in ("preset", "part", "memory GB/s", *cols, "from"):
+        table.add_column(col, justify="right" if "GB/s" in col or "_" in col else "left")
+    for preset, source in FITTED_ON.items():
+        hw = compose([f"hardware={preset}"]).hardware
+        table.add_row(
+            preset,
+            hw.part,
+            f"{hw.memory_gbps:,.0f}",
+            f"{hw.efficiency_scale}",
+            f"{hw.compile_factor}",
+            f"{hw.microbatch_overhead_us:g}",
+            source,
+        )
+    return table
 
 
 def hopper_scale_in_use() -> float:
@@ -446,7 +567,7 @@ def calibrate_published() -> None:
                 cfgs[r.name] = with_hardware(cfgs[r.name], efficiency_scale=scales[stack])
     print(
         "stack scales (efficiency_scale on H100): torchtitan "
-        f"{compose(['hardware=h100_80g']).hardware.efficiency_scale} (the preset's), "
+        f"{compose(['hardware=h100_hbm2e']).hardware.efficiency_scale} (h100_hbm2e's), "
         + ", ".join(f"{k} {v:.3f} (fitted to its fit run)" for k, v in scales.items())
     )
     table = Table(title="published runs: predicted against published", title_justify="left")
@@ -509,8 +630,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--hopper",
         action="store_true",
-        help="fit the H100 and A100 presets' efficiency_scale to torchtitan's runs, and the "
-        "h200 preset's to this engine's",
+        help="fit each GPU preset's efficiency_scale and compile_factor to runs on its own "
+        "part: torchtitan's (h100_hbm2e, a100_80g) and this engine's (h100_80g, h200)",
     )
     parser.add_argument(
         "--published", action="store_true", help="the errors on every published run"
@@ -525,7 +646,10 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"--from {args.sweep_dir}: no such directory (a sweep's, or benchmarks')")
         return calibrate_from(args.sweep_dir)
     # Megatron's fused kernels as compiled blocks; the even rows fit, the odd ones check.
-    cfgs = [compose([f"recipe={name}", FUSED, MEGATRON_KERNELS]) for name, _ in MEGATRON]
+    cfgs = [
+        compose([f"recipe={name}", *FUSED.split(), *MEGATRON_KERNELS.split()])
+        for name, _ in MEGATRON
+    ]
     reported = [r for _, r in MEGATRON]
     fitted = [i % 2 == 0 for i in range(len(MEGATRON))]
     eff_max, eff_dim, _ = fit(

@@ -41,7 +41,7 @@ class Context:
         # An explicit hardware.efficiency is what a run measured as configured (compile and the
         # generation's scale already in it): every kernel runs at it.
         self.measured = hw.efficiency
-        self.scale = hw.efficiency_scale * (kernels.EFFICIENCY_COMPILED if t.compile else 1.0)
+        self.scale = hw.efficiency_scale * (hw.compile_factor if t.compile else 1.0)
         self.efficiency = hw.efficiency or kernels.model_efficiency(m.dim, self.scale)
         self.attention_rate = self.peak * (hw.efficiency or kernels.EFFICIENCY_MAX * self.scale)
         self.intra, self.inter = hw.intra_node_gbps * 1e9, hw.inter_node_gbps * 1e9
@@ -58,6 +58,7 @@ class Context:
         # GPU's kernels run while the host launches the next ones.
         self.host_serial = hw.device_type.value == "cpu"
         self.op_overhead = hw.op_overhead_us * 1e-6
+        self.microbatch_overhead = hw.microbatch_overhead_us * 1e-6
         self.param_b, self.grad_b = BYTES[p.param_dtype], BYTES[p.grad_dtype]
         self.master_b = BYTES[p.master_dtype] if p.master_dtype != p.param_dtype else 0
         self.optim_b = 2 * BYTES[p.optimizer_dtype]

@@ -7,9 +7,9 @@ The constants and where they come from:
   peak, w its narrowest dimension as this rank runs it (a tp shard's width, the tokens an
   expert receives). Fitted to the Megatron-LM table (A100, docs/sources.md) by `python -m
   launcher.plan.calibrate`; the attention core runs at EFFICIENCY_MAX.
-- EFFICIENCY_COMPILED: torchtitan's compiled over eager Llama 3.1 8B runs on H100 (6,667 /
-  5,762 tokens/s on 8 GPUs, 6,514 / 5,605 on 128; benchmarks/llama3_h100_202412_torchtitan.md,
-  Tables 1 and 3): compiled blocks' device work runs this much faster.
+- What compiling gains beyond the fused memory-bound work and the fewer launches counted below
+  is the hardware preset's `compile_factor`, fitted per part with its efficiency_scale
+  (`python -m launcher.plan.calibrate --hopper`).
 - ELEMENTWISE (each family record's `elementwise`, models/families.py; ELEMENTWISE_SCORES): bytes
   the non-matmul operators of one block read and write per token, forward and backward, counted on
   this engine's own blocks with a TorchDispatchMode over every ATen operator other than matmuls,
@@ -46,7 +46,6 @@ from __future__ import annotations
 
 EFFICIENCY_MAX = 0.698
 EFFICIENCY_DIM = 220.0
-EFFICIENCY_COMPILED = 1.047
 
 ELEMENTWISE_SCORES = 19.4  # per score of unfused attention (softmax, mask, dropout)
 ELEMENTWISE_COMPILED = 1 / 3

@@ -5,9 +5,9 @@ Each row is (name, source, the overrides that describe its run, published tokens
 published MFU, published peak memory in GiB or None, its engine kind, what it is used for).
 MFU errors are in points of the source's own MFU: a row's predicted MFU is its published MFU
 times predicted over published tokens/s (the same FLOP count on both sides). `use`: "fit" rows
-set the constants (EFFICIENCY_MAX / DIM: even Megatron rows; efficiency_scale and
-EFFICIENCY_COMPILED: torchtitan's eager and compiled H100 rows without tensor parallelism, and
-its 405B eager row; a100_80g's efficiency_scale: its 8B A100 row), "held-out" rows only check
+set the constants (EFFICIENCY_MAX / DIM: even Megatron rows; h100_hbm2e's efficiency_scale and
+compile_factor: torchtitan's eager and compiled H100 rows without tensor parallelism, and its
+405B eager row; a100_80g's efficiency_scale: its 8B A100 row), "held-out" rows only check
 them. Engine kinds:
 "fsdp2" (FSDP2 / DTensor in plain PyTorch, this engine's kind), "megatron" (Megatron-LM, NeMo:
 fused kernels, overlapped TP), "meta" (Llama 3's own stack).
@@ -51,24 +51,31 @@ MEGATRON = [  # (recipe, TFLOP/s per GPU)
     ("megatron_gpt_1008b", 163),
 ]
 
+# NVIDIA's and Meta's runs: 700 W HBM3 H100 SXMs. torchtitan's: Meta's Grand Teton H100s, 96 GB
+# of HBM2e at 500 W (its benchmark files), a part of their own.
 H100 = "hardware=h100_80g"
-L8B = f"{H100} model=llama3_8b train.seq_len=8192"
-L70B = f"{H100} model=llama3_70b train.seq_len=8192"
-L405B = f"{H100} model=llama3_405b train.seq_len=8192"
+TT_H100 = "hardware=h100_hbm2e"
+L8B = "model=llama3_8b train.seq_len=8192"
+L70B = "model=llama3_70b train.seq_len=8192"
+L405B = "model=llama3_405b train.seq_len=8192"
 # torchtitan's per-op policy keeps every other matmul's output (recompute.matmuls=alternate).
 TT_OP = "recompute=op recompute.matmuls=alternate"
-TT_8B = f"{L8B} train.micro_batch_size=2 {TT_OP}"
+TT_8B = f"{TT_H100} {L8B} train.micro_batch_size=2 {TT_OP}"
 # torchtitan compiled its blocks and not its loss from 2024-12-18 (e8977b0, "turning off
 # compile on loss function") until the option to compile it came back (08b8b24, 2025-08-20):
 # its end-of-2024 and 2025-06 runs. Its end-of-2024 compiled runs hold 5.4 GiB less than the
 # eager ones, where a compiled loss alone would save 15.6 GiB (8 bytes of 16,384 x 128,256
 # logits).
 TT_COMPILED = "train.compile=true train.compile_loss=false"
-# Megatron's own kernels on A100 are what the GEMM curve is fitted to: its scale is 1 there.
-MEGATRON_KERNELS = "hardware.efficiency_scale=1.0"
+# Megatron's own kernels on A100 are what the GEMM curve is fitted to: its scale is 1 there, and
+# its rows, planned as compiled blocks, at the compile factor the curve was fitted with (1.047,
+# then one constant for every part: torchtitan's compiled over eager H100 runs).
+MEGATRON_KERNELS = "hardware.efficiency_scale=1.0 hardware.compile_factor=1.047"
 # Fused-kernel stacks (Megatron-LM, NeMo's Transformer Engine, Meta's) run as compiled blocks
 # here: their norms, activations and RoPE are fused, their launches few.
-FUSED = "train.compile=true"
+# Their engines' time per micro-batch is their own, not measured: none is counted (the
+# presets' microbatch_overhead_us is this engine's).
+FUSED = "train.compile=true hardware.microbatch_overhead_us=0"
 NEMO = f"train.micro_batch_size=1 recompute=none tensor=sequence_parallel {FUSED}"
 
 # Each stack's kernels reach their own share of the A100 fit on H100: torchtitan's is the
@@ -116,7 +123,7 @@ RUNS = [
     ),
     Run(
         "torchtitan 405B FSDP 16 x TP 8",
-        f"{L405B} hardware.nodes=16 parallel.tp=8 tensor=sequence_parallel "
+        f"{TT_H100} {L405B} hardware.nodes=16 parallel.tp=8 tensor=sequence_parallel "
         "train.micro_batch_size=2 train.global_batch_size=32 recompute=full",
         109,
         0.29,
@@ -126,7 +133,7 @@ RUNS = [
     ),
     Run(
         "torchtitan 70B FSDP 32 x TP 8 compiled",
-        f"{L70B} hardware.nodes=32 parallel.tp=8 tensor=sequence_parallel "
+        f"{TT_H100} {L70B} hardware.nodes=32 parallel.tp=8 tensor=sequence_parallel "
         f"train.micro_batch_size=16 train.global_batch_size=512 recompute=full {TT_COMPILED}",
         597.3,
         None,
@@ -136,7 +143,7 @@ RUNS = [
     ),
     Run(
         "torchtitan 8B FSDP 8 x TP 8 compiled",
-        f"{L8B} hardware.nodes=8 parallel.tp=8 tensor=sequence_parallel "
+        f"{TT_H100} {L8B} hardware.nodes=8 parallel.tp=8 tensor=sequence_parallel "
         f"train.micro_batch_size=12 train.global_batch_size=96 {TT_OP} {TT_COMPILED}",
         4378,
         None,
@@ -166,8 +173,8 @@ RUNS = [
     ),
     Run(
         "NeMo AutoModel 70B FSDP2 32 x CP 2 compiled",
-        f"{L70B} hardware.nodes=8 parallel.cp=2 train.micro_batch_size=1 "
-        "train.global_batch_size=128 recompute=full train.compile=true",
+        f"{H100} {L70B} hardware.nodes=8 parallel.cp=2 train.micro_batch_size=1 "
+        f"train.global_batch_size=128 recompute=full {FUSED}",
         866.77,
         0.393,
         None,
@@ -178,7 +185,7 @@ RUNS = [
     # NVIDIA DGX Cloud benchmarking, NeMo 25.02.01, bf16, no activation checkpointing.
     Run(
         "NeMo 8B CP 2 on 8",
-        f"{L8B} parallel.cp=2 train.global_batch_size=128 {NEMO}",
+        f"{H100} {L8B} parallel.cp=2 train.global_batch_size=128 {NEMO}",
         85459 / 8,
         0.6247,
         None,
@@ -188,7 +195,7 @@ RUNS = [
     ),
     Run(
         "NeMo 70B TP 4 PP 4 CP 2 VP 5 on 64",
-        f"{L70B} hardware.nodes=8 parallel.tp=4 parallel.pp=4 parallel.cp=2 "
+        f"{H100} {L70B} hardware.nodes=8 parallel.tp=4 parallel.pp=4 parallel.cp=2 "
         f"pipeline=interleaved_1f1b pipeline.stages_per_rank=5 train.global_batch_size=128 {NEMO}",
         71526 / 64,
         0.5432,
@@ -199,7 +206,7 @@ RUNS = [
     ),
     Run(
         "NeMo 405B TP 8 PP 8 CP 2 VP 8 on 512",
-        f"{L405B} hardware.nodes=64 parallel.tp=8 parallel.pp=8 parallel.cp=2 "
+        f"{H100} {L405B} hardware.nodes=64 parallel.tp=8 parallel.pp=8 parallel.cp=2 "
         f"pipeline=interleaved_1f1b pipeline.stages_per_rank=8 train.global_batch_size=256 {NEMO}",
         106024 / 512,
         0.5547,

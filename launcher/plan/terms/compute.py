@@ -141,11 +141,12 @@ def exposed_host(ctx: Context, device: float, host: float) -> float:
 
 
 def compute(step: Step) -> Term:
-    """Every kernel of the step's micro-batches but the routed experts' (`experts`), and the
-    host's launches where they show."""
+    """Every kernel of the step's micro-batches but the routed experts' (`experts`), the
+    host's launches where they show, and the part's time per micro-batch between them."""
     mbs = step.microbatches
     host = exposed_host(step.ctx, step.device, step.host)
-    seconds = mbs * (step.device - routed_device(step) + host)
+    between = step.ctx.microbatch_overhead
+    seconds = mbs * (step.device - routed_device(step) + host + between)
     return Term("compute", seconds, seconds)
 
 
