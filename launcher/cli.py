@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
+import enum
 import functools
 import hashlib
 import os
@@ -17,8 +19,8 @@ import time
 import typing
 from collections.abc import Callable
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import BooleanNode, DictConfig, FloatNode, IntegerNode, OmegaConf
+from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from launcher.config import Config, register_configs
 from launcher.layout import LAYOUT_OVERRIDES
@@ -97,8 +99,6 @@ def unknown_keys(node: DictConfig, schema: type, prefix: str = "") -> list[str]:
 def misspelled(arg: str) -> str | None:
     """An override `a.b=v` whose key the schema does not have, named with the closest ones it
     has (Hydra's own message suggests `+a.b=v`, which the schema refuses too)."""
-    import difflib
-
     match = re.fullmatch(r"([A-Za-z_][\w]*(?:\.[\w]+)+)=.*", arg)
     if not match:  # a group choice, +key, ~key, a flag, hydra's own settings
         return None
@@ -122,6 +122,65 @@ def misspelled(arg: str) -> str | None:
         schema, done = hints[part], [*done, part]
         if not dataclasses.is_dataclass(schema):
             return None
+    return None
+
+
+def unknown_choice(arg: str) -> str | None:
+    """`model=llama3_dbug`: a choice its config group does not have, named with the closest
+    ones it has (Hydra's own message lists every option beside its config search path)."""
+    match = re.fullmatch(r"\+?([a-z_]+)=([\w.-]+)", arg)
+    if not match or match[1] == "hydra" or match[2] == "null":
+        return None
+    group, choice = match.groups()
+    folder = os.path.join(CONF_DIR, group)
+    if not os.path.isdir(folder):
+        return None
+    options = sorted(f[: -len(".yaml")] for f in os.listdir(folder) if f.endswith(".yaml"))
+    if choice in options:
+        return None
+    near = difflib.get_close_matches(choice, options, n=3)
+    hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+    listed = (
+        ", ".join(options)
+        if len(options) <= 12
+        else f"{len(options)} of them in "
+        f"{os.path.relpath(os.path.realpath(folder), os.path.dirname(CONF_DIR))}/"
+    )
+    return f"{arg}: no such {group}{hint}; the {group} options: {listed}"
+
+
+# What a value must look like for a setting of each type (OmegaConf's own node validates it).
+VALUE_NODES = {
+    int: (IntegerNode, "an integer"),
+    float: (FloatNode, "a number"),
+    bool: (BooleanNode, "true or false"),
+}
+
+
+def wrong_type(arg: str) -> str | None:
+    """`train.steps=abc`: a value the setting's type cannot take, said with what it takes
+    (Hydra's own message names the schema's class and suggests HYDRA_FULL_ERROR)."""
+    match = re.fullmatch(r"([A-Za-z_]\w*(?:\.\w+)+)=(.*)", arg)
+    value = match and match[2]
+    if not value or value == "null" or value[0] in "$[{'\"" or re.search(r"[,(*]", value):
+        return None  # interpolations, lists, quoted or swept values: Hydra's grammar decides
+    schema: typing.Any = Config
+    for part in match[1].split("."):
+        if not dataclasses.is_dataclass(schema):
+            return None
+        schema = typing.get_type_hints(schema).get(part)
+    if isinstance(schema, type) and issubclass(schema, enum.Enum):
+        names = [m.name for m in schema]
+        if value in names:
+            return None
+        return f"{arg}: {match[1]} takes one of {', '.join(names)}"
+    node, what = VALUE_NODES.get(schema, (None, ""))
+    if node is None:
+        return None
+    try:
+        node(value=value)
+    except ValidationError:
+        return f"{arg}: {match[1]} takes {what}, not {value!r}"
     return None
 
 
@@ -181,7 +240,7 @@ def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
 
     def entry() -> None:
         for arg in sys.argv[1:]:
-            if problem := misspelled(arg):
+            if problem := misspelled(arg) or unknown_choice(arg) or wrong_type(arg):
                 fail(problem)
         sys.argv[1:] = [whole_dict(arg) for arg in sys.argv[1:]]
         try:

@@ -9,6 +9,7 @@ import typing
 import pytest
 from conftest import CONF, REFUSED_RECIPES, ROOT, compose_config, run_cli
 
+from launcher import cli
 from launcher.config import Config, DType
 from launcher.plan import make_plan
 from launcher.plan.limitations import refusals
@@ -115,18 +116,59 @@ def test_precision_follows_device():
     ("override", "expected"),
     [
         ("train.stpes=5", "train has no setting 'stpes' (did you mean train.steps?)"),
-        ("hardware.devics_per_node=4", "did you mean hardware.devices_per_node"),
         ("+train.foo=1", "foo"),
-        ("train.steps=abc", "could not be converted to Integer"),
-        ("model=no_such_model", "no_such_model"),
-        ("precision.param_dtype=fp64", "fp64"),
+        ("train.steps=abc", "error: train.steps=abc: train.steps takes an integer, not 'abc'"),
+        ("model=llama3_dbug", "error: model=llama3_dbug: no such model (did you mean llama3_debug"),
     ],
 )
 def test_bad_override_exits_2(override, expected):
+    """One line, exit 2, none of Hydra's own wording (its option lists, search path and
+    HYDRA_FULL_ERROR hint)."""
     result = run_cli("launcher.train", override)
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("hardware.devics_per_node=4", "did you mean hardware.devices_per_node"),
+        ("model=no_such_model", "model=no_such_model: no such model; the model options: "),
+        ("pipeline=1f1c", "no such pipeline (did you mean 1f1b?); the pipeline options: 1f1b, "),
+        ("+recompute=ful", "no such recompute (did you mean full?)"),
+        ("train.compile=maybe", "train.compile takes true or false, not 'maybe'"),
+        ("train.lr=fast", "train.lr takes a number, not 'fast'"),
+        ("precision.param_dtype=fp64", "precision.param_dtype takes one of fp32, "),
+        ("data.attention=docment", "data.attention takes one of "),
+    ],
+)
+def test_bad_override_is_named_before_hydra_composes(override, expected):
+    """The checks launcher.train runs on each override before Hydra: the message it exits 2
+    with (test_bad_override_exits_2 runs the command)."""
+    found = cli.misspelled(override) or cli.unknown_choice(override) or cli.wrong_type(override)
+    assert found is not None and expected in found, found
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "model=llama3_debug",
+        "recipe=null",
+        "train.steps=10",
+        "train.lr=1e-3",
+        "train.compile=true",
+        "train.steps=${oc.env:STEPS}",
+        "train.steps=1,2,3",
+        "precision.param_dtype=bf16",
+        "hydra/launcher=slurm",
+        "parallel.tp=-1",
+    ],
+)
+def test_good_overrides_pass_the_checks(override):
+    assert not (
+        cli.misspelled(override) or cli.unknown_choice(override) or cli.wrong_type(override)
+    )
 
 
 def test_every_setting_is_in_the_config_docs():

@@ -161,6 +161,11 @@ def best_factor(predict, cfgs, measured: list[float], low: float, high: float) -
     return min((x for x in fine if low <= x <= high), key=err)
 
 
+def fit_to(runs: list[tuple], predict, low: float, high: float) -> float:
+    """best_factor over (Config, measured tokens/s) pairs."""
+    return best_factor(predict, [c for c, _ in runs], [m for _, m in runs], low, high)
+
+
 def fit_efficiency(cfgs, measured: list[float]) -> float:
     """The efficiency (0.1% to 100% of peak) whose predicted speeds come closest."""
     return best_factor(predicted_speed, cfgs, measured, 1e-3, 1.0)
@@ -357,19 +362,9 @@ def fit_engine(runs) -> tuple[float, float, float]:
     eager, compiled = one(ENGINE_SCALE_RUN), one(ENGINE_COMPILE_RUN)
     scale, factor, overhead = 1.0, 1.0, 0.0
     for _ in range(3):
-        scale = best_factor(
-            lambda c, x, f=factor, o=overhead: part_speed(c, x, f, o),
-            [c for c, _ in eager],
-            [m for _, m in eager],
-            0.1,
-            2.0,
-        )
-        factor = best_factor(
-            lambda c, f, s=scale, o=overhead: part_speed(c, s, f, o),
-            [c for c, _ in compiled],
-            [m for _, m in compiled],
-            0.5,
-            3.0,
+        scale = fit_to(eager, lambda c, x, f=factor, o=overhead: part_speed(c, x, f, o), 0.1, 2.0)
+        factor = fit_to(
+            compiled, lambda c, f, s=scale, o=overhead: part_speed(c, s, f, o), 0.5, 3.0
         )
         overhead = fit_overhead(scale, factor)
     return scale, factor, overhead
