@@ -69,6 +69,15 @@ def data_line(u, steps: int) -> str:
     return f"{name}{files}: {u.n_tokens:,} tokens{weight}, {u.epochs:.2g} epochs in {steps} steps"
 
 
+def evaluation_line(cfg) -> str:
+    """The named validation sets the run evaluates, and how often."""
+    t = cfg.train
+    sets = ", ".join(f"eval/{name} ({path})" for name, path in cfg.data.val_sources.items())
+    if t.eval_interval <= 0:
+        return f"{sets}: never (train.eval_interval=0)"
+    return f"{sets}, every {t.eval_interval} steps, {t.eval_batches} global batches each"
+
+
 def plan_table(plan: Plan) -> Group:
     cfg, t, hw = plan.cfg, plan.cfg.train, plan.cfg.hardware
     main = Table(title="plan", show_header=False, title_justify="left")
@@ -102,6 +111,14 @@ def plan_table(plan: Plan) -> Group:
     )
     if plan.data:
         main.add_row("data", "\n".join(data_line(u, cfg.train.steps) for u in plan.data))
+    if cfg.data.attention.value == "document":
+        main.add_row(
+            "attention",
+            "document masking: a token attends within its own document (the kernels compute "
+            "the causal square; FLOPs counted as causal)",
+        )
+    if cfg.data.val_sources:  # the default (each source's held-out tail) goes unsaid
+        main.add_row("evaluation", evaluation_line(cfg))
     lay = plan.layout
     if lay is not None:
         main.add_row(

@@ -54,3 +54,23 @@ def test_a_new_term_reaches_the_report_the_json_and_the_search(with_straggler):
     assert all(e.time["straggler"] > 0 for e in fitting[:5])
     assert "straggler" in time_shares(fitting[0], n=len(fitting[0].time.terms))
     assert explain(fitting[0], fitting[1]).startswith("#1 over #2")
+
+
+def test_the_plan_says_document_masking_and_the_named_validation_sets():
+    """Settings that change what a run computes or reports are in the plan's table; the
+    defaults (causal attention, each source's held-out tail) go unsaid."""
+    from rich.console import Console
+
+    def text(*overrides: str) -> str:
+        console = Console(width=200, record=True)
+        console.print(plan_table(make_plan(compose_config(list(overrides)))))
+        return console.export_text()
+
+    default = text()
+    assert "document masking" not in default and "evaluation" not in default
+    shown = text("data.attention=document", "data.val_sources={wiki: w.bin, code: c.bin}")
+    assert "document masking: a token attends within its own document" in shown
+    assert "eval/wiki (w.bin), eval/code (c.bin), every 50 steps, 4 global batches each" in shown
+    assert "never (train.eval_interval=0)" in text(
+        "data.val_sources={wiki: w.bin}", "train.eval_interval=0"
+    )
