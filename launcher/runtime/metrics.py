@@ -113,6 +113,7 @@ class MetricsLogger:
         self.start, self.start_step = time.perf_counter(), start_step
         self.file = None
         self.wandb_run = None
+        self.wandb_where: str | None = None  # the wandb run's page, or its local directory
         self.wandb_done = 0  # steps up to this one are in the wandb run already
         self.tensorboard = None
         if not enabled:
@@ -133,7 +134,14 @@ class MetricsLogger:
                 id=wandb_run_id(Path(run_dir)),
                 resume="allow",
                 config=config,
-                settings=wandb.Settings(console="off", quiet=True),
+                # Silent: its three lines a run (offline mode, where the files are, `wandb
+                # leet`) become one of the run's last lines (wandb_line).
+                settings=wandb.Settings(console="off", quiet=True, silent=True),
+            )
+            self.wandb_where = (
+                self.wandb_run.url
+                if mode == "online"
+                else f"{Path(self.wandb_run.dir).parent} ({mode}: `wandb sync` it to upload)"
             )
             # A rank whose launcher dies exits at once (failures.watch_parent): the steps
             # wandb holds in its queue go to its files first.

@@ -649,6 +649,8 @@ class Trainer:
             f"  metrics        {self.run_dir / 'metrics.jsonl'}",
             f"  checkpoint     {newest.path if newest else 'none'}",
         ]
+        if logger.wandb_where:
+            lines.append(f"  wandb          {logger.wandb_where}")
         if step < t.steps:
             lines.append(f"  to continue    {continue_command(self.run_dir)}")
         return "\n".join(lines)
