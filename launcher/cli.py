@@ -184,6 +184,48 @@ def wrong_type(arg: str) -> str | None:
     return None
 
 
+# Hydra's own flags, long and short (`python -m launcher.train --help` lists them).
+HYDRA_FLAGS = {
+    "--help": "-h",
+    "--hydra-help": None,
+    "--version": None,
+    "--cfg": "-c",
+    "--resolve": None,
+    "--package": "-p",
+    "--run": "-r",
+    "--multirun": "-m",
+    "--shell-completion": "-sc",
+    "--config-path": "-cp",
+    "--config-name": "-cn",
+    "--config-dir": "-cd",
+    "--experimental-rerun": None,
+    "--info": "-i",
+}
+
+
+def unknown_flag(arg: str) -> str | None:
+    """`--stpes 5`: a flag Hydra does not have (its own message is argparse's usage line of
+    a script named train.py), named with the closest ones, and the settings' spelling."""
+    if not arg.startswith("-") or re.fullmatch(r"-[\d.]+", arg):
+        return None
+    name = arg.split("=", 1)[0]
+    if name in HYDRA_FLAGS or name in HYDRA_FLAGS.values():
+        return None
+    near = difflib.get_close_matches(name, list(HYDRA_FLAGS), n=2)
+    hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+    return (
+        f"{arg}: no such flag{hint}; settings are key=value (train.steps=100, not "
+        "--steps 100): `--help` lists the flags and the config groups"
+    )
+
+
+def override_problem(arg: str) -> str | None:
+    """What is wrong with one command-line argument, checked before Hydra composes: a
+    setting the schema lacks, a group choice the group lacks, a value of the wrong type, a
+    flag Hydra lacks (None: nothing this can tell; Hydra and the schema check the rest)."""
+    return misspelled(arg) or unknown_choice(arg) or wrong_type(arg) or unknown_flag(arg)
+
+
 def whole_dict(arg: str) -> str:
     """`data.val_sources={a: x}` as `++data.val_sources={a: x}`: a setting that is a mapping
     takes the one given whole (Hydra's struct mode would refuse its new keys)."""
@@ -240,7 +282,7 @@ def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
 
     def entry() -> None:
         for arg in sys.argv[1:]:
-            if problem := misspelled(arg) or unknown_choice(arg) or wrong_type(arg):
+            if problem := override_problem(arg):
                 fail(problem)
         sys.argv[1:] = [whole_dict(arg) for arg in sys.argv[1:]]
         try:

@@ -141,12 +141,14 @@ def test_bad_override_exits_2(override, expected):
         ("train.lr=fast", "train.lr takes a number, not 'fast'"),
         ("precision.param_dtype=fp64", "precision.param_dtype takes one of fp32, "),
         ("data.attention=docment", "data.attention takes one of "),
+        ("--stpes", "--stpes: no such flag; settings are key=value"),
+        ("--cfgg", "no such flag (did you mean --cfg?)"),
     ],
 )
 def test_bad_override_is_named_before_hydra_composes(override, expected):
     """The checks launcher.train runs on each override before Hydra: the message it exits 2
     with (test_bad_override_exits_2 runs the command)."""
-    found = cli.misspelled(override) or cli.unknown_choice(override) or cli.wrong_type(override)
+    found = cli.override_problem(override)
     assert found is not None and expected in found, found
 
 
@@ -163,12 +165,14 @@ def test_bad_override_is_named_before_hydra_composes(override, expected):
         "precision.param_dtype=bf16",
         "hydra/launcher=slurm",
         "parallel.tp=-1",
+        "--cfg",
+        "-m",
+        "--config-dir=conf",
+        "-1",
     ],
 )
 def test_good_overrides_pass_the_checks(override):
-    assert not (
-        cli.misspelled(override) or cli.unknown_choice(override) or cli.wrong_type(override)
-    )
+    assert cli.override_problem(override) is None
 
 
 def test_every_setting_is_in_the_config_docs():

@@ -20,6 +20,7 @@ CITING = [
 SECTIONS = {
     "model shapes": "Model shapes",
     "published layouts": "Published layouts",
+    "published runs": "Published runs",
     "formulas": "Memory and time formulas",
     "hardware": "Hardware",
 }

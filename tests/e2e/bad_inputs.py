@@ -50,7 +50,7 @@ CONFIG = [
     config("train.lr=abc", "train.lr"),
     config("train.min_lr=nan", "train.min_lr=nan must be >= 0"),
     config("train.min_lr=1", "train.min_lr=1.0 must be <= train.lr"),
-    config("train.lr_schedule=step", "expected one of [cosine, linear, constant, wsd]"),
+    config("train.lr_schedule=step", "takes one of cosine, linear, constant, wsd"),
     config("train.decay_fraction=0", "train.decay_fraction=0.0 must be in (0, 1]"),
     config("train.beta1=2.0", "train.beta1=2.0 must be in [0, 1)"),
     config("train.beta1=-0.5", "train.beta1=-0.5 must be in [0, 1)"),
@@ -260,7 +260,7 @@ SOURCES = [
         ("data.val_sources={held: {W}/tok/vocab_larger_than_model.bin}", "model.vocab_size=1000"),
         "held (vocabulary 1,000, eos id 999, byte-level) does not match the embedded",
     ),
-    config("data.attention=sliding", "expected one of [causal, document]"),
+    config("data.attention=sliding", "takes one of causal, document"),
     Case(
         "sources ids outside vocab",
         "train",
