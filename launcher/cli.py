@@ -258,6 +258,9 @@ def compose_dict(overrides: list[str]) -> DictConfig:
     from hydra import initialize_config_dir
 
     hydra_app(lambda cfg: None)  # registers the schema and resolvers
+    for arg in overrides:  # the commands' own wording before Hydra's (hydra_app's entry)
+        if problem := override_problem(arg):
+            raise ValueError(problem)
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return hydra_compose("config", overrides=[whole_dict(o) for o in overrides])
 

@@ -18,7 +18,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launcher.cli import compose
+from hydra.errors import HydraException
+
+from launcher.cli import compose, fail
 from launcher.plan import Plan, engine_plan
 from launcher.plan import bubble as pl
 from launcher.plan.memory import GIB
@@ -159,5 +161,13 @@ def generate(argv: list[str]) -> str:
     return text
 
 
+def main(argv: list[str]) -> None:
+    """Print the table; an override Hydra or the checks refuse ends with its message, exit 2."""
+    try:
+        sys.stdout.write(generate(argv))
+    except (ValueError, HydraException) as e:
+        fail(str(e))
+
+
 if __name__ == "__main__":
-    sys.stdout.write(generate(sys.argv[1:]))
+    main(sys.argv[1:])

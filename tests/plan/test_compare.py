@@ -3,10 +3,11 @@ variant (its figures are the planner's, checked in the docs' and recipes' genera
 
 from __future__ import annotations
 
+import pytest
 from conftest import compose_config
 
 from launcher.plan import engine_plan
-from launcher.plan.compare import generate, three_digits, verdict
+from launcher.plan.compare import generate, main, three_digits, verdict
 
 
 def test_verdict_names_the_rules_and_says_nothing_of_memory_it_has_not():
@@ -37,3 +38,13 @@ def test_three_significant_digits_keep_their_zeros():
         "0.500",
         "100",
     ]
+
+
+def test_a_bad_override_ends_in_one_line_and_exit_2(capsys):
+    """As launcher.train and launcher.plan: the checks' wording, no traceback."""
+    with pytest.raises(SystemExit) as e:
+        main(["model=llama3_dbug", "--rows", ""])
+    assert e.value.code == 2
+    assert "error: model=llama3_dbug: no such model (did you mean llama3_debug" in (
+        capsys.readouterr().err
+    )
