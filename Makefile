@@ -5,6 +5,7 @@ BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 TRITON  := triton==3.9.0
+TORCHAO := torchao==0.18.0
 TITAN_WHEELS := torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring-parser==0.18.0
 
 .PHONY: setup train test test-all test-slow test-fast test-dist docs lint bench bench-gpu gpu-wheels clean
@@ -65,11 +66,13 @@ bench-gpu: setup
 
 # What the GPU machine's image lacks, as wheels for its Python 3.12 (docs/speed.md):
 # pure-Python distributions, installed there with pip --no-deps --target.
-GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 $(TITAN_WHEELS)
+# torchao's wheel (precision=fp8) is abi3 for manylinux_2_28, built against the image's torch.
+GPU_WHEELS := hydra-core==1.3.8 omegaconf==2.3.1 $(TORCHAO) $(TITAN_WHEELS)
 gpu-wheels: setup
 	mkdir -p .whl
 	$(BIN)/pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-		--implementation cp --platform manylinux2014_x86_64 -d .whl $(GPU_WHEELS)
+		--implementation cp --platform manylinux2014_x86_64 \
+		--platform manylinux_2_28_x86_64 -d .whl $(GPU_WHEELS)
 	$(BIN)/pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # sdist only
 
 lint: setup

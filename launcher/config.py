@@ -21,6 +21,15 @@ class DType(str, Enum):
     fp16 = "fp16"
 
 
+class Float8Scaling(str, Enum):
+    """precision.fp8: the block linears' matmuls in float8 (torchao.float8; launcher/parallel/
+    float8.py) with one scale per tensor or per row; none keeps them in the compute dtype."""
+
+    none = "none"
+    tensorwise = "tensorwise"  # one dynamic scale per tensor (torchao's default recipe)
+    rowwise = "rowwise"  # one per row of each operand: finer, a little slower
+
+
 class DeviceType(str, Enum):
     cpu = "cpu"
     cuda = "cuda"
@@ -45,6 +54,17 @@ class OpMatmuls(str, Enum):
     # The 1st, 3rd, 5th, ... in forward order; the others recomputed (torchtitan's op policy:
     # a Llama block keeps q, v, w1, w2 and recomputes k, wo, w3).
     alternate = "alternate"
+
+
+class AdamWImpl(str, Enum):
+    """How torch's AdamW steps the parameters (launcher/training/optim.py). The same update, in
+    a different number of kernels: fused is one kernel per group of tensors, foreach a few
+    multi-tensor kernels, for_loop a handful per parameter (torch's reference form)."""
+
+    auto = "auto"  # fused on a GPU where the moments are the master weights' dtype; else torch's
+    fused = "fused"
+    foreach = "foreach"
+    for_loop = "for_loop"
 
 
 class LRSchedule(str, Enum):
@@ -87,6 +107,7 @@ class HardwareConfig:
     device_type: DeviceType = DeviceType.cpu
     memory_gib: float = 8.0  # per device
     peak_tflops: float = 0.1  # dense peak of the compute dtype, per device
+    peak_tflops_fp8: float = 0.0  # dense float8 peak per device; 0: the part has no FP8 units
     intra_node_gbps: float = 100.0  # GB/s per device inside a node
     inter_node_gbps: float = 10.0  # GB/s per device across nodes
     storage_gbps: float = 2.0  # GB/s per node written to the checkpoint storage
@@ -192,6 +213,9 @@ class PrecisionConfig:
     grad_dtype: DType = DType.fp32  # gradient reduction
     master_dtype: DType = DType.fp32  # the copy the optimizer updates
     optimizer_dtype: DType = DType.fp32  # Adam moments
+    # The transformer blocks' linear layers in float8 (embeddings, output head, norms, the
+    # router and grouped experts stay in the compute dtype); emulated on CPU.
+    fp8: Float8Scaling = Float8Scaling.none
 
 
 @dataclass
@@ -210,6 +234,7 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 turns clipping off
+    adamw: AdamWImpl = AdamWImpl.auto
     eval_interval: int = 50  # 0 turns evaluation off
     eval_batches: int = 4  # global batches of the held-out split per evaluation
     compile: bool = False  # torch.compile each block (inductor; needs a C compiler on CPU)

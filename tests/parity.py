@@ -56,6 +56,7 @@ class Row:
     model: tuple[str, ...]
     layout: tuple[str, ...]
     grad_rtol: float = 5e-4
+    loss_rtol: float = 1e-5
 
     @property
     def atol(self) -> float:
@@ -133,14 +134,15 @@ def assert_params_match(ref_dir: Path, run_dir: Path, rtol: float, atol: float, 
 
 
 def assert_row(group: Group, row: Row) -> None:
-    """Hold a row's run to its reference: losses within 1e-5 relative, gradient norms within
+    """Hold a row's run to its reference: losses within `loss_rtol` (1e-5) relative, gradient
+    norms within
     `grad_rtol` (5e-4: a vocab-parallel loss sums its softmax in another order, and the norm
     squares and adds every gradient), final parameters within 1e-4 relative + `Row.atol`
     (Adam divides by each gradient's running RMS, so near-zero gradients carry rounding into
     the update at the scale of lr)."""
     ref_dir, ref_losses = reference(group, row.reference)
     run_dir = group.result(row.job)
-    assert_parity(ref_losses, read_layout(run_dir, "loss"), rtol=1e-5, label=row.label)
+    assert_parity(ref_losses, read_layout(run_dir, "loss"), rtol=row.loss_rtol, label=row.label)
     assert_parity(
         read_layout(ref_dir, "grad_norm"),
         read_layout(run_dir, "grad_norm"),

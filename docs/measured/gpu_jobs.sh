@@ -14,6 +14,10 @@
 #   llama_profile, dsv2_profile the default compiled / DeepSeek's eager, engine alone, and one
 #                               more step profiled: its top kernels in $OUT/JOB.txt (--profile)
 #   gpt_flash_profile           gpt_flash, profiled likewise
+#   llama_alone, llama_foreach  the default compiled, engine alone: AdamW fused (train.adamw=auto
+#                               on a GPU) / foreach (torch's default on CUDA)
+#   llama_fp8, llama_fp8_row    the default compiled in precision=fp8, tensorwise / rowwise
+#   l8b, l8b_fp8                Llama 3 8B's shape cut to 8 layers, compiled, bf16 / fp8
 # Tried on CPU at debug size first: EXTRA="model=deepseek_debug hardware=cpu train.seq_len=64
 # train.compile=false" bash docs/measured/gpu_jobs.sh dsv2_eager (nvidia-smi absent: h100_80g).
 set -u
@@ -57,6 +61,12 @@ for job in "$@"; do
                     --profile "$OUT/dsv2_profile.txt" ;;
     gpt_flash_profile) bench gpt_flash_profile 150 gpt_1_7b 2 "" model.flash_attention=true \
                          model.dropout=0 --profile "$OUT/gpt_flash_profile.txt" ;;
+    llama_alone) bench llama_alone 150 llama3_2_1b 2 "" ;;
+    llama_foreach) bench llama_foreach 150 llama3_2_1b 2 "" train.adamw=foreach ;;
+    llama_fp8) bench llama_fp8 150 llama3_2_1b 2 "" precision=fp8 ;;
+    llama_fp8_row) bench llama_fp8_row 150 llama3_2_1b 2 "" precision=fp8 precision.fp8=rowwise ;;
+    l8b) bench l8b 180 llama3_8b_8l 2 "" ;;
+    l8b_fp8) bench l8b_fp8 180 llama3_8b_8l 2 "" precision=fp8 ;;
     *) echo "unknown job $job (see the script's header)" >&2; exit 2 ;;
   esac
 done

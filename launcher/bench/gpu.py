@@ -5,6 +5,8 @@ Workloads (`--workload`), each in bf16 with compiled blocks on one 80 GB GPU:
 
 - llama3_2_1b (default): Llama 3.2 1B (dim 2048, 16 layers, 32 / 8 heads, FFN 8192,
   vocabulary 128256) at sequence 8192, global batch 4;
+- llama3_8b_8l: Llama 3 8B's shape (dim 4096, FFN 14336) cut to 8 of its 32 layers, as the
+  default otherwise: the GEMMs that precision=fp8 is measured on;
 - deepseek_v2_lite: the first 4 of DeepSeek-V2-Lite's 27 layers (MLA, one dense layer, then
   64 routed experts of 1408 top-6 + 2 shared) at sequence 4096, global batch 4;
 - mixtral_8x7b: 2 of Mixtral 8x7B's 32 layers (8 experts of 14336, top-2; what fits with fp32
@@ -95,8 +97,14 @@ GPT_1_7B = [
     "train.micro_batch_size=2",
 ]
 
+# Llama 3 8B's shape cut to 8 of its 32 layers (2.80B parameters: 45 GB of fp32 weights,
+# gradients and Adam moments, room left for 8K activations on one 80 GB GPU): the 8B-shaped GEMMs
+# (4096 x 14336) that FP8 is measured on (precision=fp8 against bf16_mixed).
+GPU_8B_CUT = [*GPU_1B[1:], "model=llama3_8b", "model.n_layers=8"]
+
 WORKLOADS = {
     "llama3_2_1b": GPU_1B,
+    "llama3_8b_8l": GPU_8B_CUT,
     "gpt_1_7b": GPT_1_7B,
     "deepseek_v2_lite": DEEPSEEK_V2_LITE,
     "mixtral_8x7b": MIXTRAL_8X7B,

@@ -1,13 +1,14 @@
 """Compose the parallelism axes for a model, in one fixed order.
 
-Order (as in torchtitan): tensor parallelism -> context parallelism -> activation checkpointing
--> compile -> data parallelism (FSDP/HSDP or DDP). TP rewrites the modules' parameters into
-DTensors that FSDP then shards on the data-parallel mesh dimensions; CP swaps each block's
-attention core, which selective checkpointing then wraps (so the ring is what is recomputed);
-checkpointing and compile wrap blocks that must already be TP-sharded (so the recomputed and
-compiled code is the sharded one); FSDP comes last because it groups each (wrapped, compiled)
-block into one communication unit. Context-parallel ranks hold the same parameters and
-different tokens, so FSDP shards over dp_shard x cp and DDP averages over dp x cp.
+Order (as in torchtitan): float8 linears (precision.fp8) -> tensor parallelism -> context
+parallelism -> activation checkpointing -> compile -> data parallelism (FSDP/HSDP or DDP). TP
+rewrites the modules' parameters into DTensors that FSDP then shards on the data-parallel mesh
+dimensions; CP swaps each block's attention core, which selective checkpointing then wraps (so
+the ring is what is recomputed); checkpointing and compile wrap blocks that must already be TP-
+sharded (so the recomputed and compiled code is the sharded one); FSDP comes last because it
+groups each (wrapped, compiled) block into one communication unit. Context-parallel ranks hold
+the same parameters and different tokens, so FSDP shards over dp_shard x cp and DDP averages
+over dp x cp.
 
 All of it runs on the meta device (`build`): the model is built whole there, split, sharded,
 and only then does each rank allocate and initialise what it holds; DDP, which needs real
@@ -29,6 +30,7 @@ from launcher.parallel import pipeline_parallel  # torch.distributed.pipelining:
 from launcher.parallel.context_parallel import apply_cp
 from launcher.parallel.data_parallel import DTYPES, apply_ddp, apply_fsdp
 from launcher.parallel.expert_parallel import apply_ep, apply_moe_hooks, expert_parameter_names
+from launcher.parallel.float8 import apply_float8
 from launcher.parallel.materialize import materialize
 from launcher.parallel.recompute import apply_ac, apply_compile
 from launcher.parallel.tensor_parallel import apply_tp
@@ -48,6 +50,8 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
     """Shard a model (built identically on every rank, on the meta device or real) as the
     layout says: every axis but DDP (`replicate`). Model family, compile and precision come
     from the config; everything about the layout from `layout`."""
+    if cfg.precision.fp8.value != "none":
+        apply_float8(model, cfg.precision.fp8.value, emulate=d.device.type != "cuda")
     if layout.tp > 1:
         apply_tp(
             model,

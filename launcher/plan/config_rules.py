@@ -297,6 +297,33 @@ def moments_no_wider(cfg):
         )
 
 
+@config_rule("precision", ("precision.fp8", "hardware.device_type", "hardware.peak_tflops_fp8"))
+def fp8_units(cfg):
+    # Float8 GEMMs need the part's FP8 tensor cores (Hopper, Blackwell); on CPU torchao emulates
+    # them (the casts and scales exact, the matmul in the input dtype), for the tests.
+    fp8, hw = cfg.precision.fp8.value, cfg.hardware
+    if fp8 != "none" and hw.device_type.value == "cuda" and hw.peak_tflops_fp8 <= 0:
+        part = f" ({hw.part})" if hw.part else ""
+        yield (
+            f"precision.fp8={fp8} needs FP8 units, which hardware={hw.name}{part} has not "
+            "(hardware.peak_tflops_fp8=0): use precision=bf16_mixed, or a Hopper or Blackwell "
+            "preset (h100_80g, h200, h800, b200)"
+        )
+
+
+@config_rule("precision", ("train.adamw", "precision.master_dtype", "precision.optimizer_dtype"))
+def fused_adamw_moments(cfg):
+    # torch's fused and foreach kernels update moments of the parameters' dtype; narrower ones
+    # take MomentDtypeAdamW's own loop (optim.py).
+    prec, impl = cfg.precision, getattr(cfg.train.adamw, "value", cfg.train.adamw)
+    if impl in ("fused", "foreach") and prec.optimizer_dtype != prec.master_dtype:
+        yield (
+            f"train.adamw={impl} needs precision.optimizer_dtype equal to master_dtype (got "
+            f"{prec.optimizer_dtype.value} and {prec.master_dtype.value}): moments narrower than "
+            "the weights are updated by their own loop; use train.adamw=auto"
+        )
+
+
 @config_rule("launch", ("launch", "hardware.nodes", "parallel.auto", "train.max_restarts"))
 def launch(cfg):
     """A rendezvous a launcher can meet at, and a node range a run can go on over (torchrun's

@@ -111,6 +111,7 @@ RANGES: dict[str, Range] = {
     "hardware.devices_per_node": POSITIVE,
     "hardware.memory_gib": above(0),
     "hardware.peak_tflops": above(0),
+    "hardware.peak_tflops_fp8": at_least(0, "0: the part has no FP8 units"),
     "hardware.intra_node_gbps": above(0),
     "hardware.inter_node_gbps": above(0),
     "hardware.storage_gbps": above(0),

@@ -61,6 +61,22 @@ def mesh_rows(plan: Plan) -> list[tuple[str, str]]:
     return rows
 
 
+def precision_line(cfg) -> str:
+    """The precision row: the preset's name, its compute and master dtypes and, under
+    precision.fp8, which matmuls run in float8 and how the plan prices them."""
+    prec = cfg.precision
+    line = f"{prec.name} (compute {prec.compute_dtype.value}, master {prec.master_dtype.value})"
+    if prec.fp8.value == "none":
+        return line
+    emulated = ", emulated on CPU" if cfg.hardware.device_type.value == "cpu" else ""
+    return (
+        f"{line}\nthe blocks' linear layers in float8 ({prec.fp8.value} scales{emulated}); "
+        "embeddings, output, norms, router and grouped experts in "
+        f"{prec.compute_dtype.value}. Step time priced as {prec.compute_dtype.value}: the "
+        "planner has no FP8 terms yet (a float8 run is faster than this plan says)"
+    )
+
+
 def data_line(u, steps: int) -> str:
     """One training source: its tokens, its weight, and how often the run reads it."""
     name = u.label.split("=", 1)[-1]  # the path, without data.path= or data.sources[i].path=
@@ -104,11 +120,7 @@ def plan_table(plan: Plan) -> Group:
     alternate = rc.mode.value == "op" and rc.matmuls.value == "alternate"
     kept = ", every other matmul's output kept" if alternate else ""
     main.add_row("recompute", rc.mode.value + kept + every + sp)
-    main.add_row(
-        "precision",
-        f"{cfg.precision.name} (compute {cfg.precision.compute_dtype.value},"
-        f" master {cfg.precision.master_dtype.value})",
-    )
+    main.add_row("precision", precision_line(cfg))
     if plan.data:
         main.add_row("data", "\n".join(data_line(u, cfg.train.steps) for u in plan.data))
     if cfg.data.attention.value == "document":

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
-from launcher.config import PrecisionConfig, TrainConfig
+from launcher.config import AdamWImpl, PrecisionConfig, TrainConfig
 from launcher.layout import Layout
 from launcher.parallel.data_parallel import DTYPES
 from launcher.parallel.expert_parallel import expert_params
@@ -163,12 +163,14 @@ class Optimizers:
         )
 
         for part, opt in self.pairs:
+            impl = [{k: g[k] for k in IMPL_KEYS if k in g} for g in opt.param_groups]
             if is_zero1(opt):
                 load_zero1(part, opt, self._entries(part, zero1_entries(part, opt), state))
             else:
                 mine = get_optimizer_state_dict(part, opt, options=flat())
                 ours = self._entries(part, mine, state)
                 set_optimizer_state_dict(part, opt, ours, options=flat())
+            keep_impl(opt, impl)
 
     def _entries(self, part: nn.Module, keys, state: dict) -> dict:
         """`part`'s entries of a loaded state dict, by its own keys. An aliased entry is
@@ -180,6 +182,23 @@ class Optimizers:
             value = state[saved]
             out[key] = value.clone() if saved != key and isinstance(value, torch.Tensor) else value
         return out
+
+
+# The param-group keys that say how AdamW computes, not what: train.adamw of the run that
+# loads a checkpoint, never of the run that saved it (a GPU run's fused=True resumed on CPU).
+IMPL_KEYS = ("fused", "foreach")
+
+
+def keep_impl(opt: torch.optim.Optimizer, impl: list[dict]) -> None:
+    """Put back each group's IMPL_KEYS after a load, and a fused group's step counts on its
+    parameters' device (where torch's fused kernel reads them; a loaded one arrives on CPU)."""
+    for group, keys in zip(opt.param_groups, impl, strict=True):
+        group.update(keys)
+        if group.get("fused"):
+            for p in group["params"]:
+                state = opt.state.get(p, {})
+                if "step" in state:
+                    state["step"] = state["step"].to(p.device, torch.float32)
 
 
 def flat():
@@ -229,8 +248,25 @@ def load_zero1(part: nn.Module, opt: Zero1, state: dict) -> None:
             "exp_avg_sq": state[f"state.{name}.exp_avg_sq"].detach().clone().to(dtype),
         }
         for key in group:
-            if key != "params" and f"param_groups.{name}.{key}" in state:
+            if key not in ("params", *IMPL_KEYS) and f"param_groups.{name}.{key}" in state:
                 group[key] = state[f"param_groups.{name}.{key}"]
+
+
+def adamw_impl(t: TrainConfig, prec: PrecisionConfig, d: Dist) -> dict:
+    """torch.optim.AdamW's keywords for train.adamw. auto: fused on a GPU (one kernel per group
+    of tensors in place of foreach's several passes: measured in docs/speed.md) unless the
+    moments are narrower than the master weights (MomentDtypeAdamW's own loop); elsewhere
+    torch's default (the for-loop on CPU, which the parity tests compare bit for bit)."""
+    impl = AdamWImpl(getattr(t.adamw, "value", t.adamw))
+    if impl == AdamWImpl.auto:
+        fusable = prec.optimizer_dtype == prec.master_dtype
+        impl = AdamWImpl.fused if fusable and d.device.type == "cuda" else None
+    return {
+        None: {},
+        AdamWImpl.fused: {"fused": True},
+        AdamWImpl.foreach: {"foreach": True},
+        AdamWImpl.for_loop: {"foreach": False},
+    }[impl]
 
 
 def build_optimizers(
@@ -239,7 +275,7 @@ def build_optimizers(
     """AdamW per part; with ZeRO-1 its states sharded over dp_shard x cp (ranks that hold the
     same parameters). Moments in precision.optimizer_dtype: torch's own AdamW when that is the
     master weights' dtype (the parity tests compare it bit for bit), MomentDtypeAdamW otherwise."""
-    kwargs = {"lr": t.lr, "betas": (t.beta1, t.beta2), "eps": 1e-8}
+    kwargs = {"lr": t.lr, "betas": (t.beta1, t.beta2), "eps": 1e-8, **adamw_impl(t, prec, d)}
     adamw = torch.optim.AdamW
     if prec.optimizer_dtype != prec.master_dtype:
         # A partial, not a constructor keyword: ZeRO-1 would copy such a keyword into every
