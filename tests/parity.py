@@ -135,9 +135,8 @@ def assert_params_match(ref_dir: Path, run_dir: Path, rtol: float, atol: float, 
 
 def assert_row(group: Group, row: Row) -> None:
     """Hold a row's run to its reference: losses within `loss_rtol` (1e-5) relative, gradient
-    norms within
-    `grad_rtol` (5e-4: a vocab-parallel loss sums its softmax in another order, and the norm
-    squares and adds every gradient), final parameters within 1e-4 relative + `Row.atol`
+    norms within `grad_rtol` (5e-4: a vocab-parallel loss sums its softmax in another order, and
+    the norm squares and adds every gradient), final parameters within 1e-4 relative + `Row.atol`
     (Adam divides by each gradient's running RMS, so near-zero gradients carry rounding into
     the update at the scale of lr)."""
     ref_dir, ref_losses = reference(group, row.reference)

@@ -100,7 +100,7 @@ GPT_1_7B = [
 # Llama 3 8B's shape cut to 8 of its 32 layers (2.80B parameters: 45 GB of fp32 weights,
 # gradients and Adam moments, room left for 8K activations on one 80 GB GPU): the 8B-shaped GEMMs
 # (4096 x 14336) that FP8 is measured on (precision=fp8 against bf16_mixed).
-GPU_8B_CUT = [*GPU_1B[1:], "model=llama3_8b", "model.n_layers=8"]
+GPU_8B_CUT = with_overrides(GPU_1B, ["model=llama3_8b", "model.n_layers=8"])
 
 WORKLOADS = {
     "llama3_2_1b": GPU_1B,

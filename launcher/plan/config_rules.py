@@ -315,7 +315,7 @@ def fp8_units(cfg):
 def fused_adamw_moments(cfg):
     # torch's fused and foreach kernels update moments of the parameters' dtype; narrower ones
     # take MomentDtypeAdamW's own loop (optim.py).
-    prec, impl = cfg.precision, getattr(cfg.train.adamw, "value", cfg.train.adamw)
+    prec, impl = cfg.precision, cfg.train.adamw.value
     if impl in ("fused", "foreach") and prec.optimizer_dtype != prec.master_dtype:
         yield (
             f"train.adamw={impl} needs precision.optimizer_dtype equal to master_dtype (got "

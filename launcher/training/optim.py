@@ -257,7 +257,7 @@ def adamw_impl(t: TrainConfig, prec: PrecisionConfig, d: Dist) -> dict:
     of tensors in place of foreach's several passes: measured in docs/speed.md) unless the
     moments are narrower than the master weights (MomentDtypeAdamW's own loop); elsewhere
     torch's default (the for-loop on CPU, which the parity tests compare bit for bit)."""
-    impl = AdamWImpl(getattr(t.adamw, "value", t.adamw))
+    impl = AdamWImpl(t.adamw)
     if impl == AdamWImpl.auto:
         fusable = prec.optimizer_dtype == prec.master_dtype
         impl = AdamWImpl.fused if fusable and d.device.type == "cuda" else None
