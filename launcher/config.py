@@ -137,6 +137,11 @@ class HardwareConfig:
     # memory-bound work and the fewer launches the planner counts (launcher/plan/kernels.py);
     # fitted with efficiency_scale. 1: none (nothing measured compiled on the part).
     compile_factor: float = 1.0
+    # Under precision.fp8: the share of the same curve a float8 GEMM reaches relative to
+    # peak_tflops_fp8 (torchao's tensorwise kernels; rowwise at kernels.FP8_ROWWISE of it),
+    # fitted per part to FP8 runs on it (`python -m launcher.plan.calibrate --hopper`). 1: as
+    # the part's bf16 GEMMs (nothing measured in FP8 on the part).
+    efficiency_scale_fp8: float = 1.0
 
 
 @dataclass

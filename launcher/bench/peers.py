@@ -30,6 +30,7 @@ from launcher.cli import compose
 from launcher.config import TrainConfig
 from launcher.hf.config_json import to_hf_config
 from launcher.parallel.data_parallel import DTYPES
+from launcher.parallel.float8 import quiet_torchao
 from launcher.plan import engine_plan
 from launcher.plan.report import problems_message
 from launcher.runtime import distributed
@@ -138,13 +139,14 @@ def hugging_face(w: Workload) -> Step:
     """transformers' model of the same shape (LlamaForCausalLM, MixtralForCausalLM,
     DeepseekV3ForCausalLM or DeepseekV2ForCausalLM), random init, SDPA attention, in a plain
     loop; with compile, each decoder layer compiled."""
-    import transformers
+    with quiet_torchao():  # transformers imports it, where installed, with its model classes
+        import transformers
 
-    hf = to_hf_config(w.model, "float32")
-    config = transformers.AutoConfig.for_model(**hf)  # model_type picks the class
-    torch.manual_seed(w.train.seed)
-    model_cls = getattr(transformers, hf["architectures"][0])
-    model = model_cls._from_config(config, attn_implementation="sdpa").to(w.device)
+        hf = to_hf_config(w.model, "float32")
+        config = transformers.AutoConfig.for_model(**hf)  # model_type picks the class
+        torch.manual_seed(w.train.seed)
+        model_cls = getattr(transformers, hf["architectures"][0])
+        model = model_cls._from_config(config, attn_implementation="sdpa").to(w.device)
     model.train()
     if w.compile:
         for layer in model.model.layers:

@@ -17,6 +17,7 @@ model converters before parallelizing.
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
 from dataclasses import replace
 
 from torch import nn
@@ -38,21 +39,29 @@ def block_linear(module: nn.Module, fqn: str) -> bool:
     )
 
 
-def float8_config(scaling: str, emulate: bool):
-    """torchao's recipe for `scaling` (tensorwise | rowwise), emulated where the device has no
-    float8 GEMM (CPU)."""
-    # torchao is imported only where precision.fp8 is set: it takes ~3 s. Its import warns that
-    # its C++ extensions (not used by float8 training) do not match this torch, and makes torch
-    # warn about an enum it registers: noise in a run's log, quieted.
+@contextmanager
+def quiet_torchao():
+    """Around torchao's first import: it warns that its C++ extensions (not used by float8
+    training) do not match this torch, and makes torch warn about an enum it registers; noise
+    in a run's log, quieted. (transformers imports torchao too, where installed, when it
+    builds a model: launcher.bench's peer.)"""
     noisy = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
     levels = [log.level for log in noisy]
     for log in noisy:
         log.setLevel(logging.ERROR)
     try:
-        from torchao.float8 import Float8LinearConfig
+        yield
     finally:
         for log, level in zip(noisy, levels, strict=True):
             log.setLevel(level)
+
+
+def float8_config(scaling: str, emulate: bool):
+    """torchao's recipe for `scaling` (tensorwise | rowwise), emulated where the device has no
+    float8 GEMM (CPU)."""
+    # torchao is imported only where precision.fp8 is set: it takes ~3 s.
+    with quiet_torchao():
+        from torchao.float8 import Float8LinearConfig
 
     config = Float8LinearConfig.from_recipe_name(scaling)
     return replace(config, emulate=emulate)

@@ -139,6 +139,14 @@ def predicted_speed(cfg, efficiency: float) -> float:
     return make_plan(with_hardware(cfg, efficiency=efficiency)).estimate.tokens_per_s_per_device
 
 
+def fp8_speed(cfg, scale: float) -> float:
+    """tokens/s per device the planner predicts for `cfg` with
+    hardware.efficiency_scale_fp8=scale."""
+    return make_plan(
+        with_hardware(cfg, efficiency_scale_fp8=scale)
+    ).estimate.tokens_per_s_per_device
+
+
 def scaled_speed(cfg, scale: float) -> float:
     """tokens/s per device the planner predicts for `cfg` with hardware.efficiency_scale=scale."""
     hw = replace(cfg.hardware, efficiency=0.0, efficiency_scale=scale)
@@ -231,23 +239,48 @@ def rms(r: list[float]) -> float:
     return math.sqrt(sum(x * x for x in r) / len(r))
 
 
-def part_speed(cfg, scale: float, factor: float, overhead_us: float | None = None) -> float:
+def part_speed(
+    cfg,
+    scale: float,
+    factor: float,
+    overhead_us: float | None = None,
+    fp8_scale: float | None = None,
+) -> float:
     """tokens/s per device the planner predicts for `cfg` with the part's efficiency_scale,
-    compile_factor and (unless None) microbatch_overhead_us replaced."""
+    compile_factor and (unless None) microbatch_overhead_us and efficiency_scale_fp8
+    replaced."""
     hw = replace(cfg.hardware, efficiency=0.0, efficiency_scale=scale, compile_factor=factor)
     if overhead_us is not None:
         hw = replace(hw, microbatch_overhead_us=overhead_us)
+    if fp8_scale is not None:
+        hw = replace(hw, efficiency_scale_fp8=fp8_scale)
     return make_plan(replace(cfg, hardware=hw)).estimate.tokens_per_s_per_device
 
 
-def in_use(preset: str) -> tuple[float, float, float]:
+def rowwise_scale(fp8_scale: float, rowwise: float) -> float:
+    """The efficiency_scale_fp8 that plans a rowwise run at `rowwise` of tensorwise's speed
+    under `fp8_scale` (the planner multiplies by kernels.FP8_ROWWISE, the value in use)."""
+    return fp8_scale * rowwise / kernels.FP8_ROWWISE
+
+
+def is_fp8(cfg) -> bool:
+    return cfg.precision.fp8.value != "none"
+
+
+def in_use(preset: str) -> tuple[float, float, float, float]:
     hw = compose([f"hardware={preset}"]).hardware
-    return hw.efficiency_scale, hw.compile_factor, hw.microbatch_overhead_us
+    return (
+        hw.efficiency_scale,
+        hw.compile_factor,
+        hw.microbatch_overhead_us,
+        hw.efficiency_scale_fp8,
+    )
 
 
 # The presets whose figures torchtitan's published runs set: its eager "fit" rows on each give
 # the scale, its compiled H100 rows h100_hbm2e's compile_factor (a100_80g takes that factor:
-# torchtitan published no compiled A100 run).
+# torchtitan published no compiled A100 run), its FP8 "fit" row h100_hbm2e's
+# efficiency_scale_fp8.
 TORCHTITAN_PRESETS = ("h100_hbm2e", "a100_80g")
 
 
@@ -261,40 +294,44 @@ def calibrate_hopper() -> None:
     runs = [r for r in RUNS if r.stack == "torchtitan"]
     cfgs = [compose(r.overrides.split()) for r in runs]
     compiled = ["train.compile=true" in r.overrides for r in runs]
-    scales = {}
-    for preset in TORCHTITAN_PRESETS:
-        fit = [
+
+    def fit_rows(compiled_: bool, fp8: bool, preset: str | None = None) -> list[tuple]:
+        return [
             (c, r.tokens_per_s)
             for r, c, k in zip(runs, cfgs, compiled, strict=True)
-            if r.use == "fit" and not k and c.hardware.name == preset
+            if r.use == "fit"
+            and k == compiled_
+            and is_fp8(c) == fp8
+            and preset in (None, c.hardware.name)
         ]
-        scales[preset] = best_factor(
-            scaled_speed, [c for c, _ in fit], [m for _, m in fit], 0.1, 2.0
-        )
-    fit = [
-        (c, r.tokens_per_s)
-        for r, c, k in zip(runs, cfgs, compiled, strict=True)
-        if r.use == "fit" and k
-    ]
-    factor = best_factor(
-        lambda c, f: part_speed(c, scales[c.hardware.name], f),
-        [c for c, _ in fit],
-        [m for _, m in fit],
-        0.5,
+
+    scales = {
+        preset: fit_to(fit_rows(False, False, preset), scaled_speed, 0.1, 2.0)
+        for preset in TORCHTITAN_PRESETS
+    }
+    factor = fit_to(
+        fit_rows(True, False), lambda c, f: part_speed(c, scales[c.hardware.name], f), 0.5, 2.0
+    )
+    fp8_scale = fit_to(
+        fit_rows(True, True),
+        lambda c, x: part_speed(c, scales[c.hardware.name], factor, fp8_scale=x),
+        0.1,
         2.0,
     )
     fitted = ", ".join(f"{p} {scales[p]:.3f} (in use: {in_use(p)[0]})" for p in scales)
     table = Table(
         title=f"torchtitan's runs: efficiency_scale fitted to its eager rows: {fitted}; "
         f"h100_hbm2e's compile_factor {factor:.3f} to its compiled rows (in use: "
-        f"{in_use('h100_hbm2e')[1]})",
+        f"{in_use('h100_hbm2e')[1]}), its efficiency_scale_fp8 {fp8_scale:.3f} to its FP8 "
+        f"row (in use: {in_use('h100_hbm2e')[3]})",
         title_justify="left",
     )
     for col in ("run", "part", "fits", "published tok/s/GPU", "predicted", "residual"):
         table.add_column(col, justify="left" if col in ("run", "part") else "right")
     for run, cfg, k in zip(runs, cfgs, compiled, strict=True):
-        p = part_speed(cfg, scales[cfg.hardware.name], factor)
-        fits = ("compile" if k else "scale") if run.use == "fit" else "-"
+        p = part_speed(cfg, scales[cfg.hardware.name], factor, fp8_scale=fp8_scale)
+        kind = "fp8" if is_fp8(cfg) else ("compile" if k else "scale")
+        fits = {"fit": kind, "shown": f"shown: {run.lacks}"}.get(run.use, "-")
         table.add_row(
             run.name,
             cfg.hardware.name,
@@ -303,9 +340,9 @@ def calibrate_hopper() -> None:
             f"{p:,.0f}",
             f"{(p - run.tokens_per_s) / run.tokens_per_s:+.1%}",
         )
-    Console(width=120).print(table)
+    Console(width=140).print(table)
     calibrate_engine()
-    Console(width=150).print(presets_table())
+    Console(width=170).print(presets_table())
 
 
 # This engine's own runs (launcher.bench.gpu --json; docs/speed.md, "On one GPU") on the GH100
@@ -314,12 +351,17 @@ def calibrate_hopper() -> None:
 # to the compiled one on the H100, microbatch_overhead_us to the pair of H200 runs that differ
 # in their micro-batches alone (8 of 1 against 4 of 2 at sequence 4096: the same tokens, the
 # same GEMM widths to the planner; measured before the loss was compiled, which costs per token,
-# not per micro-batch); every other run in these directories is held out (the sub-directories,
-# runs of code since changed, are not read as runs).
+# not per micro-batch); efficiency_scale_fp8 to the FP8 run of Llama 3 8B's shape cut to 16
+# layers on an H200 (the largest share of float8 GEMMs measured), kernels.FP8_ROWWISE to the
+# rowwise run of Llama 3.2 1B against the tensorwise one beside it; every other run in these
+# directories is held out (the sub-directories, runs of code since changed, are not read as
+# runs).
 MEASURED = Path(__file__).resolve().parents[2] / "docs" / "measured"
-ENGINE_RUNS = ("h100-2026-11-26", "h200-2026-11-26", "h200-2026-11-27")
+ENGINE_RUNS = ("h100-2026-11-26", "h200-2026-11-26", "h200-2026-11-27", "h200-2026-11-27b")
 ENGINE_SCALE_RUN = ("h200-2026-11-26", "bench_eager")
 ENGINE_COMPILE_RUN = ("h100-2026-11-26", "bench_compiled")
+ENGINE_FP8_RUN = ("h200-2026-11-27b", "l16_fp8")
+ENGINE_ROWWISE_RUN = ("h200-2026-11-27b", "llama_fp8_row")
 ENGINE_MICROBATCH_RUNS = (
     "h200-2026-11-26/eager-loss",
     "bench_4096_compiled",
@@ -352,9 +394,37 @@ def engine_runs() -> list[tuple[str, dict, object]]:
     return [(d, row, cfg) for d in ENGINE_RUNS for row, cfg in measured_runs(str(MEASURED / d))]
 
 
-def fit_engine(runs) -> tuple[float, float, float]:
+@dataclass(frozen=True)
+class EngineFit:
+    """What calibrate fits to this engine's runs on the GH100 die."""
+
+    scale: float  # efficiency_scale
+    factor: float  # compile_factor
+    overhead: float  # microbatch_overhead_us
+    fp8_scale: float  # efficiency_scale_fp8
+    rowwise: float  # kernels.FP8_ROWWISE
+
+    def plan(self, cfg):
+        """make_plan of `cfg` with these constants."""
+        fp8 = self.fp8_scale
+        if cfg.precision.fp8.value == "rowwise":
+            fp8 = rowwise_scale(fp8, self.rowwise)
+        return make_plan(
+            with_hardware(
+                cfg,
+                efficiency=0.0,
+                efficiency_scale=self.scale,
+                compile_factor=self.factor,
+                microbatch_overhead_us=self.overhead,
+                efficiency_scale_fp8=fp8,
+            )
+        )
+
+
+def fit_engine(runs) -> EngineFit:
     """efficiency_scale to the eager run, compile_factor to the compiled one, the overhead per
-    micro-batch to the pair: each depends a little on the others, so three rounds."""
+    micro-batch to the pair (each depends a little on the others, so three rounds); then, with
+    those, efficiency_scale_fp8 to the FP8 run and the rowwise factor to the rowwise one."""
 
     def one(key: tuple[str, str]) -> list:
         return [(cfg, row["tokens_per_s"]) for d, row, cfg in runs if (d, row["job"]) == key]
@@ -367,47 +437,58 @@ def fit_engine(runs) -> tuple[float, float, float]:
             compiled, lambda c, f, s=scale, o=overhead: part_speed(c, s, f, o), 0.5, 3.0
         )
         overhead = fit_overhead(scale, factor)
-    return scale, factor, overhead
+    fp8 = fit_to(
+        one(ENGINE_FP8_RUN), lambda c, x: part_speed(c, scale, factor, overhead, x), 0.1, 2.0
+    )
+    rowwise = fit_to(
+        one(ENGINE_ROWWISE_RUN),
+        lambda c, r: part_speed(c, scale, factor, overhead, rowwise_scale(fp8, r)),
+        0.1,
+        2.0,
+    )
+    return EngineFit(scale, factor, overhead, fp8, rowwise)
 
 
 def calibrate_engine() -> None:
     """Fit the GH100 presets' efficiency_scale and compile_factor to this engine's runs and
     print every run's residual (tokens/s, and peak memory without the CUDA reserve)."""
     runs = engine_runs()
-    scale, factor, overhead = fit_engine(runs)
+    fit = fit_engine(runs)
     uses = ", ".join(
-        f"{p} {in_use(p)[0]} x {in_use(p)[1]} + {in_use(p)[2]:g} us" for p in ENGINE_PRESETS
+        f"{p} {in_use(p)[0]} x {in_use(p)[1]} + {in_use(p)[2]:g} us, fp8 {in_use(p)[3]}"
+        for p in ENGINE_PRESETS
     )
     table = Table(
         title=f"this engine on the GH100 die ({', '.join(ENGINE_PRESETS)}): efficiency_scale "
-        f"{scale:.3f} fitted to {'/'.join(ENGINE_SCALE_RUN)}, compile_factor {factor:.3f} to "
-        f"{'/'.join(ENGINE_COMPILE_RUN)}, microbatch_overhead_us {overhead:,.0f} to "
-        f"{'/'.join(ENGINE_MICROBATCH_RUNS[:2])} and {ENGINE_MICROBATCH_RUNS[2]} (in use: {uses})",
+        f"{fit.scale:.3f} fitted to {'/'.join(ENGINE_SCALE_RUN)}, compile_factor "
+        f"{fit.factor:.3f} to {'/'.join(ENGINE_COMPILE_RUN)}, microbatch_overhead_us "
+        f"{fit.overhead:,.0f} to {'/'.join(ENGINE_MICROBATCH_RUNS[:2])} and "
+        f"{ENGINE_MICROBATCH_RUNS[2]}, efficiency_scale_fp8 {fit.fp8_scale:.3f} to "
+        f"{'/'.join(ENGINE_FP8_RUN)}, FP8_ROWWISE {fit.rowwise:.3f} to "
+        f"{'/'.join(ENGINE_ROWWISE_RUN)} (in use: {uses}; FP8_ROWWISE {kernels.FP8_ROWWISE})",
         title_justify="left",
     )
     cols = ("run", "part", "point", "fits", "measured tok/s", "predicted", "residual")
     for col in (*cols, "memory GiB", "predicted GiB"):
         table.add_column(col, justify="left" if col in ("run", "part", "point") else "right")
     for d, row, cfg in runs:
-        plan = make_plan(
-            with_hardware(
-                cfg,
-                efficiency=0.0,
-                efficiency_scale=scale,
-                compile_factor=factor,
-                microbatch_overhead_us=overhead,
-            )
-        )
+        plan = fit.plan(cfg)
         pred, got = plan.estimate.tokens_per_s_per_device, row["tokens_per_s"]
         memory = plan.memory.total - plan.context.reserve
         peak = row["peak_allocated_gib"]
-        fits = {ENGINE_SCALE_RUN: "scale", ENGINE_COMPILE_RUN: "compile"}.get((d, row["job"]), "-")
+        fits = {
+            ENGINE_SCALE_RUN: "scale",
+            ENGINE_COMPILE_RUN: "compile",
+            ENGINE_FP8_RUN: "fp8",
+            ENGINE_ROWWISE_RUN: "rowwise",
+        }.get((d, row["job"]), "-")
         table.add_row(
             f"{d}/{row['job']}",
             cfg.hardware.name,
             f"{cfg.model.name}, seq {cfg.train.seq_len}, micro-batch "
             f"{cfg.train.micro_batch_size}"
             + (", compiled" if cfg.train.compile else ", eager")
+            + (f", fp8 {cfg.precision.fp8.value}" if is_fp8(cfg) else "")
             + (
                 f", recompute={cfg.recompute.mode.value}"
                 if cfg.recompute.mode.value != "none"
@@ -436,7 +517,7 @@ FITTED_ON = {
 
 def presets_table() -> Table:
     table = Table(title="the GPU presets", title_justify="left")
-    cols = ("efficiency_scale", "compile_factor", "microbatch_overhead_us")
+    cols = ("efficiency_scale", "compile_factor", "microbatch_overhead_us", "efficiency_scale_fp8")
     for col in ("preset", "part", "memory GB/s", *cols, "from"):
         table.add_column(col, justify="right" if "GB/s" in col or "_" in col else "left")
     for preset, source in FITTED_ON.items():
@@ -448,6 +529,7 @@ def presets_table() -> Table:
             f"{hw.efficiency_scale}",
             f"{hw.compile_factor}",
             f"{hw.microbatch_overhead_us:g}",
+            f"{hw.efficiency_scale_fp8:g}",
             source,
         )
     return table
@@ -546,24 +628,30 @@ def calibrate_published() -> None:
 
     runs = megatron_runs(megatron_flops, compose) + RUNS
     cfgs = {run.name: compose(run.overrides.split()) for run in runs}
-    # Each fused stack's efficiency_scale, fitted to its own "fit" runs.
-    scales = {}
+    # Each fused stack's efficiency_scale, fitted to its own bf16 "fit" runs, then its
+    # efficiency_scale_fp8 to its FP8 "fit" run where it published FP8 runs.
+    scales, fp8_scales = {}, {}
     for stack in STACKS[1:]:
-        fit_runs = [r for r in runs if r.stack == stack and r.use == "fit"]
-        scales[stack] = best_factor(
-            scaled_speed,
-            [cfgs[r.name] for r in fit_runs],
-            [r.tokens_per_s for r in fit_runs],
-            0.1,
-            2.0,
+        own = [r for r in runs if r.stack == stack]
+        fit_runs = [r for r in own if r.use == "fit" and not is_fp8(cfgs[r.name])]
+        scales[stack] = fit_to(
+            [(cfgs[r.name], r.tokens_per_s) for r in fit_runs], scaled_speed, 0.1, 2.0
         )
-        for r in runs:
-            if r.stack == stack:
-                cfgs[r.name] = with_hardware(cfgs[r.name], efficiency_scale=scales[stack])
+        for r in own:
+            cfgs[r.name] = with_hardware(cfgs[r.name], efficiency_scale=scales[stack])
+        fp8 = [r for r in own if is_fp8(cfgs[r.name])]
+        fp8_fit = [(cfgs[r.name], r.tokens_per_s) for r in fp8 if r.use == "fit"]
+        if fp8_fit:
+            fp8_scales[stack] = fit_to(fp8_fit, fp8_speed, 0.1, 2.0)
+            for r in fp8:
+                cfgs[r.name] = with_hardware(cfgs[r.name], efficiency_scale_fp8=fp8_scales[stack])
+    tt = compose(["hardware=h100_hbm2e"]).hardware
     print(
-        "stack scales (efficiency_scale on H100): torchtitan "
-        f"{compose(['hardware=h100_hbm2e']).hardware.efficiency_scale} (h100_hbm2e's), "
+        f"stack scales (efficiency_scale on H100): torchtitan {tt.efficiency_scale} "
+        f"(h100_hbm2e's), "
         + ", ".join(f"{k} {v:.3f} (fitted to its fit run)" for k, v in scales.items())
+        + f"; FP8 (efficiency_scale_fp8): torchtitan {tt.efficiency_scale_fp8} (h100_hbm2e's)"
+        + "".join(f", {k} {v:.3f} (fitted to its FP8 fit run)" for k, v in fp8_scales.items())
     )
     table = Table(title="published runs: predicted against published", title_justify="left")
     cols = ("run", "engine", "use", "tok/s/GPU", "predicted", "error", "MFU", "predicted MFU")
@@ -586,7 +674,7 @@ def calibrate_published() -> None:
         table.add_row(
             run.name,
             run.engine,
-            run.use,
+            f"{run.use}: {run.lacks}" if run.lacks else run.use,
             f"{run.tokens_per_s:,.0f}",
             f"{est.tokens_per_s_per_device:,.0f}",
             f"{rel:+.1%}",
@@ -596,20 +684,26 @@ def calibrate_published() -> None:
             f"{run.memory_gib:g}" if run.memory_gib else "-",
             f"{mem:.1f}" + (f" ({mem_err:+.0%})" if mem_err is not None else ""),
         )
-    Console(width=170).print(table)
-    held = [r for r in rows if r[0].use == "held-out"]
-    mfu_err = [abs(p) for _, _, p, _ in held]
-    print(
-        f"held-out MFU: mean absolute error {sum(mfu_err) / len(mfu_err):.1f} points, "
-        f"worst {max(mfu_err):.1f} ({len(held)} runs)"
-    )
-    for engine in ("fsdp2", "megatron", "meta"):
-        errs = [abs(rel) for run, rel, _, _ in held if run.engine == engine]
-        if errs:
-            print(
-                f"held-out tokens/s, {engine}: mean absolute error {sum(errs) / len(errs):.1%} "
-                f"({len(errs)} runs)"
-            )
+    Console(width=190).print(table)
+    for precision in ("bf16", "fp8"):
+        held = [
+            r
+            for r in rows
+            if r[0].use == "held-out" and is_fp8(cfgs[r[0].name]) == (precision == "fp8")
+        ]
+        mfu_err = [abs(p) for _, _, p, _ in held]
+        print(
+            f"held-out MFU, {precision}: mean absolute error "
+            f"{sum(mfu_err) / len(mfu_err):.1f} points, worst {max(mfu_err):.1f} "
+            f"({len(held)} runs)"
+        )
+        for engine in ("fsdp2", "megatron", "meta"):
+            errs = [abs(rel) for run, rel, _, _ in held if run.engine == engine]
+            if errs:
+                print(
+                    f"held-out tokens/s, {engine} {precision}: mean absolute error "
+                    f"{sum(errs) / len(errs):.1%} ({len(errs)} runs)"
+                )
     mems = [abs(m) for _, _, _, m in rows if m is not None]
     print(f"peak memory: worst error {max(mems):.0%} ({len(mems)} runs with a published figure)")
 

@@ -117,6 +117,20 @@ class Context:
             loop_reason(hw.device_type.value, p.compute_dtype.value) if self.moe else None
         )
         self.ops_outside = kernels.OPS_OUTSIDE
+        # precision.fp8 (launcher/parallel/float8.py): the blocks' linears run as float8 GEMMs
+        # at the part's FP8 peak and its own share of the GEMM curve (rowwise scales slower);
+        # on a part without FP8 units (CPU) emulated: the usual GEMM, the casts still paid.
+        self.fp8 = p.fp8.value != "none"
+        fp8_units = hw.device_type.value == "cuda" and hw.peak_tflops_fp8 > 0
+        self.fp8_peak = hw.peak_tflops_fp8 * 1e12 if fp8_units else self.peak
+        rowwise = kernels.FP8_ROWWISE if p.fp8.value == "rowwise" and fp8_units else 1.0
+        self.fp8_scale = (
+            hw.efficiency_scale_fp8 * rowwise if fp8_units else hw.efficiency_scale
+        ) * (hw.compile_factor if t.compile else 1.0)
+        # The casts' sides per token and layer: the model-width ones, which tp leaves whole
+        # (q, k and v's inputs, o's output, the MLP's inputs and output), and per unit of MLP
+        # width; the heads' sides, which tp splits, are the Shape's widths.
+        self.fp8_mlp_sides = 3 if fam.gated_mlp else 2
 
 
 def loss_compiled(cfg: Config, lay: Layout) -> bool:

@@ -36,6 +36,17 @@ The constants and where they come from:
   to bf16 and their gradients' back, 36 by count).
 - OPS_PER_EXPERT: operators per expert of the per-expert loop (models/moe.py, where no
   grouped kernel runs), forward and backward, counted from the code: 6 + 25.
+- FP8_CAST_BYTES: bytes torchao's float8 linear (precision.fp8) moves outside its three GEMMs,
+  forward and backward: each operand's amax, scale and cast to float8, done twice (the input and
+  the weight again in backward, whose autograd saves them in bf16; the output gradient once per
+  GEMM it feeds). Per element of the input and of the output, per token: 66; per weight element,
+  per micro-batch: 72 (fp32 weights under autocast). Counted with a TorchDispatchMode over a
+  Float8Linear's forward and backward under bf16 autocast (emulated, so the GEMMs' own
+  operators are not seen; tokens 256-1024, sides 64-256: exact for tensorwise, within 1% for
+  rowwise). Compiled, a third of it, as ELEMENTWISE_COMPILED.
+- FP8_ROWWISE: a rowwise-scaled float8 GEMM's speed relative to a tensorwise one, fitted to this
+  engine's pair of Llama 3.2 1B runs on one H200 that differ in precision.fp8 alone
+  (`calibrate --hopper`).
 - DTENSOR_HOST: an operator of a tensor-parallel block costs the host this many times a plain
   one, every operator of the block counted as a DTensor one: (t * 2 + 1).sum() forward and
   backward on a replicated 64 x 64 DTensor took 141 us against 31.4 us on a plain tensor (one
@@ -56,6 +67,9 @@ OPS_DENSE, OPS_MOE, OPS_OUTSIDE = 187, 273, 36
 OPS_PER_EXPERT = 31
 OPS_COMPILED = 0.1
 DTENSOR_HOST = 4.5
+
+FP8_CAST_BYTES = (66.0, 72.0)  # per input or output element and token, per weight element
+FP8_ROWWISE = 0.624
 
 
 def loss_traffic_bytes(act_b: float, compiled: bool) -> float:

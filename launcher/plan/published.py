@@ -7,8 +7,11 @@ MFU errors are in points of the source's own MFU: a row's predicted MFU is its p
 times predicted over published tokens/s (the same FLOP count on both sides). `use`: "fit" rows
 set the constants (EFFICIENCY_MAX / DIM: even Megatron rows; h100_hbm2e's efficiency_scale and
 compile_factor: torchtitan's eager and compiled H100 rows without tensor parallelism, and its
-405B eager row; a100_80g's efficiency_scale: its 8B A100 row), "held-out" rows only check
-them. Engine kinds:
+405B eager row; a100_80g's efficiency_scale: its 8B A100 row; h100_hbm2e's
+efficiency_scale_fp8: its 8B FP8 row; each fused stack's scales: its own fit rows), "held-out"
+rows only check them, "shown" rows are printed and neither fit nor check: their engine did
+something this one does not (`lacks` says what), so the planner, which prices this engine, is
+not held to them. Engine kinds:
 "fsdp2" (FSDP2 / DTensor in plain PyTorch, this engine's kind), "megatron" (Megatron-LM, NeMo:
 fused kernels, overlapped TP), "meta" (Llama 3's own stack).
 
@@ -34,8 +37,9 @@ class Run:
     mfu: float | None  # as its source counts it (None: at the planner's FLOPs per token)
     memory_gib: float | None
     engine: str  # "fsdp2", "megatron" or "meta": which kind of engine ran it
-    use: str  # "fit" or "held-out"
+    use: str  # "fit", "held-out" or "shown"
     stack: str = "torchtitan"  # whose kernels: sets its efficiency scale (STACKS)
+    lacks: str = ""  # a "shown" run: what its engine did that this one does not
 
 
 MEGATRON = [  # (recipe, TFLOP/s per GPU)
@@ -77,11 +81,62 @@ MEGATRON_KERNELS = "hardware.efficiency_scale=1.0 hardware.compile_factor=1.047"
 # presets' microbatch_overhead_us is this engine's).
 FUSED = "train.compile=true hardware.microbatch_overhead_us=0"
 NEMO = f"train.micro_batch_size=1 recompute=none tensor=sequence_parallel {FUSED}"
+FP8 = "precision=fp8"
+# Layouts published in bf16 and in FP8.
+TT_70B_TP = (
+    f"{TT_H100} {L70B} hardware.nodes=32 parallel.tp=8 tensor=sequence_parallel "
+    f"train.micro_batch_size=16 train.global_batch_size=512 recompute=full {TT_COMPILED}"
+)
+TT_8B_TP = (
+    f"{TT_H100} {L8B} hardware.nodes=8 parallel.tp=8 tensor=sequence_parallel "
+    f"train.micro_batch_size=12 train.global_batch_size=96 {TT_OP} {TT_COMPILED}"
+)
+NEMO_405B = (
+    f"{H100} {L405B} hardware.nodes=64 parallel.tp=8 parallel.pp=8 parallel.cp=2 "
+    f"pipeline=interleaved_1f1b pipeline.stages_per_rank=8 train.global_batch_size=256 {NEMO}"
+)
 
 # Each stack's kernels reach their own share of the A100 fit on H100: torchtitan's is the
 # hardware preset's efficiency_scale (calibrate --hopper), Transformer Engine's (NeMo, NeMo
 # AutoModel) and Meta's are fitted to the run of theirs marked "fit" and held to the others.
 STACKS = ("torchtitan", "te", "meta")
+
+
+def float8_tp_pair(name: str, layout: str, tensorwise: float, rowwise: float) -> list[Run]:
+    """torchtitan's vanilla-TP FP8 runs of one layout (its 2025-06 file). Tensorwise, it used
+    torchao's float8 TP styles (as NeMo's Transformer Engine casts before its sequence-parallel
+    gathers): each rank casts its 1/tp share of the model-width activations and gathers them
+    in float8. This engine's TP styles gather in bf16 and every rank casts the whole (gloo
+    carries no float8 dtype, so no CPU test could hold float8 styles): shown, not held.
+    Rowwise, torchtitan keeps its plain TP styles, as this engine does: held out."""
+    return [
+        Run(
+            f"{name} FP8",
+            f"{layout} {FP8}",
+            tensorwise,
+            None,
+            None,
+            "fsdp2",
+            "shown",
+            lacks="float8 TP",
+        ),
+        Run(
+            f"{name} FP8 rowwise",
+            f"{layout} {FP8} precision.fp8=rowwise",
+            rowwise,
+            None,
+            None,
+            "fsdp2",
+            "held-out",
+        ),
+    ]
+
+
+def nemo_fp8(name: str, layout: str, tokens_per_s: float, mfu: float, lacks: str) -> Run:
+    """One of NeMo's FP8 runs, shown (`lacks`: what Transformer Engine does that this engine
+    does not)."""
+    return Run(name, f"{layout} {FP8}", tokens_per_s, mfu, None, "megatron", "shown", "te", lacks)
+
 
 RUNS = [
     # torchtitan, FSDP2 on Grand Teton H100s (500 W, HBM2e), bf16.
@@ -133,8 +188,7 @@ RUNS = [
     ),
     Run(
         "torchtitan 70B FSDP 32 x TP 8 compiled",
-        f"{TT_H100} {L70B} hardware.nodes=32 parallel.tp=8 tensor=sequence_parallel "
-        f"train.micro_batch_size=16 train.global_batch_size=512 recompute=full {TT_COMPILED}",
+        TT_70B_TP,
         597.3,
         None,
         None,
@@ -143,8 +197,7 @@ RUNS = [
     ),
     Run(
         "torchtitan 8B FSDP 8 x TP 8 compiled",
-        f"{TT_H100} {L8B} hardware.nodes=8 parallel.tp=8 tensor=sequence_parallel "
-        f"train.micro_batch_size=12 train.global_batch_size=96 {TT_OP} {TT_COMPILED}",
+        TT_8B_TP,
         4378,
         None,
         None,
@@ -206,14 +259,72 @@ RUNS = [
     ),
     Run(
         "NeMo 405B TP 8 PP 8 CP 2 VP 8 on 512",
-        f"{H100} {L405B} hardware.nodes=64 parallel.tp=8 parallel.pp=8 parallel.cp=2 "
-        f"pipeline=interleaved_1f1b pipeline.stages_per_rank=8 train.global_batch_size=256 {NEMO}",
+        NEMO_405B,
         106024 / 512,
         0.5547,
         None,
         "megatron",
         "held-out",
         "te",
+    ),
+    # FP8: torchtitan's float8 linears (torchao, tensorwise unless said) on the same Grand Teton
+    # H100s; the 2024-12 file's Tables 1-3 and the 2025-06 file's vanilla-TP rows.
+    Run(
+        "torchtitan 8B FSDP 8 compiled FP8",
+        f"{TT_8B} train.global_batch_size=16 {TT_COMPILED} {FP8}",
+        8532,
+        None,
+        76.8,
+        "fsdp2",
+        "fit",
+    ),
+    Run(
+        "torchtitan 8B FSDP 128 compiled FP8",
+        f"{TT_8B} hardware.nodes=16 train.global_batch_size=256 {TT_COMPILED} {FP8}",
+        8380,
+        None,
+        61.8,
+        "fsdp2",
+        "held-out",
+    ),
+    Run(
+        "torchtitan 8B FSDP 8 seq 32K compiled FP8",
+        f"{TT_H100} model=llama3_8b train.seq_len=32768 train.micro_batch_size=1 "
+        f"train.global_batch_size=8 recompute=full {TT_COMPILED} {FP8}",
+        3890,
+        None,
+        83.9,
+        "fsdp2",
+        "held-out",
+    ),
+    *float8_tp_pair("torchtitan 70B FSDP 32 x TP 8 compiled", TT_70B_TP, 809.8, 599.6),
+    *float8_tp_pair("torchtitan 8B FSDP 8 x TP 8 compiled", TT_8B_TP, 5078.1, 3708.5),
+    # NeMo 25.02.01's FP8 rows (MFU against the FP8 peak, as its README counts it), shown, not
+    # held: Transformer Engine fuses each float8 cast into the norm or activation before it (no
+    # cast traffic of its own) and, under TP, casts before its sequence-parallel gathers (float8
+    # TP, above). Planned at this engine's FP8 scale (h100_80g's) with TE's bf16 one: what this
+    # engine would do on NeMo's layouts.
+    nemo_fp8(
+        "NeMo 8B CP 2 on 8 FP8",
+        f"{H100} {L8B} parallel.cp=2 train.global_batch_size=128 {NEMO}",
+        112388 / 8,
+        0.4107,
+        "fused casts",
+    ),
+    nemo_fp8(
+        "NeMo 70B TP 4 PP 8 VP 5 on 64 FP8",
+        f"{H100} {L70B} hardware.nodes=8 parallel.tp=4 parallel.pp=8 "
+        f"pipeline=interleaved_1f1b pipeline.stages_per_rank=5 train.global_batch_size=128 {NEMO}",
+        106346 / 64,
+        0.4038,
+        "fused casts, float8 TP",
+    ),
+    nemo_fp8(
+        "NeMo 405B TP 8 PP 8 CP 2 VP 8 on 512 FP8",
+        NEMO_405B,
+        169535 / 512,
+        0.4435,
+        "fused casts, float8 TP",
     ),
     # Llama 3 405B (Meta), Table 4: TFLOP/s per GPU over the planner's 2.524e12 FLOPs/token.
     Run(

@@ -68,12 +68,19 @@ def precision_line(cfg) -> str:
     line = f"{prec.name} (compute {prec.compute_dtype.value}, master {prec.master_dtype.value})"
     if prec.fp8.value == "none":
         return line
-    emulated = ", emulated on CPU" if cfg.hardware.device_type.value == "cpu" else ""
+    hw = cfg.hardware
+    if hw.device_type.value == "cpu" or hw.peak_tflops_fp8 <= 0:
+        priced = "emulated: their GEMMs at the usual rate, their casts paid"
+    else:
+        priced = (
+            f"their GEMMs at the FP8 peak ({hw.peak_tflops_fp8:g} TFLOP/s, "
+            f"efficiency_scale_fp8 {hw.efficiency_scale_fp8:g}), their casts as memory traffic"
+        )
     return (
-        f"{line}\nthe blocks' linear layers in float8 ({prec.fp8.value} scales{emulated}); "
+        f"{line}\nthe blocks' linear layers in float8 ({prec.fp8.value} scales; {priced}); "
         "embeddings, output, norms, router and grouped experts in "
-        f"{prec.compute_dtype.value}. Step time priced as {prec.compute_dtype.value}: the "
-        "planner has no FP8 terms yet (a float8 run is faster than this plan says)"
+        f"{prec.compute_dtype.value}, as are FSDP's gathers and TP's collectives; activations "
+        f"kept in {prec.compute_dtype.value} (torchao saves the linears' inputs unconverted)"
     )
 
 

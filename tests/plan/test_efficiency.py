@@ -114,7 +114,7 @@ def residuals(out: str) -> dict[str, tuple[str, float]]:
     found = {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip("│ ").split("│")]
-        if len(cells) > 6 and re.fullmatch(r"h\d00-[0-9-]+/\w+", cells[0]):
+        if len(cells) > 6 and re.fullmatch(r"h\d00-[0-9]+-[0-9]+-[0-9]+\w?/\w+", cells[0]):
             found[cells[0]] = (cells[3], float(cells[6].rstrip("%")) / 100)
     return found
 
@@ -140,10 +140,17 @@ def test_each_preset_holds_what_calibrate_fits_on_its_own_part(hopper):
     overhead = float(
         re.search(r"microbatch_overhead_us ([0-9,]+) to", flat).group(1).replace(",", "")
     )
+    fp8 = float(re.search(r"efficiency_scale_fp8 ([0-9.]+) to \S+, FP8_ROWWISE", flat).group(1))
+    rowwise = float(re.search(r"FP8_ROWWISE ([0-9.]+) to", flat).group(1))
+    assert rowwise == pytest.approx(kernels.FP8_ROWWISE, abs=0.005)
     for preset in (*calibrate.ENGINE_PRESETS, "h800", "b200"):
         hw = compose_config([f"hardware={preset}"]).hardware
         assert (hw.efficiency_scale, hw.compile_factor) == pytest.approx((scale, factor), abs=0.005)
         assert hw.microbatch_overhead_us == pytest.approx(overhead, rel=0.01), preset
+        assert hw.efficiency_scale_fp8 == pytest.approx(fp8, abs=0.005), preset
+    titan = float(re.search(r"its efficiency_scale_fp8 ([0-9.]+) to its FP8", flat).group(1))
+    hbm2e = compose_config(["hardware=h100_hbm2e"]).hardware.efficiency_scale_fp8
+    assert titan == pytest.approx(hbm2e, abs=0.005)
     # Every preset names its part, and the last table says what each was fitted on.
     for preset in calibrate.FITTED_ON:
         part = compose_config([f"hardware={preset}"]).hardware.part
@@ -158,11 +165,23 @@ def test_the_h100_run_fits_and_the_h200_llama_runs_held_out_land_within_ten_perc
     assert found["h200-2026-11-26/bench_eager"][0] == "scale"
     llama = [run for run in found if run.endswith(("bench_compiled", "bench_eager", "llama"))]
     llama += ["h200-2026-11-26/bench_4096_eager"]
-    assert len(llama) == 5
+    llama += [f"h200-2026-11-27b/{job}" for job in ("llama_alone", "llama_foreach")]
+    assert len(llama) == 7
     for run in llama:
         assert abs(found[run][1]) <= 0.10, (run, found[run])
     held = [run for run in llama if found[run][0] == "-"]
-    assert len(held) == 3
+    assert len(held) == 5
+
+
+def test_the_fp8_runs_fit_and_held_out_land_within_ten_percent(hopper):
+    """efficiency_scale_fp8 fitted to the 8B shape cut to 16 layers, FP8_ROWWISE to the 1B's
+    rowwise run; the 8-layer cut and the 1B's tensorwise run held out, within 10%."""
+    found = residuals(hopper)
+    assert found["h200-2026-11-27b/l16_fp8"][0] == "fp8"
+    assert found["h200-2026-11-27b/llama_fp8_row"][0] == "rowwise"
+    for job in ("l8b_fp8", "llama_fp8"):
+        fits, residual = found[f"h200-2026-11-27b/{job}"]
+        assert fits == "-" and abs(residual) <= 0.10, (job, residual)
 
 
 def test_each_micro_batch_costs_the_parts_overhead():

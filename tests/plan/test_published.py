@@ -27,12 +27,23 @@ def figure(report: str, pattern: str) -> float:
 
 
 def test_held_out_mfu_within_five_points_on_average_and_eight_on_each(report):
-    assert figure(report, r"held-out MFU: mean absolute error ([0-9.]+) points") <= 5.0
-    assert figure(report, r"held-out MFU: .* worst ([0-9.]+) \(") <= 8.0
+    assert figure(report, r"held-out MFU, bf16: mean absolute error ([0-9.]+) points") <= 5.0
+    assert figure(report, r"held-out MFU, bf16: .* worst ([0-9.]+) \(") <= 8.0
 
 
 def test_held_out_tokens_per_s_of_fsdp2_engines_within_fifteen_percent(report):
-    assert figure(report, r"held-out tokens/s, fsdp2: mean absolute error ([0-9.]+)%") <= 15.0
+    assert figure(report, r"tokens/s, fsdp2 bf16: mean absolute error ([0-9.]+)%") <= 15.0
+
+
+def test_held_out_fp8_runs_within_the_bf16_runs_bars(report):
+    """The FP8 rows this engine could run as published (FSDP, rowwise TP) held to the bars of
+    the bf16 rows on average; the rows whose engine did what this one does not (float8 TP,
+    Transformer Engine's fused casts) are shown, neither fitted nor held."""
+    assert figure(report, r"held-out MFU, fp8: mean absolute error ([0-9.]+) points") <= 5.0
+    assert figure(report, r"tokens/s, fsdp2 fp8: mean absolute error ([0-9.]+)%") <= 15.0
+    assert int(figure(report, r"held-out MFU, fp8: .*\(([0-9]+) runs\)")) >= 4
+    shown = [line for line in report.splitlines() if "│ shown: " in line]
+    assert len(shown) == 5 and all("FP8" in line for line in shown)
 
 
 def test_every_published_peak_memory_within_ten_percent(report):

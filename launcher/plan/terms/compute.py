@@ -21,10 +21,11 @@ class LayerCost:
     core: float  # the attention core (scores and weighted sum)
     memory: float  # the memory-bound operators between them
     experts: float = 0.0  # an MoE layer's router and routed experts (see `experts_seconds`)
+    casts: float = 0.0  # precision.fp8: the float8 linears' casts (`fp8_cast_seconds`)
 
     @property
     def total(self) -> float:
-        return self.gemm + self.core + self.memory + self.experts
+        return self.gemm + self.core + self.memory + self.experts + self.casts
 
 
 def gemm_seconds(ctx: Context, flops: float, width: float) -> float:
@@ -35,21 +36,43 @@ def gemm_seconds(ctx: Context, flops: float, width: float) -> float:
     return flops / (ctx.peak * eff)
 
 
+def linear_seconds(ctx: Context, flops: float, width: float) -> float:
+    """Seconds of a block's linear layers' GEMMs: float8 ones under precision.fp8, at the
+    part's FP8 peak and its own share of the curve (an explicit hardware.efficiency, measured
+    as configured, already holds it)."""
+    if not ctx.fp8 or ctx.measured or flops <= 0:
+        return gemm_seconds(ctx, flops, width)
+    return flops / (ctx.fp8_peak * gemm_efficiency(width, ctx.fp8_scale))
+
+
+def fp8_cast_seconds(ctx: Context, lay: Layout, tokens: float, hidden: int) -> float:
+    """A layer's float8 casts (kernels.FP8_CAST_BYTES) for a micro-batch of `tokens`: every
+    side of every block linear per token, its weights once per micro-batch; `hidden` is the
+    MLP's width (the shared experts' in an MoE layer)."""
+    s, m, tp = ctx.shape, ctx.model, lay.tp
+    per_side, per_weight = kernels.FP8_CAST_BYTES
+    mlp = ctx.fp8_mlp_sides if hidden else 0
+    whole = (4 + mlp) * m.dim
+    split = (s.q_width + s.k_width + s.v_width + s.o_width + mlp * hidden) / tp
+    weights = (s.attn_params + mlp * m.dim * hidden) / tp
+    return ctx.fused * (tokens * (whole + split) * per_side + weights * per_weight) / ctx.memory_bw
+
+
 def layer_cost(ctx: Context, lay: Layout, moe: bool, tokens: float) -> LayerCost:
     """One dense (or MoE) layer on a rank of `lay`, for a micro-batch of `tokens` tokens."""
     s, m, tp = ctx.shape, ctx.model, lay.tp
     # GEMMs: 6 FLOPs per weight and token (forward, input and weight gradients); a tp shard
     # runs 1/tp of the weights on every token of the micro-batch.
-    attention = gemm_seconds(
+    attention = linear_seconds(
         ctx, 6 * s.attn_params / tp * tokens, min(m.dim, s.o_width / tp, tokens)
     )
     if not moe:
-        mlp = gemm_seconds(
+        mlp = linear_seconds(
             ctx, 6 * s.dense_mlp_params / tp * tokens, min(m.dim, m.ffn_dim / tp, tokens)
         )
         hidden = m.ffn_dim
     else:
-        shared = gemm_seconds(
+        shared = linear_seconds(
             ctx,
             6 * (s.moe_shared_params - m.n_routed_experts * m.dim) / tp * tokens,
             min(m.dim, m.moe_ffn_dim, tokens),
@@ -64,7 +87,13 @@ def layer_cost(ctx: Context, lay: Layout, moe: bool, tokens: float) -> LayerCost
         + ctx.elementwise_scores * ctx.seq / tp
     )
     memory = tokens * elements * ctx.act_b / ctx.memory_bw
-    return LayerCost(attention + mlp, core, memory, experts_seconds(ctx, lay, tokens) if moe else 0)
+    return LayerCost(
+        attention + mlp,
+        core,
+        memory,
+        experts_seconds(ctx, lay, tokens) if moe else 0,
+        fp8_cast_seconds(ctx, lay, tokens, hidden) if ctx.fp8 else 0,
+    )
 
 
 def experts_seconds(ctx: Context, lay: Layout, tokens: float) -> float:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from launcher.plan import kernels
 from launcher.plan.model_size import block_matmuls
 from launcher.plan.terms.base import Step, Term
-from launcher.plan.terms.compute import exposed_host, gemm_seconds
+from launcher.plan.terms.compute import exposed_host, linear_seconds
 
 
 def matmul_rerun(step: Step) -> float:
@@ -36,7 +36,7 @@ def matmul_rerun(step: Step) -> float:
         if not mm.kept or (mm.row and partial_sums):
             flops = 2 * mm.out * mm.inp * tokens / lay.tp
             width = min(mm.out, mm.inp / lay.tp) if mm.row else min(mm.out / lay.tp, mm.inp)
-            seconds += gemm_seconds(ctx, flops, width)
+            seconds += linear_seconds(ctx, flops, width)
     return seconds
 
 
