@@ -7,7 +7,10 @@ trainer build exactly what a Layout says; neither reads the degrees from anywher
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Callable
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any
 
 # Parallelism axes: config keys (parallel.<axis>), mesh dimension names, function suffixes.
 AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")
@@ -22,19 +25,6 @@ LOOPED = ("interleaved_1f1b", "interleaved_zb")  # stages r, r+p, r+2p, ...
 V_SCHEDULES = ("zbv", "dualpipev")  # two stages per rank placed as a V: rank r holds r, 2p-1-r
 SCHEDULES = SINGLE + LOOPED + V_SCHEDULES
 SPLIT_BACKWARD = ("interleaved_zb", "zbv", "dualpipev")  # input and weight gradients apart
-
-# Override keys that choose a layout (what parallel.auto=true sets): the run directory's name
-# leaves them out, so that the same command resumes whatever world and layout a start gets.
-LAYOUT_OVERRIDES = (
-    "parallel.",
-    "data_parallel",
-    "pipeline",
-    "recompute",
-    "tensor.",
-    "train.micro_batch_size",
-    "hardware.nodes",
-    "hardware.devices_per_node",
-)
 
 
 def split_layers(n_layers: int, n_stages: int) -> list[int]:
@@ -101,9 +91,136 @@ def recomputed(index: int, every: int) -> bool:
 
 
 @dataclass(frozen=True)
+class Option:
+    """What a Layout field is beyond its value, declared on the field itself: the setting it is
+    read from, how the override that gives it is spelt, and what plan.search tries.
+
+    The rules and engine limitations that read it declare so (`reads`: launcher/plan/rules.py
+    and limitations.py; `python -m launcher.plan.options` lists each option with its readers),
+    and the cost terms and the engine read it from the Layout, never from the config. Adding
+    a layout option is its field here plus the code that does the work
+    (tests/test_layout.py holds each record to the config's schema)."""
+
+    setting: str  # the config key it is read from (`group.field`)
+    spelt: str = ""  # the override's key when it is not the setting: a group choice, e.g. pipeline
+    when: Callable[[Any], bool] | None = None  # (Layout) -> whether it is spelt; None: always
+    changed_only: bool = False  # spelt only when it differs from its default
+    read: Callable[[Any, dict[str, int]], Any] | None = None  # (cfg, degrees); None: as set
+    # (cfg, the point so far: degrees and the options before) -> the values to try, each as
+    # {field: value} (one option may fix another: a schedule its stages per rank); None: the
+    # field's default. `escalates`: tried cheapest first, the search stops at the first that fits.
+    search: Callable[[Any, dict[str, Any]], list[dict[str, Any]]] | None = None
+    also_sets: tuple[str, ...] = ()  # the other fields its search's values set
+    escalates: bool = False
+
+
+def option(default: Any = MISSING, **record) -> Any:
+    """A Layout field with its Option record (`record`: Option's fields)."""
+    return field(default=default, metadata={"option": Option(**record)})
+
+
+def _pipelined(lay) -> bool:
+    return lay.pp > 1
+
+
+def _never(lay) -> bool:
+    """Not spelt: derived from the settings that are (train.global_batch_size and the rest)."""
+    return False
+
+
+def configured_split(cfg, degrees: dict[str, int]) -> tuple[int, ...]:
+    """The layers per stage the config asks for, or () for the even default."""
+    p, pp = cfg.pipeline, degrees["pp"]
+    if pp == 1 or not (p.layers_per_stage or p.first_stage_layers or p.last_stage_layers):
+        return ()
+    return tuple(
+        stage_split(
+            cfg.model.n_layers,
+            pp * p.stages_per_rank,
+            p.first_stage_layers,
+            p.last_stage_layers,
+            tuple(p.layers_per_stage),
+        )
+    )
+
+
+def _dp(point: dict[str, Any]) -> int:
+    return point["dp_replicate"] * point["dp_shard"]
+
+
+def _microbatches(cfg, degrees: dict[str, int]) -> int:
+    b = cfg.train.micro_batch_size
+    return cfg.pipeline.microbatches or max(
+        1, cfg.train.global_batch_size // max(1, b * _dp(degrees))
+    )
+
+
+def _zero_stages(cfg, point) -> list[dict[str, Any]]:
+    """ZeRO-0 is ZeRO-1's traffic with more memory, so only with nothing to shard over; ZeRO-2
+    under a pipeline keeps gradients unreduced until the last micro-batch, as ZeRO-3 does."""
+    if point["dp_shard"] == 1:
+        return [{"zero_stage": 0}]
+    return [{"zero_stage": z} for z in ((1, 3) if point["pp"] > 1 else (1, 2, 3))]
+
+
+def pipeline_options(pp: int, n_layers: int) -> list[tuple[str, int]]:
+    """(schedule, stages per rank) the search tries: gpipe is left out (1F1B's bubble with more
+    memory)."""
+    if pp == 1:
+        return [("1f1b", 1)]
+    options = [("1f1b", 1)]
+    for v in (2, 4):
+        if pp * v <= n_layers:
+            options.append(("interleaved_1f1b", v))
+    if pp * 2 <= n_layers:
+        options += [("interleaved_zb", 2), ("zbv", 2), ("dualpipev", 2)]
+    return options
+
+
+def _schedules(cfg, point) -> list[dict[str, Any]]:
+    return [
+        {"schedule": s, "stages_per_rank": v}
+        for s, v in pipeline_options(point["pp"], cfg.model.n_layers)
+    ]
+
+
+def _micro_batches(cfg, point) -> list[dict[str, Any]]:
+    g, dp = cfg.train.global_batch_size, _dp(point)
+    return [
+        {"micro_batch_size": b, "microbatches": g // (b * dp)}
+        for b in (1, 2, 4, 8)
+        if g % (b * dp) == 0
+    ]
+
+
+# (mode, matmuls) from the least recompute to the most: op keeping every other matmul's output
+# sits between op and full (for blocks without routed experts or MLA: rules.py).
+RECOMPUTE = (
+    ("none", "all"),
+    ("selective", "all"),
+    ("op", "all"),
+    ("op", "alternate"),
+    ("full", "all"),
+)
+
+
+def _recomputes(cfg, point) -> list[dict[str, Any]]:
+    return [{"recompute": r, "recompute_matmuls": m} for r, m in RECOMPUTE]
+
+
+def _context_methods(cfg, point) -> list[dict[str, Any]]:
+    return [
+        {"context_method": m}
+        for m in (("allgather", "ring") if point["cp"] > 1 else ("allgather",))
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Layout:
-    """One way to lay a run out on its ranks: degrees, data-parallel sharding, pipeline shape,
-    micro-batching, recompute and tensor-parallel options."""
+    """One way to lay a run out on its ranks: the degrees, then every layout option, each with
+    its record (Option): data-parallel sharding, micro-batching, recompute, tensor- and
+    context-parallel options, pipeline shape. The options' order is the order of their
+    overrides and of the search's loops."""
 
     dp_replicate: int
     dp_shard: int
@@ -111,18 +228,80 @@ class Layout:
     pp: int
     cp: int
     ep: int
-    zero_stage: int
-    schedule: str
-    stages_per_rank: int
-    micro_batch_size: int
-    microbatches: int  # per pipeline and step: the gradient-accumulation count
-    recompute: str
-    sequence_parallel: bool
-    stage_layers: tuple[int, ...] = ()  # layers per stage; () = the even default split
-    reshard_each_microbatch: bool = False  # FSDP under pp: reshard after every backward
-    loss_parallel: bool = False  # vocab-sharded logits and loss (tp > 1)
-    recompute_every: int = 1  # recompute blocks 0, k, 2k, ... only
-    recompute_matmuls: str = "all"  # under op: "all" matmul outputs kept, or "alternate" ones
+    zero_stage: int = option(3, setting="data_parallel.zero_stage", search=_zero_stages)
+    micro_batch_size: int = option(
+        4,
+        setting="train.micro_batch_size",
+        search=_micro_batches,
+        also_sets=("microbatches",),
+    )
+    # per pipeline and step: the gradient-accumulation count
+    microbatches: int = option(setting="pipeline.microbatches", read=_microbatches, when=_never)
+    recompute: str = option(
+        "none",
+        setting="recompute.mode",
+        spelt="recompute",
+        search=_recomputes,
+        also_sets=("recompute_matmuls",),
+        escalates=True,
+    )
+    # recompute blocks 0, k, 2k, ... only
+    recompute_every: int = option(1, setting="recompute.every", changed_only=True)
+    # under op: "all" matmul outputs kept, or "alternate" ones
+    recompute_matmuls: str = option("all", setting="recompute.matmuls", changed_only=True)
+    sequence_parallel: bool = option(
+        False,
+        setting="tensor.sequence_parallel",
+        search=lambda cfg, point: [{"sequence_parallel": point["tp"] > 1}],
+    )
+    # vocab-sharded logits and loss (tp > 1)
+    loss_parallel: bool = option(
+        False,
+        setting="tensor.loss_parallel",
+        read=lambda cfg, degrees: cfg.tensor.loss_parallel and degrees["tp"] > 1,
+    )
+    # how attention meets the other ranks' keys and values under cp > 1
+    context_method: str = option(
+        "allgather",
+        setting="context.method",
+        spelt="context",
+        when=lambda lay: lay.cp > 1,
+        search=_context_methods,
+    )
+    schedule: str = option(
+        "1f1b",
+        setting="pipeline.schedule",
+        spelt="pipeline",
+        when=_pipelined,
+        search=_schedules,
+        also_sets=("stages_per_rank",),
+    )
+    stages_per_rank: int = option(1, setting="pipeline.stages_per_rank", when=_pipelined)
+    # layers per stage; () = the even default split
+    stage_layers: tuple[int, ...] = option(
+        (),
+        setting="pipeline.layers_per_stage",
+        read=configured_split,
+        when=_pipelined,
+        changed_only=True,
+    )
+    # FSDP under pp: reshard after every backward
+    reshard_each_microbatch: bool = option(
+        False, setting="pipeline.reshard_each_microbatch", when=_pipelined, changed_only=True
+    )
+
+    @classmethod
+    def from_config(cls, cfg, degrees: dict[str, int]) -> Layout:
+        """The layout a config asks for, with its degrees resolved (rules.resolve_degrees)."""
+        values = {}
+        for f, opt in OPTIONS:
+            if opt.read is not None:
+                values[f.name] = opt.read(cfg, degrees)
+                continue
+            group, key = opt.setting.split(".")
+            value = getattr(getattr(cfg, group), key)
+            values[f.name] = getattr(value, "value", value)  # an enum by its name
+        return cls(**degrees, **values)
 
     @property
     def degrees(self) -> dict[str, int]:
@@ -191,23 +370,53 @@ class Layout:
     def overrides(self) -> list[str]:
         """The `launcher.train` overrides that give this layout (degrees and layout options)."""
         out = [f"parallel.{a}={getattr(self, a)}" for a in AXES]
-        out.append(f"data_parallel.zero_stage={self.zero_stage}")
-        out.append(f"train.micro_batch_size={self.micro_batch_size}")
-        out.append(f"recompute={self.recompute}")
-        if self.recompute_every > 1:
-            out.append(f"recompute.every={self.recompute_every}")
-        if self.recompute_matmuls != "all":
-            out.append(f"recompute.matmuls={self.recompute_matmuls}")
-        out.append(f"tensor.sequence_parallel={str(self.sequence_parallel).lower()}")
-        out.append(f"tensor.loss_parallel={str(self.loss_parallel).lower()}")
-        if self.pp > 1:
-            out.append(f"pipeline={self.schedule}")
-            out.append(f"pipeline.stages_per_rank={self.stages_per_rank}")
-            if self.stage_layers:
-                out.append(f"pipeline.layers_per_stage=[{','.join(map(str, self.stage_layers))}]")
-            if self.reshard_each_microbatch:
-                out.append("pipeline.reshard_each_microbatch=true")
+        for f, opt in OPTIONS:
+            value = getattr(self, f.name)
+            if (opt.when is None or opt.when(self)) and not (
+                opt.changed_only and value == f.default
+            ):
+                out.append(f"{opt.spelt or opt.setting}={_spell(value)}")
         return out
+
+
+def as_saved(lay: dict) -> dict:
+    """A layout as meta.json holds it (JSON: lists for tuples), an option that a checkpoint
+    saved before it existed at its default: the layout that run had."""
+    defaults = {f.name: f.default for f, _ in OPTIONS if f.default is not MISSING}
+    return json.loads(json.dumps({**defaults, **lay}))
+
+
+def _spell(value: Any) -> str:
+    """A value as an override writes it: true, [7,8,8], interleaved_1f1b."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return f"[{','.join(map(str, value))}]"
+    return str(value)
+
+
+# Every layout option with its record, in the Layout's order.
+OPTIONS: tuple[tuple[Field, Option], ...] = tuple(
+    (f, f.metadata["option"]) for f in fields(Layout) if "option" in f.metadata
+)
+
+# The config groups whose every choice is a layout (data_parallel=zero1, recompute=op, ...).
+LAYOUT_GROUPS = ("data_parallel", "recompute", "tensor", "context", "pipeline")
+
+
+def _chooses(setting: str) -> str:
+    group = setting.split(".")[0]
+    return group if group in LAYOUT_GROUPS else setting
+
+
+# Override keys that choose a layout (what parallel.auto=true sets): the run directory's name
+# leaves them out, so that the same command resumes whatever world and layout a start gets.
+LAYOUT_OVERRIDES = (
+    "parallel.",
+    "hardware.nodes",
+    "hardware.devices_per_node",
+    *dict.fromkeys(_chooses(opt.setting) for _, opt in OPTIONS),
+)
 
 
 def describe(lay: dict) -> str:

@@ -4,11 +4,22 @@ and the axis order and schedule names are spelled out in layout.py only."""
 from __future__ import annotations
 
 import ast
+from dataclasses import MISSING, fields
 from pathlib import Path
 
-from conftest import ROOT
+import pytest
+from conftest import ROOT, compose_config
 
-from launcher.layout import MESH_DIMS, SCHEDULES, Layout, split_layers, stage_starts
+from launcher.config import Config
+from launcher.layout import (
+    AXES,
+    MESH_DIMS,
+    OPTIONS,
+    SCHEDULES,
+    Layout,
+    split_layers,
+    stage_starts,
+)
 
 LAUNCHER = ROOT / "launcher"
 
@@ -57,3 +68,61 @@ def test_derived_groups():
     assert lay.seq_len_divisor == 2 * 2 * 2  # tp (sequence parallel) x 2 cp chunks
     assert lay.mesh_shape == (2, 2, 4, 2, 2)
     assert stage_starts(split_layers(10, lay.n_stages)) == [0, 5]
+
+
+def schema_default(setting: str):
+    """A setting's default in the config's schema, as a Layout holds it."""
+    group, name = setting.split(".")
+    node = next(f for f in fields(Config) if f.name == group).default_factory()
+    value = getattr(node, name)
+    value = getattr(value, "value", value)
+    return tuple(value) if isinstance(value, list) else value
+
+
+def test_every_option_is_a_setting_of_the_config_with_the_same_default():
+    """A Layout field is a degree or a layout option with its record; the record's setting is
+    one the config has, and the field's default is that setting's."""
+    assert {f.name for f in fields(Layout)} == set(AXES) | {f.name for f, _ in OPTIONS}
+    for f, opt in OPTIONS:
+        if f.default is not MISSING:
+            assert schema_default(opt.setting) == f.default, f.name
+
+
+def test_each_search_sets_its_option_and_those_it_names():
+    cfg = compose_config(["model=llama3_debug"])
+    point = {"dp_replicate": 1, "dp_shard": 2, "tp": 2, "pp": 2, "cp": 2, "ep": 1}
+    for f, opt in OPTIONS:
+        if opt.search is not None:
+            values = opt.search(cfg, point)
+            assert values, f.name
+            assert all(set(v) == {f.name, *opt.also_sets} for v in values), f.name
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"recompute": "op", "recompute_every": 2, "recompute_matmuls": "alternate"},
+        {
+            "pp": 2,
+            "schedule": "interleaved_1f1b",
+            "stages_per_rank": 2,
+            "stage_layers": (1, 1, 1, 1),
+        },
+        {"pp": 2, "dp_shard": 1, "reshard_each_microbatch": True, "zero_stage": 2},
+        {
+            "cp": 2,
+            "tp": 2,
+            "context_method": "ring",
+            "sequence_parallel": True,
+            "loss_parallel": True,
+        },
+    ],
+)
+def test_a_layout_spelt_as_overrides_reads_back_the_same(options):
+    """Layout.overrides and Layout.from_config are each other's inverse (every option spelt
+    where it matters: the pipeline's only under pp > 1, the context method under cp > 1)."""
+    degrees = {a: 1 for a in AXES} | {a: v for a, v in options.items() if a in AXES}
+    lay = Layout(**degrees, **{k: v for k, v in options.items() if k not in AXES},
+                 micro_batch_size=2, microbatches=8)  # fmt: skip
+    cfg = compose_config(["model=llama3_debug", *lay.overrides()])
+    assert Layout.from_config(cfg, lay.degrees) == lay

@@ -76,7 +76,7 @@ def parallelize(model: nn.Module, layout: Layout, cfg: Config, d: Dist) -> nn.Mo
     if cfg.model.n_routed_experts and layout.cp * layout.tp > 1:
         apply_moe_hooks(model, d.split_group().get_group())
     if layout.cp > 1:
-        apply_cp(model, d.mesh["cp"].get_group(), cfg.context.method.value)
+        apply_cp(model, d.mesh["cp"].get_group(), layout.context_method)
     if layout.recompute != "none":
         apply_ac(
             model,

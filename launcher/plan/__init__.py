@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from launcher.config import Config
 from launcher.data.sources import data_use, repeat_warnings
-from launcher.layout import AXES, Layout, stage_split
+from launcher.layout import AXES, Layout
 from launcher.plan.config_rules import config_problems
 from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
@@ -85,44 +85,6 @@ class Plan:
         return f"HSDP {name} ({rep} x {shard})" if rep > 1 else name
 
 
-def layout_of(cfg: Config, degrees: dict[str, int]) -> Layout:
-    dp = degrees["dp_replicate"] * degrees["dp_shard"]
-    b = cfg.train.micro_batch_size
-    return Layout(
-        **degrees,
-        zero_stage=cfg.data_parallel.zero_stage,
-        schedule=cfg.pipeline.schedule,
-        stages_per_rank=cfg.pipeline.stages_per_rank,
-        micro_batch_size=b,
-        microbatches=cfg.pipeline.microbatches
-        or max(1, cfg.train.global_batch_size // max(1, b * dp)),
-        recompute=cfg.recompute.mode.value,
-        recompute_every=cfg.recompute.every,
-        recompute_matmuls=cfg.recompute.matmuls.value,
-        sequence_parallel=cfg.tensor.sequence_parallel,
-        stage_layers=configured_split(cfg, degrees["pp"]),
-        reshard_each_microbatch=cfg.pipeline.reshard_each_microbatch,
-        loss_parallel=cfg.tensor.loss_parallel and degrees["tp"] > 1,
-    )
-
-
-def configured_split(cfg: Config, pp: int) -> tuple[int, ...]:
-    """The layers per stage the config asks for, or () for the even default."""
-    p = cfg.pipeline
-    if pp == 1 or not (p.layers_per_stage or p.first_stage_layers or p.last_stage_layers):
-        return ()
-    n_stages = pp * p.stages_per_rank
-    return tuple(
-        stage_split(
-            cfg.model.n_layers,
-            n_stages,
-            p.first_stage_layers,
-            p.last_stage_layers,
-            tuple(p.layers_per_stage),
-        )
-    )
-
-
 # Errors after which the estimate would crash or mean nothing: it reads the model, the batch
 # and sequence sizes, the hardware's speeds and sizes, the schedule, the ZeRO stage, the
 # checkpoint interval (ranges.py names these by group), a stage
@@ -165,12 +127,14 @@ def make_plan(cfg: Config) -> Plan:
         plan.warnings.extend(Problem("data_epochs", w) for w in repeat_warnings(plan.data))
     unresolved = [a for a, v in degrees.items() if v < 1]
     if unresolved:
-        stand_in = layout_of(cfg, {a: 1 if a in unresolved else v for a, v in degrees.items()})
+        stand_in = Layout.from_config(
+            cfg, {a: 1 if a in unresolved else v for a, v in degrees.items()}
+        )
         errors, warnings = layout_problems(cfg, stand_in)
         plan.errors.extend(p for p in errors if not reads_any(p, unresolved))
         plan.warnings.extend(p for p in warnings if not reads_any(p, unresolved))
         return plan
-    plan.layout = layout_of(cfg, degrees)
+    plan.layout = Layout.from_config(cfg, degrees)
     errors, warnings = layout_problems(cfg, plan.layout)
     plan.errors.extend(errors)
     plan.warnings.extend(warnings)
@@ -223,4 +187,4 @@ def recompute_advice(rc) -> str:
     return "use recompute=full, " if mode == "op" else ""
 
 
-__all__ = ["AXES", "Plan", "Problem", "layout_of", "make_plan"]
+__all__ = ["AXES", "Plan", "Problem", "make_plan"]

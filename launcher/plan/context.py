@@ -69,7 +69,6 @@ class Context:
         s = self.shape
         cpu_fuses = s.d_qk == s.d_v and not self.dropout
         self.flash = m.flash_attention and (hw.device_type.value == "cuda" or cpu_fuses)
-        self.cp_method = cfg.context.method.value
         # Document masking keeps no mask for backward: the CPU fused kernel takes it rebuilt,
         # everything else reruns the attention forward (models.layers.document_attention).
         self.document_rerun = self.document_mask and not (

@@ -9,6 +9,7 @@ of cost terms of launcher/plan/terms/.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from launcher.layout import Layout, last_stage_rank
 from launcher.plan import bubble as pl
@@ -80,9 +81,10 @@ class Estimate:
     mfu: float = 0.0
 
 
+@lru_cache(maxsize=16)  # the same four for every rank of a layout (evaluate's candidates)
 def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> float:
     s, m = ctx.shape, ctx.model
-    split = Split(lay.tp, lay.sequence_parallel, lay.cp, ctx.cp_method, ctx.compiled)
+    split = Split(lay.tp, lay.sequence_parallel, lay.cp, lay.context_method, ctx.compiled)
     if recompute == "op":
         shared = m.n_shared_experts * m.moe_ffn_dim
         heads_out = s.heads_out_width
@@ -174,7 +176,7 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
             v=s.v_width,
             cp=lay.cp,
             tp=lay.tp,
-            method=ctx.cp_method,
+            method=lay.context_method,
             recompute=lay.recompute,
             act_b=ctx.act_b,
         )
@@ -201,8 +203,9 @@ def build_transient(m) -> float:
     return band_bytes(max(m.dim, m.ffn_dim, m.moe_ffn_dim or 0, heads))
 
 
-def evaluate(ctx: Context, lay: Layout) -> Estimate:
-    """Memory and time of a layout that passed the rules."""
+def evaluate(ctx: Context, lay: Layout, fitting_only: bool = False) -> Estimate:
+    """Memory and time of a layout that passed the rules (`fitting_only`: the time only when
+    the memory fits ctx.capacity, as the search wants it)."""
     est = Estimate(lay)
     ranks = layout_ranks(ctx, lay)
     # Ranks holding the same layers differ only by their in-flight micro-batches, which every
@@ -215,6 +218,8 @@ def evaluate(ctx: Context, lay: Layout) -> Estimate:
     est.memory = max(
         (rank_memory(ctx, lay, r, *ranks[r]) for r in candidates), key=lambda mem: mem.total
     )
+    if fitting_only and est.memory.total > ctx.capacity:
+        return est
     est.time = step_time(ctx, lay, ranks)
     step = est.time.step
     est.tokens_per_s_per_device = ctx.global_batch * ctx.seq / step / lay.world

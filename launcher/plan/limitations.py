@@ -20,6 +20,7 @@ from launcher.layout import SPLIT_BACKWARD, Layout
 @dataclass(frozen=True)
 class Limitation:
     name: str
+    reads: tuple[str, ...]  # the Layout fields `applies` and `message` read
     applies: Callable[[object, Layout], bool]  # (Config, Layout) -> whether it refuses them
     message: Callable[[object, Layout], str]  # the rule and the fix, with the values
     summary: str  # one line for the docs: which layouts
@@ -34,6 +35,7 @@ def _routed_elsewhere(cfg, lay: Layout) -> bool:
 LIMITATIONS: tuple[Limitation, ...] = (
     Limitation(
         "op_recompute_split_backward",
+        ("pp", "schedule", "recompute"),
         lambda cfg, lay: lay.pp > 1 and lay.schedule in SPLIT_BACKWARD and lay.recompute == "op",
         lambda cfg, lay: (
             f"recompute=op with pipeline.schedule={lay.schedule} is not available; use "
@@ -50,6 +52,7 @@ LIMITATIONS: tuple[Limitation, ...] = (
     ),
     Limitation(
         "op_recompute_pp_fsdp_experts",
+        ("pp", "recompute", "ep", "tp", "zero_stage", "dp_shard", "cp"),
         lambda cfg, lay: (
             lay.pp > 1
             and lay.recompute == "op"

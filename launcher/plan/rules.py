@@ -24,7 +24,7 @@ from launcher.layout import (
     Layout,
 )
 from launcher.plan import bubble as pl
-from launcher.plan.limitations import refusals
+from launcher.plan.limitations import LIMITATIONS, refusals
 from launcher.plan.problem import Problem
 from models import families
 
@@ -68,11 +68,11 @@ def resolve_degrees(p: ParallelConfig, world: int) -> tuple[dict[str, int], list
 
 @dataclass(frozen=True)
 class Rule:
-    """One layout rule: its name (the Problem's), the degrees it reads, and its check, which
-    yields a message per way the layout breaks it. While a degree is unresolved
-    (parallel.dp_shard=-1 that does not divide the world, or a degree below 1) make_plan still
-    checks, with 1 in its place, the rules that read none of the unresolved ones
-    (tests/plan/test_rules.py holds each rule to the degrees it declares)."""
+    """One layout rule: its name (the Problem's), the Layout fields it reads (degrees and layout
+    options), and its check, which yields a message per way the layout breaks it. While a
+    degree is unresolved (parallel.dp_shard=-1 that does not divide the world, or a degree
+    below 1) make_plan still checks, with 1 in its place, the rules that read none of the
+    unresolved ones (tests/plan/test_rules.py holds each rule to the fields it declares)."""
 
     name: str
     reads: tuple[str, ...]
@@ -82,6 +82,7 @@ class Rule:
 
 LAYOUT_RULES: list[Rule] = []
 DP = ("dp_replicate", "dp_shard")
+STAGES = ("schedule", "stages_per_rank")
 
 
 def rule(name: str, reads: tuple[str, ...], warning: bool = False):
@@ -130,7 +131,7 @@ def tp_vocab(cfg, lay):
         yield f"tp={lay.tp} must divide vocab_size={cfg.model.vocab_size} ({_model(cfg)})"
 
 
-@rule("sp_seq", ("tp", "cp"))
+@rule("sp_seq", ("tp", "cp", "sequence_parallel"))
 def sp_seq(cfg, lay):
     seq, tp, cp = cfg.train.seq_len, lay.tp, lay.cp
     if lay.sequence_parallel and tp > 1 and (seq % cp or (seq // cp) % tp):
@@ -182,7 +183,7 @@ def ep_degree(cfg, lay):
         )
 
 
-@rule("pp_stages", ("pp",))
+@rule("pp_stages", ("pp", *STAGES))
 def pp_stages(cfg, lay):
     v, sched, pp = lay.stages_per_rank, lay.schedule, lay.pp
     if v < 1:
@@ -213,7 +214,7 @@ def _pipelined(lay) -> bool:
     return lay.pp > 1 and v >= 1 and not (lay.schedule in V_SCHEDULES and v != 2)
 
 
-@rule("pp_split", ("pp",))
+@rule("pp_split", ("pp", *STAGES, "stage_layers"))
 def pp_split(cfg, lay):
     split, pp, v, n = lay.stage_layers, lay.pp, lay.stages_per_rank, cfg.model.n_layers
     if _pipelined(lay) and split and (len(split) != pp * v or sum(split) != n or min(split) < 1):
@@ -227,7 +228,7 @@ def pp_split(cfg, lay):
         )
 
 
-@rule("pp_layers", ("pp",))
+@rule("pp_layers", ("pp", *STAGES))
 def pp_layers(cfg, lay):
     pp, v, n = lay.pp, lay.stages_per_rank, cfg.model.n_layers
     if _pipelined(lay) and pp * v > n:
@@ -237,7 +238,9 @@ def pp_layers(cfg, lay):
         )
 
 
-@rule("pp_microbatches", ("pp", *DP))  # micro-batches per step: global / (micro x dp)
+@rule(
+    "pp_microbatches", ("pp", *DP, *STAGES, "microbatches")
+)  # micro-batches per step: global / (micro x dp)
 def pp_microbatches(cfg, lay):
     pp, mb, sched = lay.pp, lay.microbatches, lay.schedule
     if not _pipelined(lay):
@@ -260,7 +263,7 @@ def pp_microbatches(cfg, lay):
         )
 
 
-@rule("pp_reshard", ("pp", "dp_shard", "cp"))
+@rule("pp_reshard", ("pp", "dp_shard", "cp", "reshard_each_microbatch", "zero_stage", "schedule"))
 def pp_reshard(cfg, lay):
     if not lay.reshard_each_microbatch:
         return
@@ -278,7 +281,7 @@ def pp_reshard(cfg, lay):
         )
 
 
-@rule("batch", DP)  # global = micro x accumulation x data-parallel size
+@rule("batch", (*DP, "micro_batch_size"))  # global = micro x accumulation x data-parallel size
 def batch(cfg, lay):
     dp, b, gb = lay.dp, lay.micro_batch_size, cfg.train.global_batch_size
     mbs = cfg.pipeline.microbatches
@@ -313,7 +316,7 @@ _spans_nodes("tp", "TP traffic crosses the network")
 _spans_nodes("ep", "all-to-alls cross the network")
 
 
-@rule("bubble", ("pp", *DP), warning=True)
+@rule("bubble", ("pp", *DP, *STAGES, "microbatches"), warning=True)
 def bubble(cfg, lay):
     pp, sched, v = lay.pp, lay.schedule, lay.stages_per_rank
     # Only for a pipeline the error rules accept (an unknown schedule is a config error).
@@ -329,7 +332,7 @@ def bubble(cfg, lay):
 
 # A recipe's recompute.every stays when recompute=none is chosen to compare against it: not
 # an error, but recompute.every alone recomputes nothing, which a user should hear.
-@rule("recompute_every", (), warning=True)
+@rule("recompute_every", ("recompute", "recompute_every"), warning=True)
 def recompute_every(cfg, lay):
     k = lay.recompute_every
     if lay.recompute == "none" and k > 1:
@@ -340,7 +343,7 @@ def recompute_every(cfg, lay):
         )
 
 
-@rule("recompute_matmuls", ())
+@rule("recompute_matmuls", ("recompute", "recompute_matmuls"))
 def recompute_matmuls(cfg, lay):
     fam = families.of(cfg.model)
     if lay.recompute_matmuls == "alternate" and lay.recompute == "op" and (fam.moe or fam.mla):
@@ -352,7 +355,7 @@ def recompute_matmuls(cfg, lay):
         )
 
 
-@rule("recompute_matmuls_mode", (), warning=True)
+@rule("recompute_matmuls_mode", ("recompute", "recompute_matmuls"), warning=True)
 def recompute_matmuls_mode(cfg, lay):
     if lay.recompute_matmuls == "alternate" and lay.recompute != "op":
         yield (
@@ -361,7 +364,7 @@ def recompute_matmuls_mode(cfg, lay):
         )
 
 
-@rule("micro_batch", ("cp",), warning=True)
+@rule("micro_batch", ("cp", "micro_batch_size"), warning=True)
 def micro_batch(cfg, lay):
     tokens = cfg.train.seq_len // max(1, lay.cp)
     if cfg.hardware.device_type.value == "cuda" and lay.micro_batch_size * tokens < 1024:
@@ -402,13 +405,19 @@ def batch_fix(global_batch: int, micro: int, dp: int, microbatches: int = 0) -> 
     return fix + (f" or train.micro_batch_size={smaller[0]}" if smaller else "")
 
 
-# The degrees each layout rule reads, from the rules themselves.
-DEGREES_READ: dict[str, tuple[str, ...]] = {r.name: r.reads for r in LAYOUT_RULES}
+# The Layout fields each layout rule reads, from the rules themselves.
+FIELDS_READ: dict[str, tuple[str, ...]] = {r.name: r.reads for r in LAYOUT_RULES}
 
 
 def reads_any(problem: Problem, degrees) -> bool:
-    """Whether the rule behind `problem` reads any of `degrees` (see DEGREES_READ)."""
-    return bool(set(DEGREES_READ.get(problem.rule, AXES)) & set(degrees))
+    """Whether the rule behind `problem` reads any of `degrees` (see FIELDS_READ)."""
+    return bool(set(FIELDS_READ.get(problem.rule, AXES)) & set(degrees))
+
+
+def readers(name: str) -> list[str]:
+    """The layout rules and engine limitations that read a Layout field, by name."""
+    found = [r.name for r in LAYOUT_RULES if name in r.reads]
+    return found + [x.name for x in LIMITATIONS if name in x.reads]
 
 
 NOT_AVAILABLE = "not_available"  # the rule of every engine limitation's problem

@@ -1,40 +1,33 @@
 """`plan.search=true`: enumerate the layouts for a model, hardware and batch; rank those that fit.
 
-The space: tp (powers of two inside a node), cp (chunks of at least 1024 tokens), pp (any
-divisor of what is left, at most the layers), HSDP or not, ZeRO stage, pipeline schedule and
-stages per rank, micro-batch size and recompute (op keeping every other matmul's output between
-op and full, where the blocks allow it). Sequence parallelism is always on with tp > 1
-(same traffic, less memory). Dominated points are skipped rather than evaluated: gpipe (1f1b's
-bubble, more memory), ZeRO-0 (ZeRO-1's traffic, more memory), and a costlier recompute once a
-cheaper one fits.
+The space: the degrees (degree_points: tp in powers of two inside a node, cp in chunks of at
+least 1024 tokens, pp any divisor of what is left and at most the layers, HSDP or not, ep from
+the ranks it borrows), then each layout option's search values, read from its record in
+launcher/layout.py: ZeRO stage, micro-batch size, sequence parallelism (always on with tp > 1:
+same traffic, less memory), the context-parallel method (all-gather or ring, where cp > 1), the
+pipeline schedule and its stages per rank, and recompute, cheapest first (op keeping every other
+matmul's output between op and full, where the blocks allow it). Dominated points are skipped
+rather than evaluated: gpipe (1F1B's bubble, more memory), ZeRO-0 (ZeRO-1's traffic, more
+memory), a costlier recompute once a cheaper one fits, and the time of a layout whose memory
+does not fit.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import fields, replace
+from dataclasses import fields
 
 from rich.console import Console
 from rich.table import Table
 
 from launcher.config import Config
-from launcher.layout import Layout
+from launcher.layout import AXES, OPTIONS, Layout, Option
 from launcher.plan.config_rules import config_problems
 from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
 from launcher.plan.report import estimate_json
 from launcher.plan.rules import engine_problems, layout_problems
 from models import families
-
-# (mode, matmuls) from the least recompute to the most: op keeping every other matmul's output
-# sits between op and full (for blocks without routed experts or MLA: rules.py).
-RECOMPUTE = (
-    ("none", "all"),
-    ("selective", "all"),
-    ("op", "all"),
-    ("op", "alternate"),
-    ("full", "all"),
-)
 
 
 def divisors(n: int) -> list[int]:
@@ -49,23 +42,12 @@ def powers_of_two(limit: int) -> list[int]:
     return out
 
 
-def pipeline_options(pp: int, n_layers: int) -> list[tuple[str, int]]:
-    if pp == 1:
-        return [("1f1b", 1)]
-    options = [("1f1b", 1)]
-    for v in (2, 4):
-        if pp * v <= n_layers:
-            options.append(("interleaved_1f1b", v))
-    if pp * 2 <= n_layers:
-        options += [("interleaved_zb", 2), ("zbv", 2), ("dualpipev", 2)]
-    return options
-
-
-def candidates(cfg: Config):
-    """Every layout of the space, cheapest recompute first for each point."""
+def degree_points(cfg: Config):
+    """Every set of degrees of the space: tp inside a node, cp in chunks of at least 1024
+    tokens, pp at most the layers, dp_shard the whole data-parallel group or a node's worth
+    (HSDP), ep carved from dp_shard x cp x tp."""
     m, hw, t = cfg.model, cfg.hardware, cfg.train
     world = hw.nodes * hw.devices_per_node
-    moe = m.n_routed_experts > 0
     for tp in powers_of_two(min(hw.devices_per_node, m.n_heads)):
         for cp in powers_of_two(max(1, t.seq_len // 1024)):
             if world % (tp * cp):
@@ -80,31 +62,35 @@ def candidates(cfg: Config):
                 )
                 for dp_shard in sorted(shards):
                     eps = [1]
-                    if moe:
+                    if m.n_routed_experts:
                         borrow = dp_shard * cp * tp
                         eps = [e for e in divisors(m.n_routed_experts) if borrow % e == 0]
-                    stages = [0] if dp_shard == 1 else ([1, 3] if pp > 1 else [1, 2, 3])
                     for ep in eps:
-                        for zero in stages:
-                            for schedule, v in pipeline_options(pp, m.n_layers):
-                                for b in (1, 2, 4, 8):
-                                    if t.global_batch_size % (b * dp):
-                                        continue
-                                    yield Layout(
-                                        dp_replicate=dp // dp_shard,
-                                        dp_shard=dp_shard,
-                                        tp=tp,
-                                        pp=pp,
-                                        cp=cp,
-                                        ep=ep,
-                                        zero_stage=zero,
-                                        schedule=schedule,
-                                        stages_per_rank=v,
-                                        micro_batch_size=b,
-                                        microbatches=t.global_batch_size // (b * dp),
-                                        recompute="none",
-                                        sequence_parallel=tp > 1,
-                                    )
+                        yield dict(
+                            zip(AXES, (dp // dp_shard, dp_shard, tp, pp, cp, ep), strict=True)
+                        )
+
+
+def _extend(cfg: Config, point: dict, options: list[Option]):
+    """The point extended by every combination of the options' search values, in order."""
+    if not options:
+        yield point
+        return
+    for values in options[0].search(cfg, point):
+        yield from _extend(cfg, {**point, **values}, options[1:])
+
+
+SEARCHED = [opt for _, opt in OPTIONS if opt.search is not None and not opt.escalates]
+ESCALATING = [opt for _, opt in OPTIONS if opt.escalates]
+
+
+def candidates(cfg: Config):
+    """Every layout of the space, as the list of its escalating variants (its recompute,
+    cheapest first): the degrees, then each layout option's search values, in the Layout's
+    order (launcher/layout.py); an option without them keeps its default."""
+    for degrees in degree_points(cfg):
+        for point in _extend(cfg, degrees, SEARCHED):
+            yield [Layout(**variant) for variant in _extend(cfg, point, ESCALATING)]
 
 
 def search(cfg: Config) -> tuple[int, list[Estimate]]:
@@ -116,19 +102,18 @@ def search(cfg: Config) -> tuple[int, list[Estimate]]:
     fam = families.of(cfg.model)
     skip_alternate = fam.moe or fam.mla
     evaluated, fitting = 0, []
-    for base in candidates(cfg):
-        for recompute, matmuls in RECOMPUTE:
-            if (recompute == "selective" and skip_selective) or (
-                matmuls == "alternate" and skip_alternate
+    for variants in candidates(cfg):
+        for lay in variants:
+            if (lay.recompute == "selective" and skip_selective) or (
+                lay.recompute_matmuls == "alternate" and skip_alternate
             ):
                 continue
-            lay = replace(base, recompute=recompute, recompute_matmuls=matmuls)
             evaluated += 1
             errors, _ = layout_problems(cfg, lay)
             if errors:
-                break  # recompute changes no rule
-            est = evaluate(ctx, lay)
-            if est.memory.total <= ctx.capacity:
+                break  # recompute changes no rule the search's layouts can break
+            est = evaluate(ctx, lay, fitting_only=True)
+            if est.time is not None:
                 fitting.append(est)
                 break  # a costlier recompute would only be slower
     fitting.sort(key=lambda e: -e.tokens_per_s_per_device)
@@ -290,7 +275,7 @@ def run_search(cfg: Config, as_json: bool) -> int:
         row = [
             str(i),
             str(lay.tp),
-            str(lay.cp),
+            str(lay.cp) + (f" {lay.context_method}" if lay.cp > 1 else ""),
             str(lay.pp),
             f"{lay.dp_replicate} x {lay.dp_shard}",
             str(lay.ep),

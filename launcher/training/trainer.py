@@ -46,7 +46,7 @@ from launcher.cli import USAGE_ERROR
 from launcher.data.batches import Batches
 from launcher.data.sources import run_data
 from launcher.hf import weights as hf_weights
-from launcher.layout import describe, stage_owner
+from launcher.layout import as_saved, describe, stage_owner
 from launcher.parallel import build, pipeline_parallel
 from launcher.parallel.context_parallel import chunk_positions
 from launcher.parallel.data_parallel import DTYPES, average_grads, grad_sync, local_tensor
@@ -449,7 +449,8 @@ class Trainer:
             return 0
         # A checkpoint converted from Hugging Face holds the model only.
         weights_only = initial and (ck.initial_load_weights_only or entry.meta.get("weights_only"))
-        same = entry.meta.get("layout") == json.loads(json.dumps(asdict(self.layout)))
+        saved = entry.meta.get("layout")
+        same = saved is not None and as_saved(saved) == as_saved(asdict(self.layout))
         state = self.state(weights_only, rng=same and not weights_only)
         with timed(f"loading {entry.path}", self.d.rank, self.cfg.train.timeout_s):
             self.checkpointer.load(entry, state)

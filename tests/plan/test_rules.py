@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import io
 import random
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 from conftest import compose_config, run_cli
 from rich.console import Console
 
-from launcher.layout import AXES, SCHEDULES
+from launcher.layout import AXES, SCHEDULES, Layout
 from launcher.plan import make_plan
+from launcher.plan.limitations import LIMITATIONS
 from launcher.plan.report import print_plan
 from launcher.plan.rules import LAYOUT_RULES, engine_problems
 
@@ -569,29 +570,49 @@ def test_alternate_matmuls_outside_op_are_a_warning_and_change_nothing():
     assert plan.estimate.memory.total == same.estimate.memory.total
 
 
+# Values each Layout field may take, for the random layouts below.
+VALUES = {
+    **dict.fromkeys(AXES, (1, 2, 3, 4, 8)),
+    "zero_stage": (0, 1, 2, 3),
+    "micro_batch_size": (1, 2),
+    "microbatches": (1, 2, 4, 8),
+    "recompute": ("none", "selective", "op", "full"),
+    "recompute_every": (1, 2, 3),
+    "recompute_matmuls": ("all", "alternate"),
+    "sequence_parallel": (False, True),
+    "loss_parallel": (False, True),
+    "context_method": ("allgather", "ring"),
+    "schedule": SCHEDULES,
+    "stages_per_rank": (1, 2, 3),
+    "stage_layers": ((), (1, 1), (2, 2), (1, 2, 1), (1, 1, 1, 1)),
+    "reshard_each_microbatch": (False, True),
+}
+
+
+def test_the_random_layouts_vary_every_field():
+    assert set(VALUES) == {f.name for f in fields(Layout)}
+
+
+def limitation_says(x, cfg, lay):
+    return x.message(cfg, lay) if x.applies(cfg, lay) else None
+
+
 @pytest.mark.parametrize("model", ["llama3_8b", "mixtral_8x7b", "deepseek_debug", "gpt_debug"])
-def test_each_layout_rule_reads_only_the_degrees_it_declares(model):
-    """make_plan skips the rules that read an unresolved degree by what each declares: a
-    degree it does not declare, changed, changes none of its messages (random layouts)."""
+def test_each_rule_and_limitation_reads_only_the_fields_it_declares(model):
+    """make_plan skips the rules that read an unresolved degree, and `rules.readers` lists what
+    reads a layout option, by what each declares: a Layout field it does not declare, changed,
+    changes none of its messages (random layouts)."""
     rng = random.Random(0)
     cfg = compose_config([f"model={model}", "train.seq_len=96", "train.global_batch_size=24"])
     base = make_plan(cfg).layout
-    degrees = (1, 2, 3, 4, 8)
-    for _ in range(300):
-        lay = replace(
-            base,
-            **{a: rng.choice(degrees) for a in AXES},
-            schedule=rng.choice(SCHEDULES),
-            stages_per_rank=rng.choice((1, 2, 3)),
-            microbatches=rng.choice((1, 2, 4, 8)),
-            micro_batch_size=rng.choice((1, 2)),
-            reshard_each_microbatch=rng.random() < 0.2,
-            sequence_parallel=rng.random() < 0.5,
-        )
-        for r in LAYOUT_RULES:
-            unread = [a for a in AXES if a not in r.reads]
-            if not unread:
-                continue
-            axis = rng.choice(unread)
-            moved = replace(lay, **{axis: rng.choice(degrees)})
-            assert list(r.check(cfg, lay)) == list(r.check(cfg, moved)), (r.name, axis, lay)
+    checks = [(r.name, r.reads, lambda lay, r=r: list(r.check(cfg, lay))) for r in LAYOUT_RULES]
+    checks += [
+        (x.name, x.reads, lambda lay, x=x: limitation_says(x, cfg, lay)) for x in LIMITATIONS
+    ]
+    for _ in range(100):
+        lay = replace(base, **{name: rng.choice(v) for name, v in VALUES.items()})
+        for name, reads, says in checks:
+            said = says(lay)
+            for moved in (f for f in VALUES if f not in reads):
+                other = replace(lay, **{moved: rng.choice(VALUES[moved])})
+                assert said == says(other), (name, moved, lay)

@@ -150,7 +150,7 @@ def test_alternate_matmuls_sit_between_op_and_full(model):
     """The search tries recompute in the order of RECOMPUTE and stops at the first that fits:
     each step must keep less and run longer than the one before (op keeping every other
     matmul's output between op and full)."""
-    from launcher.plan.search import RECOMPUTE
+    from launcher.layout import RECOMPUTE
 
     assert RECOMPUTE.index(("op", "all")) < RECOMPUTE.index(("op", "alternate"))
     assert RECOMPUTE.index(("op", "alternate")) < RECOMPUTE.index(("full", "all"))

@@ -34,7 +34,7 @@ def cp_bytes_sent(ctx: Context, lay: Layout, recomputed: bool | None = None) -> 
     micro-batch; for one 128-wide kv head in bf16, 1.6% of its K/V)."""
     kv = kv_bytes(ctx, lay)
     forward = (lay.cp - 1) * kv
-    backward = forward + (lay.cp * kv * 4 / ctx.act_b if ctx.cp_method == "ring" else 0.0)
+    backward = forward + (lay.cp * kv * 4 / ctx.act_b if lay.context_method == "ring" else 0.0)
     if lay.recompute != "none" if recomputed is None else recomputed:
         backward += forward
     return forward, backward
@@ -45,7 +45,7 @@ def cp_layer_time(ctx: Context, lay: Layout, recomputed: bool | None = None) -> 
     group = comm.group(ctx.links, lay.cp, lay.tp)
     rerun = lay.recompute != "none" if recomputed is None else recomputed
     kv = kv_bytes(ctx, lay)
-    if ctx.cp_method != "ring":
+    if lay.context_method != "ring":
         gather = comm.all_gather(group, lay.cp * kv)  # the whole gathered K/V
         return gather * (3 if rerun else 2)  # + the gradients' reduce-scatter (+ the rerun)
     cp = lay.cp
@@ -75,6 +75,6 @@ def cp(step: Step) -> Term | None:
     forward, backward = cp_bytes_sent(ctx, lay)
     group = comm.group(ctx.links, lay.cp, lay.tp)
     work = step.microbatches * step.layers * (forward + backward) / group.bandwidth
-    if ctx.cp_method != "ring":  # all of it exposed (the module's docstring)
+    if lay.context_method != "ring":  # all of it exposed (the module's docstring)
         return Term("cp", exposed, exposed)
     return Term("cp", exposed, max(work, exposed), "each hop behind a block's attention")
