@@ -36,11 +36,14 @@ from launcher.checkpoint.store import (
     PARTIAL,
     CheckpointError,
     Entry,
+    file_sizes,
     newest_complete,
     open_checkpoint,
     publish,
+    rank_files,
     resolve_checkpoint_dir,
     write_meta,
+    write_sums,
 )
 from launcher.cli import USAGE_ERROR, fail
 from launcher.config import ModelConfig
@@ -221,12 +224,14 @@ def from_hf_command(hf_dir: Path, out: Path) -> int:
     dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
     model = {**asdict(ModelConfig()), "name": _name(hf_dir), **fields}
     # The model only: a run started from it begins at step 1 with fresh optimizer states.
+    names = rank_files(partial, 0)
     write_meta(
         partial,
         {"step": 0, "samples": 0, "weights_only": True, "source": str(hf_dir),
-         "layout": {}, "config": {"model": model}},
+         "layout": {}, "config": {"model": model}, "files": file_sizes(partial, names)},
     )  # fmt: skip
     publish(partial, out)
+    write_sums(partial, out, 0, names)  # what proves it whole (checkpoint/reader.py)
     n = sum(t.numel() for t in state.values())
     print(
         f"wrote {out}: {len(state)} tensors, {n:,} parameters ({fields['family']}); start a "

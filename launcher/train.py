@@ -5,11 +5,17 @@ distributed environment a multi-device layout relaunches this command under torc
 `hardware.devices_per_node` processes; inside torchrun or a SLURM step it joins that group.
 """
 
+# ruff: noqa: E402 (a stop signal is held from the first moment: the imports below take seconds)
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
+
+from launcher.runtime.failures import hold_stops, resume_mode, stop_before_start
+
+if __name__ == "__main__":
+    hold_stops()
 
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
@@ -25,7 +31,6 @@ from launcher.plan import auto, engine_plan
 from launcher.plan.report import plan_json, print_plan, problems_message
 from launcher.plan.search import candidate_overrides, with_overrides
 from launcher.runtime import launch, rundir
-from launcher.runtime.failures import resume_mode
 
 
 def check_devices(device_type: str, devices_per_node: int) -> None:
@@ -132,12 +137,20 @@ def task(dcfg: DictConfig) -> None:
             fail(str(e))
     if first:
         print(f"run directory: {run_dir}", flush=True)
+    if first and cfg.launch.rendezvous and plan.world_size == 1:
+        print(
+            f"warning: launch.rendezvous={cfg.launch.rendezvous} is not used: this run is one "
+            "process (hardware.nodes x devices_per_node = 1), which meets no other",
+            file=sys.stderr,
+            flush=True,
+        )
     if launch.in_distributed_env() and launch.world_size() != plan.world_size:
         fail(
             f"this process group has WORLD_SIZE={launch.world_size()} but the plan needs "
             f"world_size={plan.world_size} (hardware.nodes x hardware.devices_per_node)"
         )
     if not launch.in_distributed_env() and plan.world_size > 1:
+        stop_before_start()  # until relaunch forwards stop signals to the ranks it starts
         overrides = list(hc.overrides.task)
         status = launch.relaunch(
             cfg.hardware.nodes,

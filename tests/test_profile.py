@@ -4,8 +4,12 @@ timeline, from the engine's own Trainer on 2 processes (FSDP)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
+from conftest import ROOT
 from jobs import train_job
 
 from launcher.runtime.profiling import step_dir
@@ -67,3 +71,22 @@ def test_steps_a_resumed_run_has_already_trained_are_named_not_skipped_silently(
     assert resumed_past([6, 8], 5) is None
     assert resumed_past([5], 5) is not None  # step 5 is the checkpoint's: not trained again
     assert resumed_past([], 0) is None
+
+
+def test_a_profiled_step_prints_no_line_of_the_profilers_own(tmp_path):
+    """Kineto's "USDT: ... profiler_start" lines (stderr, from C++) are not a run's output."""
+    code = (
+        "import torch; from types import SimpleNamespace as N; "
+        "from launcher.runtime.profiling import profiled; "
+        f"cm = profiled(1, N(steps=[1], memory=False), {str(tmp_path)!r}, 0, False); "
+        "cm.__enter__(); torch.randn(8, 8) @ torch.randn(8, 8); cm.__exit__(None, None, None)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        f"profiled step 1: {step_dir(tmp_path, 1)} (a trace per rank)"
+    ]
+    assert done.stderr == "", done.stderr

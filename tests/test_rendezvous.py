@@ -5,6 +5,7 @@ leaves."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 
 import pytest
@@ -48,3 +49,38 @@ def test_store_started_here_is_shared_and_leaves_with_the_last_member(tmp_path):
         time.sleep(0.2)
     assert not rendezvous.listening("127.0.0.1", port), log.read_text()
     assert "every launcher has left" in log.read_text()
+
+
+def test_a_host_that_does_not_resolve_is_refused_at_once(tmp_path):
+    begun = time.monotonic()
+    with pytest.raises(rendezvous.RendezvousProblem, match="no such host no-such-host.invalid"):
+        rendezvous.ensure("no-such-host.invalid:29500", tmp_path / "rendezvous.log", wait_s=60)
+    assert time.monotonic() - begun < 30
+
+
+@pytest.mark.parametrize("reply", [None, b"HTTP/1.0 400 Bad Request\r\n\r\n"])
+def test_a_port_another_program_holds_is_refused_not_waited_on(tmp_path, reply, monkeypatch):
+    """A listener that never answers (torch's client would wait on it forever) or answers
+    something else is not taken for the store."""
+    monkeypatch.setattr(rendezvous, "PROBE_START_S", 5.0)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        held = []  # the connections, open until the end
+
+        def serve() -> None:
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                held.append(conn)
+                if reply:
+                    conn.recv(64)
+                    conn.sendall(reply)
+
+        threading.Thread(target=serve, daemon=True).start()
+        begun = time.monotonic()
+        assert not rendezvous.answers("127.0.0.1", port, wait_s=1)
+        assert time.monotonic() - begun < 10

@@ -22,7 +22,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
-from launcher.checkpoint.store import METADATA, damage
+from launcher.checkpoint.store import METADATA, damage, recorded_sums
 
 # (module, name) the metadata pickle may construct.
 ALLOWED = {
@@ -101,16 +101,43 @@ class SafePlanner(DefaultLoadPlanner):
 
 def checkpoint_damage(entry, share: tuple[int, int] | None = (0, 1)) -> list[str]:
     """store.damage (files missing, resized, changed), and on the first of `share`'s ranks
-    a `.metadata` that the allow-list refuses or that is not a whole pickle."""
+    a `.metadata` that the allow-list refuses or that is not a whole pickle, and what it reads
+    that the checkpoint does not hold whole (`unproven`)."""
 
     problems = damage(entry, share)
     if problems or (share is not None and share[0] != 0):
         return problems
     try:
-        read_metadata_file(entry.path / METADATA)
+        metadata = read_metadata_file(entry.path / METADATA)
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
         return [f"{entry.path / METADATA}: {e}"]
-    return []
+    return unproven(entry, metadata, checksums=share is not None)
+
+
+def unproven(entry, metadata: Metadata, checksums: bool) -> list[str]:
+    """What `.metadata` reads that the checkpoint does not hold whole: a file it names that is
+    missing or shorter than the bytes read from it, and (with `checksums`) a file, .metadata
+    included, without its saved CRC-32 (a sums.RANK.json removed, or never written: a save
+    whose process died before adding it cannot be told from a tampered one)."""
+    extent: dict[str, int] = {}
+    for info in (metadata.storage_data or {}).values():
+        end = info.offset + info.length
+        extent[info.relative_path] = max(extent.get(info.relative_path, 0), end)
+    sums = recorded_sums(entry) if checksums else {}
+    out = []
+    for name, end in sorted(extent.items()):
+        f = entry.path / name
+        if not f.is_file():
+            out.append(f"{f} is missing")
+        elif f.stat().st_size < end:
+            out.append(f"{f} has {f.stat().st_size:,} bytes; {METADATA} reads {end:,} from it")
+    unsummed = sorted({*extent, METADATA} - set(sums)) if checksums else []
+    for name in unsummed:
+        out.append(
+            f"{entry.path / name} has no saved checksum (its sums.RANK.json is missing or "
+            "edited): it cannot be proven whole"
+        )
+    return out
 
 
 def load(state: dict, path, no_dist: bool) -> None:

@@ -8,7 +8,10 @@ leaves a `.partial` directory, which resuming skips and loading by path refuses.
 
 meta.json's `files` records every file's size; each rank then adds sums.RANK.json, the CRC-32
 of the files it wrote, in the background (write_sums). `damage` finds a missing, truncated or
-changed file, and resuming falls back past a damaged checkpoint to the newest intact one.
+changed file, and resuming falls back past a damaged checkpoint to the newest intact one. What
+is whole is proven by what the checkpoint holds, not by a list that can lose entries: DCP's
+.metadata names every file and the bytes read from it, and each of those files must have its
+saved checksum (launcher/checkpoint/reader.py, checkpoint_damage).
 """
 
 from __future__ import annotations
@@ -181,11 +184,12 @@ def damage(entry: Entry, share: tuple[int, int] | None = (0, 1)) -> list[str]:
         return [f"{path / METADATA} is missing"]
     sums = recorded_sums(entry) if share else {}
     out = []
-    for i, (name, want) in enumerate(sorted(recorded.items())):
-        f = path / name
+    # The files the sums name are checked too: an edited meta.json hides none of them.
+    for i, name in enumerate(sorted(set(recorded) | set(sums))):
+        f, want = path / name, recorded.get(name)
         if not f.is_file():
             out.append(f"{f} is missing")
-        elif f.stat().st_size != want["bytes"]:
+        elif want is not None and f.stat().st_size != want["bytes"]:
             out.append(f"{f} has {f.stat().st_size:,} bytes, {want['bytes']:,} when saved")
         elif (
             share and i % share[1] == share[0] and name in sums and (now := crc32(f)) != sums[name]

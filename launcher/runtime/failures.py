@@ -101,6 +101,43 @@ def nonfinite_message(record: dict) -> str:
     )
 
 
+# Stop signals received before StopRequest took over (hold_stops).
+HELD: list[int] = []
+
+
+def hold_stops() -> None:
+    """From a command's first moment until StopRequest takes over: a stop signal is remembered
+    rather than fatal (Python's default ends the process with -15 and no word, in the seconds
+    torch takes to import), so that one during start-up ends like any stop."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, _hold)
+
+
+def _hold(signum: int, frame) -> None:
+    if HELD and signum == signal.SIGINT:
+        raise KeyboardInterrupt  # a second Ctrl-C: stop now
+    HELD.append(signum)
+
+
+def stop_before_start() -> None:
+    """In a launcher that has started no rank yet (its rendezvous, torchrun's start): a stop
+    signal, held or to come, ends it at once with its line and EXIT_STOPPED."""
+
+    def end(signum: int, frame=None) -> None:
+        print(
+            f"stopped by {signal.Signals(signum).name} before the run started: no rank ran; "
+            f"the same command starts it (exit status {EXIT_STOPPED})",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(EXIT_STOPPED)
+
+    if HELD:
+        end(HELD[0])
+    for s in STOP_SIGNALS:
+        signal.signal(s, end)
+
+
 class StopRequest:
     """Remembers the first stop signal; `agreed()` tells every rank whether any rank got one.
 
@@ -114,6 +151,8 @@ class StopRequest:
         self.deadline_s = deadline_s
         for s in STOP_SIGNALS:  # for the rest of the process's life
             signal.signal(s, self._handle)
+        if HELD:  # one came during start-up
+            self._handle(HELD[0], None)
 
     def _handle(self, signum: int, frame) -> None:
         if self.signum and signum == signal.SIGINT:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 
@@ -38,6 +39,10 @@ def profiled(step: int, cfg, run_dir: str | Path, rank: int, cuda: bool):
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    # Kineto (read when the profiler starts) writes a "USDT:" line to stderr at each start and
+    # stop of every rank's profiler; 6 is above its every level. KINETO_LOG_LEVEL set by the
+    # user wins.
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     out = step_dir(run_dir, step)
     out.mkdir(parents=True, exist_ok=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])

@@ -24,6 +24,7 @@ from pathlib import Path
 
 HEARTBEAT_S = 2.0
 LOST_S = 60.0
+PROBE_START_S = 15.0  # what the probe's interpreter may take to import torch.distributed
 MEMBERS, BEATS = "launcher/members", "launcher/beats"
 
 
@@ -42,6 +43,33 @@ def listening(host: str, port: int, timeout: float = 1.0) -> bool:
     return False
 
 
+def resolves(host: str) -> bool:
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return True
+
+
+def answers(host: str, port: int, wait_s: float = 10.0) -> bool:
+    """Whether what listens at HOST:PORT answers as a store. torch's TCPStore client waits
+    forever on a listener that never answers (another program holding the port), and retries
+    one that answers something else with a stack trace per try, so it is asked in a process of
+    its own, quietly, under a deadline."""
+    probe = (
+        "import datetime, torch.distributed as d; "
+        f"d.TCPStore({host!r}, {port}, is_master=False, "
+        f"timeout=datetime.timedelta(seconds={wait_s}))"
+    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, timeout=wait_s + PROBE_START_S
+        )
+    except subprocess.TimeoutExpired:
+        return False
+    return done.returncode == 0
+
+
 def is_local(host: str) -> bool:
     """Whether `host` names this machine: one of its addresses can be bound here."""
     try:
@@ -56,8 +84,14 @@ def is_local(host: str) -> bool:
 
 
 def ensure(endpoint: str, log: Path, wait_s: float) -> None:
-    """Return once a store listens at `endpoint`, starting it when HOST is this machine."""
+    """Return once a store listens at `endpoint`, starting it when HOST is this machine; a host
+    that does not resolve, or a listener that is not a store, ends it at once."""
     host, port = split(endpoint)
+    if not resolves(host):
+        raise RendezvousProblem(
+            f"launch.rendezvous={endpoint}: no such host {host} (it does not resolve): check "
+            "the address"
+        )
     begun, started, said = time.monotonic(), False, False
     while not listening(host, port):
         if not said and time.monotonic() - begun > 5:
@@ -83,6 +117,11 @@ def ensure(endpoint: str, log: Path, wait_s: float) -> None:
                 f"launcher on {host} too (it starts the store there), or check the address"
             )
         time.sleep(0.2)
+    if not answers(host, port):
+        raise RendezvousProblem(
+            f"launch.rendezvous={endpoint}: a program listens there that is not a rendezvous "
+            f"store (another program holds port {port} on {host}): choose a free port"
+        )
 
 
 @contextlib.contextmanager

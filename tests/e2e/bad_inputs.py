@@ -167,6 +167,23 @@ CONFIG = [
         "(elastic) needs train.max_restarts >= 1",
     ),
     Case(
+        "train rendezvous host that does not resolve",
+        "train",
+        (
+            "launch.rendezvous=no-such-host.invalid:29500",
+            "hardware.devices_per_node=2",
+            "train.micro_batch_size=1",
+            "hydra.run.dir={W}/no-such-host",
+        ),
+        "launch.rendezvous=no-such-host.invalid:29500: no such host no-such-host.invalid",
+    ),
+    Case(
+        "train one process with a rendezvous",
+        "train",
+        ("launch.rendezvous=no-such-host.invalid:29500", "hydra.run.dir={W}/one-rendezvous"),
+        ACCEPTED + "one process meets no other: a warning says the rendezvous is not used",
+    ),
+    Case(
         "train several nodes without a rendezvous",
         "train",
         ("hardware.nodes=2", "train.micro_batch_size=1", "hydra.run.dir={W}/two-nodes"),
@@ -334,6 +351,10 @@ CHECKPOINTS = [
     export("truncated_shard", "__0_0.distcp has 1,000 bytes"),
     export("missing_shard", "__0_0.distcp is missing"),
     export("missing_metadata", ".metadata is missing"),
+    export("unsummed_flipped", "__0_0.distcp has no saved checksum"),
+    export("unlisted_truncated", "__0_0.distcp has 1,000 bytes; .metadata reads"),
+    load_path("unsummed_flipped", "__0_0.distcp has no saved checksum"),
+    load_path("unlisted_truncated", "__0_0.distcp has 1,000 bytes; .metadata reads"),
     export("metadata_not_pickle", ".metadata"),
     export("meta_list", "meta.json is not an llm-launcher-checkpoint file"),
     export("meta_not_json", "meta.json is not an llm-launcher-checkpoint file"),
@@ -571,12 +592,14 @@ def build_checkpoints(w: Path) -> None:
         shutil.copytree(good, ck / name)
         return ck / name
 
-    # A crafted .metadata in a checkpoint whose meta.json records no sizes (as before they
-    # were recorded): the allow-list, not a size, must refuse it.
+    # A crafted .metadata in a checkpoint whose meta.json records no sizes and that has no
+    # sums: the allow-list, not a size or a checksum, must refuse it.
     crafted = copy("crafted_metadata")
     (crafted / ".metadata").write_bytes(pickle.dumps(Evil(w / "pwned")))
     meta = json.loads((crafted / "meta.json").read_text())
     (crafted / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "files"}))
+    for sums in crafted.glob("sums.*.json"):
+        sums.unlink()
     (copy("resized_metadata") / ".metadata").write_bytes(pickle.dumps(Evil(w / "pwned")))
     shard = copy("flipped_bytes") / "__0_0.distcp"
     data = bytearray(shard.read_bytes())
@@ -585,6 +608,20 @@ def build_checkpoints(w: Path) -> None:
     shard.write_bytes(bytes(data))
     os.truncate(copy("truncated_shard") / "__0_0.distcp", 1000)
     (copy("missing_shard") / "__0_0.distcp").unlink()
+    # The saved checksums removed, then a byte changed: not proven whole, so not loaded.
+    unsummed = copy("unsummed_flipped")
+    for sums in unsummed.glob("sums.*.json"):
+        sums.unlink()
+    flip = bytearray((unsummed / "__0_0.distcp").read_bytes())
+    flip[len(flip) // 2] ^= 0x01
+    (unsummed / "__0_0.distcp").write_bytes(bytes(flip))
+    # meta.json's list of files emptied, the sums removed, a shard cut short: .metadata finds it.
+    unlisted = copy("unlisted_truncated")
+    listed = json.loads((unlisted / "meta.json").read_text())
+    (unlisted / "meta.json").write_text(json.dumps({**listed, "files": {}}))
+    for sums in unlisted.glob("sums.*.json"):
+        sums.unlink()
+    os.truncate(unlisted / "__0_0.distcp", 1000)
     (copy("missing_metadata") / ".metadata").unlink()
     metadata = copy("metadata_not_pickle") / ".metadata"
     metadata.write_bytes(b"not a pickle at all" + b"\0" * (metadata.stat().st_size - 19))

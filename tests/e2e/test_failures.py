@@ -59,8 +59,10 @@ def reference(group) -> dict[int, float]:
 
 @pytest.mark.jobs(REFERENCE)
 def test_killed_rank_is_restarted_and_resumes(reference, tmp_path):
-    """SIGKILL of rank 1 at step 7 (its own real SIGKILL, first attempt only): torchrun
+    """SIGKILL of rank 1 at step 8 (its own real SIGKILL, first attempt only): torchrun
     restarts both ranks, they resume from step 6, and the run ends as if nothing happened.
+    (Step 7 lets step 6's checksums, written in the background, land: a crash before they do
+    falls back to step 4, as a checkpoint that cannot be proven whole is not resumed.)
     wandb (offline) continues the same run id without sending a step twice. A restart resumes
     even with checkpoint.resume=never, which only keeps a new run from continuing an old one."""
     result = train(
@@ -68,7 +70,7 @@ def test_killed_rank_is_restarted_and_resumes(reference, tmp_path):
         "train.max_restarts=1",
         "checkpoint.resume=never",
         "logging.wandb.mode=offline",
-        env={"LAUNCHER_FAULT_INJECT": "1:7:kill"},
+        env={"LAUNCHER_FAULT_INJECT": "1:8:kill"},
     )
     assert result.returncode == 0, result.stderr[-4000:]
     assert "starting from step 6 of" in result.stdout
@@ -98,6 +100,28 @@ def test_signal_to_the_launcher_stops_saves_and_resumes(sig, reference, tmp_path
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"starting from step {done} of" in again.stdout
     assert losses(tmp_path) == reference
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_a_stop_during_start_up_ends_like_any_stop(devices, tmp_path):
+    """SIGTERM half a second in, while Python imports torch: not the default death (-15, no
+    word). One process stops after its first step and saves it; a launcher whose ranks have
+    not started stops before starting them, and nothing is left running."""
+    args = [*ARGS, f"hardware.devices_per_node={devices}", f"hydra.run.dir={tmp_path}"]
+    proc = start_cli("launcher.train", *args)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == EXIT_STOPPED, err[-3000:]
+    assert "Traceback" not in err and not survivors(tmp_path)
+    if devices == 1:
+        assert "stopped by SIGTERM after step 1" in err
+        assert (tmp_path / "checkpoints" / "step_00000001" / "meta.json").exists()
+    else:
+        assert "stopped by SIGTERM before the run started: no rank ran" in err, err
+        assert not (tmp_path / "checkpoints").exists() or not any(
+            (tmp_path / "checkpoints").iterdir()
+        )
 
 
 @pytest.mark.jobs(REFERENCE)
