@@ -6,7 +6,8 @@
                                                       tokens/s against step, one line per run
 
 A run is a directory with a metrics.jsonl. Everything comes from its files: plan.json (model,
-steps to train, layout), metrics.jsonl (steps done, last loss, the layout each step ran on),
+steps to train, layout, the command's overrides: runs of one model show the ones that set each
+apart), metrics.jsonl (steps done, last loss, the layout each step ran on),
 checkpoints/ (the newest complete one), run.lock (held while it runs), stopped.json and
 exit.json (how it ended). Nothing is imported from torch: the table is instant.
 """
@@ -20,6 +21,8 @@ import socket
 import sys
 import time
 from pathlib import Path
+
+import yaml
 
 from launcher.checkpoint.store import newest_complete
 from launcher.runtime.failures import EXIT_FILE, STOPPED_FILE
@@ -112,6 +115,7 @@ def summary(run_dir: Path) -> dict:
     evals = [r["eval_loss"] for r in done if isinstance(r.get("eval_loss"), float)]
     return {
         "run": str(run_dir),
+        "overrides": overrides_of(run_dir, plan),
         "model": plan.get("model") or run_dir.name.split("-")[0],
         "layout": layouts[-1].split(": ", 1)[-1] if layouts else "",
         "step": step,
@@ -123,16 +127,49 @@ def summary(run_dir: Path) -> dict:
     }
 
 
+def overrides_of(run_dir: Path, plan: dict) -> list[str] | None:
+    """The command's overrides: plan.json's, or Hydra's record of them in runs from before
+    plan.json held them (None: neither)."""
+    if isinstance(plan.get("overrides"), list):
+        return [str(o) for o in plan["overrides"]]
+    hydra = run_dir / ".hydra" / "overrides.yaml"
+    try:
+        listed = yaml.safe_load(hydra.read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    return [str(o) for o in listed] if isinstance(listed, list) else None
+
+
+def differences(runs: list[dict]) -> dict[str, str]:
+    """Run -> the overrides that set it apart from the other runs of its model (those not
+    common to them all), where a model has several runs."""
+    by_model: dict[str, list[dict]] = {}
+    for r in runs:
+        if r["overrides"] is not None:
+            by_model.setdefault(r["model"], []).append(r)
+    out = {}
+    for group in by_model.values():
+        if len(group) < 2:
+            continue
+        common = set.intersection(*(set(r["overrides"]) for r in group))
+        for r in group:
+            out[r["run"]] = " ".join(o for o in r["overrides"] if o not in common) or "-"
+    return out
+
+
 def table(runs: list[dict]):
     from rich.table import Table
 
+    differs = differences(runs)
     t = Table(title=f"{len(runs)} run(s)", title_justify="left")
-    for col in ("run", "model", "layout", "steps", "loss", "eval", "status", "checkpoint"):
+    columns = ("run", "model", *(["differs"] if differs else []), "layout", "steps", "loss")
+    for col in (*columns, "eval", "status", "checkpoint"):
         t.add_column(col, justify="right" if col in ("steps", "loss", "eval") else "left")
     for r in runs:
         t.add_row(
             r["run"],
             r["model"],
+            *([differs.get(r["run"], "")] if differs else []),
             r["layout"],
             f"{r['step']} / {r['steps'] if r['steps'] is not None else '?'}",
             "" if r["loss"] is None else f"{r['loss']:.4f}",

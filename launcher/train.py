@@ -118,7 +118,12 @@ def task(dcfg: DictConfig) -> None:
     if first:
         print_plan(plan)
     if first:
-        record = {**plan_json(plan), "train_steps": cfg.train.steps, "model": cfg.model.name}
+        record = {
+            **plan_json(plan),
+            "train_steps": cfg.train.steps,
+            "model": cfg.model.name,
+            "overrides": list(hc.overrides.task),  # what launcher.runs tells runs apart by
+        }
         sweep.write_json(run_dir / sweep.PLAN, record)  # read by the sweep summary and runs
     check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)
     problems = checkpoint_problems(cfg, str(run_dir))

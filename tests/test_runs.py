@@ -123,3 +123,24 @@ def test_the_table_and_the_plot_on_the_command_line(tmp_path):
     bad = run_cli("launcher.runs", "plot", str(a), "--out", str(tmp_path / "taken.png"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     assert bad.stderr.startswith(f"error: --out {tmp_path / 'taken.png'}: ")
+
+
+def test_runs_of_one_model_show_what_sets_each_apart(tmp_path):
+    """Not only a hash in the directory's name: the overrides not common to all the runs of a
+    model, from plan.json, or from Hydra's .hydra/overrides.yaml in runs written before."""
+    a = make_run(tmp_path / "a", 4)
+    b = make_run(tmp_path / "b", 4)
+    c = make_run(tmp_path / "c", 4)
+    for run, schedule in ((a, "cosine"), (b, "wsd")):
+        plan = json.loads((run / runs.PLAN).read_text())
+        plan["overrides"] = ["train.steps=4", f"train.lr_schedule={schedule}"]
+        (run / runs.PLAN).write_text(json.dumps(plan))
+    (c / ".hydra").mkdir()
+    (c / ".hydra" / "overrides.yaml").write_text("- train.steps=4\n- train.lr=0.01\n")
+    found = [runs.summary(p) for p in runs.find([tmp_path])]
+    assert runs.differences(found) == {
+        str(a): "train.lr_schedule=cosine",
+        str(b): "train.lr_schedule=wsd",
+        str(c): "train.lr=0.01",
+    }
+    assert runs.differences(found[:1]) == {}  # one run of its model: nothing to tell apart
