@@ -57,6 +57,8 @@ def find(roots: list[Path]) -> list[Path]:
 def rows(run_dir: Path) -> list[dict]:
     """metrics.jsonl's whole rows (a row cut short by a crash is skipped)."""
     out = []
+    if not (run_dir / METRICS).is_file():  # a device or a link to one is read without end
+        return out
     # Bytes that are not UTF-8 (a damaged or foreign file) spoil only their own lines.
     for line in (run_dir / METRICS).read_text(errors="replace").splitlines():
         try:

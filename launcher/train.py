@@ -134,6 +134,7 @@ def task(dcfg: DictConfig) -> None:
             fail(problem)
         try:
             rundir.writable(run_dir, "hydra.run.dir")
+            rundir.regular_files(run_dir)
             rundir.writable(run_checkpoint_dir(cfg.checkpoint.dir, run_dir), "checkpoint.dir")
             if cfg.logging.tensorboard:
                 rundir.writable(run_dir / "tensorboard", "logging.tensorboard's directory")

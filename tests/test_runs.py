@@ -144,3 +144,12 @@ def test_runs_of_one_model_show_what_sets_each_apart(tmp_path):
         str(c): "train.lr=0.01",
     }
     assert runs.differences(found[:1]) == {}  # one run of its model: nothing to tell apart
+
+
+def test_a_run_whose_files_lead_to_a_device_is_listed_not_read_without_end(tmp_path):
+    run = tmp_path / "endless"
+    run.mkdir()
+    (run / runs.METRICS).symlink_to("/dev/zero")
+    (run / runs.PLAN).symlink_to("/dev/zero")
+    (summary,) = [runs.summary(p) for p in runs.find([tmp_path])]
+    assert (summary["step"], summary["steps"], summary["status"]) == (0, None, "failed")

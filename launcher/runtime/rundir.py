@@ -42,6 +42,22 @@ def writable(path: Path, what: str) -> None:
         raise DirectoryProblem(f"{what}={path} is not writable: {e.strerror or e}") from None
 
 
+# The files a run reads back from its directory (metrics to resume, the wandb run's id, who
+# holds the lock, how it ended).
+RUN_FILES = ("metrics.jsonl", "plan.json", LOCK, "wandb_run_id", "stopped.json", "exit.json")
+
+
+def regular_files(run_dir: Path) -> None:
+    """Each of RUN_FILES that exists is a plain file: one that is a device, a pipe or a link to
+    one (/dev/zero, /dev/full) would be read without end (DirectoryProblem)."""
+    for name in RUN_FILES:
+        path = run_dir / name
+        if (path.exists() or path.is_symlink()) and not path.is_file():
+            what = "a directory" if path.is_dir() else "not a regular file"
+            target = f" (it leads to {os.path.realpath(path)})" if path.is_symlink() else ""
+            raise DirectoryProblem(f"{path} is {what}{target}: move it aside")
+
+
 def lock(run_dir: Path, rendezvous: str = "") -> None:
     """Hold RUN_DIR's lock for the rest of this process, or say who holds it. The launchers of
     one run's nodes (`launch.rendezvous`) share it: the first takes it and records the
@@ -82,7 +98,10 @@ def _try(fd: int, kind: int) -> bool:
 
 
 def record_of(path: Path) -> dict:
-    """The JSON object in `path`; {} when it is missing, unreadable or not an object."""
+    """The JSON object in `path`; {} when it is missing, unreadable or not an object (or not
+    a plain file: a device would be read without end)."""
+    if not path.is_file():
+        return {}
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -177,6 +177,15 @@ CONFIG = [
         ),
         "launch.rendezvous=no-such-host.invalid:29500: no such host no-such-host.invalid",
     ),
+    *(
+        Case(
+            f"train resumed where {name} leads to {target}",
+            "train",
+            (f"hydra.run.dir={{W}}/runs/endless_{name}",),
+            f"endless_{name}/{name} is not a regular file (it leads to {target}): move it aside",
+        )
+        for name, target in (("metrics.jsonl", "/dev/zero"), ("wandb_run_id", "/dev/full"))
+    ),
     Case(
         "train one process with a rendezvous",
         "train",
@@ -486,6 +495,11 @@ def build(w: Path) -> None:
 
     (w / "in").mkdir(parents=True)
     (w / "out").mkdir()
+    # run directories whose files a run reads back lead to devices read without end
+    for name, target in (("metrics.jsonl", "/dev/zero"), ("wandb_run_id", "/dev/full")):
+        run = w / "runs" / f"endless_{name}"
+        run.mkdir(parents=True)
+        (run / name).symlink_to(target)
     # token files: a good one, then each broken variant beside it
     tok = w / "tok"
     rng = np.random.default_rng(0)
