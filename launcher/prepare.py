@@ -42,7 +42,10 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -339,6 +342,8 @@ def prepare(args: argparse.Namespace) -> str:
 
     sources = [str(f) for f in args.files]
     base = token_file_base(args.out)
+    if base.parent.is_dir():
+        remove_stale_scratch(base)
     with progress:
         task = progress.add_task("", total=sum(f.stat().st_size for f in args.files), docs=0)
         if args.workers > 1 and len(args.files) > 1:
@@ -381,10 +386,42 @@ def _tokenize_file(task: tuple) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
-def _one_thread() -> None:
-    # Each worker encodes on one thread: --workers processes use --workers cores.
+def _worker_start(parent: int) -> None:
+    """In each worker: encode on one thread (--workers processes use --workers cores), and end
+    with the command: a SIGKILLed prepare cannot stop its workers, which would go on under PID
+    1 for as long as their files take, so each watches its parent, `parent` (given, not read:
+    one killed while this worker was starting is gone already)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+SCRATCH = ".{name}.prepare-{pid}-"  # beside the output; the PID of the prepare that made it
+
+
+def remove_stale_scratch(base: Path) -> None:
+    """Scratch directories of this output left by a prepare that is gone (SIGKILLed)."""
+    for path in base.parent.glob(f".{base.name}.prepare-*"):
+        pid = path.name.removeprefix(f".{base.name}.prepare-").split("-")[0]
+        if not pid.isdigit() or pid_alive(int(pid)):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def parallel_chunks(args: argparse.Namespace, read, base: Path) -> Iterator[np.ndarray]:
@@ -393,13 +430,16 @@ def parallel_chunks(args: argparse.Namespace, read, base: Path) -> Iterator[np.n
     fork); each file's ids wait in a scratch file beside the output until their turn."""
     import concurrent.futures as cf
     import multiprocessing as mp
-    import shutil
     import tempfile
 
     base.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{base.name}.prepare-", dir=base.parent))
+    prefix = SCRATCH.format(name=base.name, pid=os.getpid())
+    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=base.parent))
     pool = cf.ProcessPoolExecutor(
-        args.workers, mp_context=mp.get_context("spawn"), initializer=_one_thread
+        args.workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_worker_start,
+        initargs=(os.getpid(),),
     )
     try:
         futures = [
@@ -457,8 +497,6 @@ def write_shards(
     """DIR/NAME/NAME-00000.bin (+ .json), ...: the ids cut into shards between documents. All
     of them are written under DIR/NAME.partial/ first, which replaces DIR/NAME only when
     complete. Returns the header of the whole and the number of shards."""
-    import shutil
-
     staging = base.with_name(base.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
