@@ -222,8 +222,56 @@ def unknown_flag(arg: str) -> str | None:
 def override_problem(arg: str) -> str | None:
     """What is wrong with one command-line argument, checked before Hydra composes: a
     setting the schema lacks, a group choice the group lacks, a value of the wrong type, a
-    flag Hydra lacks (None: nothing this can tell; Hydra and the schema check the rest)."""
-    return misspelled(arg) or unknown_choice(arg) or wrong_type(arg) or unknown_flag(arg)
+    flag Hydra lacks, an override Hydra's grammar cannot read, a sweep with such a value
+    (None: nothing this can tell; Hydra and the schema check the rest)."""
+    return (
+        misspelled(arg)
+        or unknown_choice(arg)
+        or wrong_type(arg)
+        or unknown_flag(arg)
+        or swept_problem(arg)
+    )
+
+
+@functools.cache
+def _override_parser():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def is_sweep(arg: str) -> bool:
+    """Whether Hydra reads `arg` as a sweep (key=a,b, key=range(a,b), ...)."""
+    if arg.startswith("-") or "=" not in arg:
+        return False
+    try:
+        return _override_parser().parse_overrides([arg])[0].is_sweep_override()
+    except Exception:  # a grammar error: swept_problem says it
+        return False
+
+
+def swept_problem(arg: str) -> str | None:
+    """`train.steps=[1`: what Hydra's override grammar cannot read, in one line; `model=a,b`,
+    `train.steps=abc,2`: a sweep's value its group or setting cannot take (Hydra would say
+    either with its parser's or its schema's trace)."""
+    from hydra.errors import HydraException
+
+    if arg.startswith("-") or "=" not in arg:
+        return None
+    try:
+        (parsed,) = _override_parser().parse_overrides([arg])
+        values = list(parsed.sweep_string_iterator()) if parsed.is_sweep_override() else []
+    except HydraException as e:
+        why = str(e).strip().splitlines()[0]
+        return (
+            f"{arg}: not an override ({why}); a setting is key=value, a sweep key=a,b or "
+            "key=range(a,b) (https://hydra.cc/docs/advanced/override_grammar/basic)"
+        )
+    key = arg.split("=", 1)[0].lstrip("+~")
+    for value in values:
+        if problem := unknown_choice(f"{key}={value}") or wrong_type(f"{key}={value}"):
+            return f"{arg}: {problem}"
+    return None
 
 
 def whole_dict(arg: str) -> str:
@@ -287,6 +335,9 @@ def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
         for arg in sys.argv[1:]:
             if problem := override_problem(arg):
                 fail(problem)
+        multirun = {"-m", "--multirun"} & set(sys.argv[1:])
+        if not multirun and (swept := next(filter(is_sweep, sys.argv[1:]), None)):
+            fail(f"{swept}: a sweep runs with -m (--multirun), each of its values a run")
         sys.argv[1:] = [whole_dict(arg) for arg in sys.argv[1:]]
         try:
             main()

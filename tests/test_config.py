@@ -119,6 +119,8 @@ def test_precision_follows_device():
         ("+train.foo=1", "foo"),
         ("train.steps=abc", "error: train.steps=abc: train.steps takes an integer, not 'abc'"),
         ("model=llama3_dbug", "error: model=llama3_dbug: no such model (did you mean llama3_debug"),
+        ("train.steps=[1", "error: train.steps=[1: not an override"),
+        ("train.lr=range(1,3)", "error: train.lr=range(1,3): a sweep runs with -m (--multirun)"),
     ],
 )
 def test_bad_override_exits_2(override, expected):
@@ -127,6 +129,15 @@ def test_bad_override_exits_2(override, expected):
     result = run_cli("launcher.train", override)
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr
+    assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
+
+
+@pytest.mark.e2e
+def test_a_sweep_with_a_bad_value_exits_2_before_any_job():
+    result = run_cli("launcher.train", "-m", "model=llama3_debug,llama3_dbug", "train.steps=1")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("error: model=llama3_debug,llama3_dbug: model=llama3_dbug")
+    assert "Launching" not in result.stdout + result.stderr  # no job started
     assert "Traceback" not in result.stderr and "HYDRA_FULL_ERROR" not in result.stderr
 
 
@@ -143,6 +154,10 @@ def test_bad_override_exits_2(override, expected):
         ("data.attention=docment", "data.attention takes one of "),
         ("--stpes", "--stpes: no such flag; settings are key=value"),
         ("--cfgg", "no such flag (did you mean --cfg?)"),
+        ("model=llama3_dbug,llama3_debug", "model=llama3_dbug: no such model (did you mean"),
+        ("train.steps=abc,2", "train.steps=abc: train.steps takes an integer, not 'abc'"),
+        ("train.steps=[1", "train.steps=[1: not an override (no viable alternative at input"),
+        ("train.lr='0.1", "train.lr='0.1: not an override"),
     ],
 )
 def test_bad_override_is_named_before_hydra_composes(override, expected):
