@@ -38,6 +38,19 @@ class Case:
     expect: str  # a substring of the output, or ACCEPTED + the reason
 
 
+def case_run_dir(w: Path, case_id: str) -> Path:
+    """The run directory a train or plan case runs in (run_case)."""
+    return w / "runs" / re.sub(r"[^A-Za-z0-9_.-]", "_", case_id)
+
+
+# Files a run reads back from its directory, each a link to a device read without end.
+ENDLESS = (("metrics.jsonl", "/dev/zero"), ("wandb_run_id", "/dev/full"))
+
+
+def endless_case_id(name: str, target: str) -> str:
+    return f"train resumed where {name} leads to {target}"
+
+
 def config(key_value: str, expect: str) -> Case:
     return Case(f"config {key_value}", "plan", (key_value,), expect)
 
@@ -179,12 +192,12 @@ CONFIG = [
     ),
     *(
         Case(
-            f"train resumed where {name} leads to {target}",
+            endless_case_id(name, target),
             "train",
-            (f"hydra.run.dir={{W}}/runs/endless_{name}",),
-            f"endless_{name}/{name} is not a regular file (it leads to {target}): move it aside",
+            (),
+            f"/{name} is not a regular file (it leads to {target}): move it aside",
         )
-        for name, target in (("metrics.jsonl", "/dev/zero"), ("wandb_run_id", "/dev/full"))
+        for name, target in ENDLESS
     ),
     Case(
         "train one process with a rendezvous",
@@ -496,8 +509,8 @@ def build(w: Path) -> None:
     (w / "in").mkdir(parents=True)
     (w / "out").mkdir()
     # run directories whose files a run reads back lead to devices read without end
-    for name, target in (("metrics.jsonl", "/dev/zero"), ("wandb_run_id", "/dev/full")):
-        run = w / "runs" / f"endless_{name}"
+    for name, target in ENDLESS:
+        run = case_run_dir(w, endless_case_id(name, target))
         run.mkdir(parents=True)
         (run / name).symlink_to(target)
     # token files: a good one, then each broken variant beside it
@@ -711,7 +724,7 @@ def run_case(case: Case, w: Path) -> dict:
     args = [a.replace("{W}", str(w)) for a in case.args]
     main, hydra = entry(case.command)
     if hydra:
-        run_dir = w / "runs" / re.sub(r"[^A-Za-z0-9_.-]", "_", case.id)
+        run_dir = case_run_dir(w, case.id)
         args = [*TINY, "train.steps=1", *args] if case.command == "train" else args
         args += [f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
         launcher.cli._task_started = False  # each case is a fresh command
