@@ -260,13 +260,16 @@ def swept_problem(arg: str) -> str | None:
         return None
     try:
         (parsed,) = _override_parser().parse_overrides([arg])
-        values = list(parsed.sweep_string_iterator()) if parsed.is_sweep_override() else []
     except HydraException as e:
         why = str(e).strip().splitlines()[0]
         return (
             f"{arg}: not an override ({why}); a setting is key=value, a sweep key=a,b or "
             "key=range(a,b) (https://hydra.cc/docs/advanced/override_grammar/basic)"
         )
+    try:
+        values = list(parsed.sweep_string_iterator()) if parsed.is_sweep_override() else []
+    except HydraException:  # glob() and interval(): Hydra's sweepers enumerate them
+        values = []
     key = arg.split("=", 1)[0].lstrip("+~")
     for value in values:
         if problem := unknown_choice(f"{key}={value}") or wrong_type(f"{key}={value}"):
