@@ -135,6 +135,8 @@ def overrides_of(run_dir: Path, plan: dict) -> list[str] | None:
     if isinstance(plan.get("overrides"), list):
         return [str(o) for o in plan["overrides"]]
     hydra = run_dir / ".hydra" / "overrides.yaml"
+    if not hydra.is_file():  # missing, or a device read without end
+        return None
     try:
         listed = yaml.safe_load(hydra.read_text())
     except (OSError, ValueError, yaml.YAMLError):
