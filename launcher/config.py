@@ -310,7 +310,9 @@ class WandbConfig:
 @dataclass
 class LoggingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)
-    log_interval: int = 1  # steps between progress lines
+    # Steps between the progress lines that stay (a 200-step run writes 10, with a line at
+    # each evaluation and at the end); on a terminal one line also rewrites itself every step.
+    log_interval: int = 20
     tensorboard: bool = False  # also TensorBoard event files in RUN_DIR/tensorboard
 
 

@@ -22,20 +22,24 @@ Examples:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import re
 import shutil
 import sys
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
 from launcher.checkpoint.store import (
     META,
     PARTIAL,
+    SUMS,
     CheckpointError,
     Entry,
+    crc32,
     file_sizes,
     newest_complete,
     open_checkpoint,
@@ -43,7 +47,6 @@ from launcher.checkpoint.store import (
     rank_files,
     resolve_checkpoint_dir,
     write_meta,
-    write_sums,
 )
 from launcher.cli import USAGE_ERROR, fail
 from launcher.config import ModelConfig
@@ -58,6 +61,7 @@ from launcher.hf.config_json import (
     unsupported,
 )
 from launcher.hf.names import check, sources
+from launcher.runtime.scratch import command, output_problem, writing
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
 # Copied into a to-hf directory from beside the tokenizer.json, when present.
@@ -111,17 +115,25 @@ def newest(path: Path) -> Entry:
 
 
 def refuse_existing(out: Path) -> None:
-    """Nothing is overwritten."""
-    if out.exists():
+    """Nothing is overwritten, and OUT's directory can be made."""
+    if out.exists() or out.is_symlink():
         fail(f"{out} already exists; choose another output path or remove it")
+    if problem := output_problem(out, "OUT"):
+        fail(problem)
 
 
-def fresh(out: Path) -> Path:
-    """OUT.partial to write into, renamed to OUT once complete (OUT checked by the caller)."""
+@contextlib.contextmanager
+def fresh(out: Path) -> Iterator[Path]:
+    """OUT.partial to write into, renamed to OUT once complete inside the block (OUT checked by
+    the caller); removed however the block ends otherwise (runtime/scratch.py)."""
     partial = out.with_name(out.name + PARTIAL)
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    return partial
+    shutil.rmtree(partial, ignore_errors=True)  # left by a convert killed with its guard
+    try:
+        partial.mkdir(parents=True)
+    except OSError as e:  # a read-only or full disk
+        fail(f"OUT {out} cannot be written: {e.strerror or e} ({e.filename})")
+    with writing(out, partial):
+        yield partial
 
 
 def parse_size(text: str) -> int:
@@ -129,7 +141,10 @@ def parse_size(text: str) -> int:
     if not match:
         fail(f"--max-shard-size={text} is not a size like 5GB, 500MB or 100KB")
     scale = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[match.group(2)]
-    return int(float(match.group(1)) * scale)
+    size = int(float(match.group(1)) * scale)
+    if size < 1:
+        fail(f"--max-shard-size={text} must be at least one byte")
+    return size
 
 
 def to_hf_command(
@@ -163,33 +178,33 @@ def to_hf_command(
     saved = metadata[f"model.{next(iter(table))}"].properties.dtype
     target = DTYPES[dtype] if dtype else saved
     config = to_hf_config(model, str(target).removeprefix("torch."))
-    partial = fresh(out)
-    groups = shard_plan(table, target.itemsize, max_shard)
-    weight_map: dict[str, str] = {}
-    total = 0
-    for i, names in enumerate(track(groups, description="writing safetensors", transient=True)):
-        # One file's parameters at a time: memory stays at one shard, whatever the model.
-        state = {n: torch.empty(metadata[f"model.{n}"].size, dtype=saved) for n in names}
-        reader.load({"model": state}, entry.path, no_dist=True)
-        tensors = {
-            # The routers' correction biases stay fp32, as transformers keeps them.
-            hf_name: t.float() if name.endswith("expert_bias") else t.to(target)
-            for name in names
-            for hf_name, t in to_hf(state[name], table[name])
-        }
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
-        write_shard(partial, i + 1, len(groups), tensors, weight_map)
-    if len(groups) == 1:  # one file: named as transformers names a single shard
-        (partial / weight_map[next(iter(weight_map))]).rename(partial / "model.safetensors")
-    else:
-        write_index(partial, weight_map, total)
-    tok = explicit_tokenizer(tokenizer) if tokenizer else run_tokenizer(entry.meta or {})
-    note = "; no tokenizer (pass --tokenizer PATH/tokenizer.json to add one)"
-    if tok is not None:
-        config["eos_token_id"] = tok[1]
-        note = f"; {', '.join(copy_tokenizer(tok[0], partial))} from {tok[0].parent}"
-    (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    partial.rename(out)
+    with fresh(out) as partial:
+        groups = shard_plan(table, target.itemsize, max_shard)
+        weight_map: dict[str, str] = {}
+        total = 0
+        for i, names in enumerate(track(groups, description="writing safetensors", transient=True)):
+            # One file's parameters at a time: memory stays at one shard, whatever the model.
+            state = {n: torch.empty(metadata[f"model.{n}"].size, dtype=saved) for n in names}
+            reader.load({"model": state}, entry.path, no_dist=True)
+            tensors = {
+                # The routers' correction biases stay fp32, as transformers keeps them.
+                hf_name: t.float() if name.endswith("expert_bias") else t.to(target)
+                for name in names
+                for hf_name, t in to_hf(state[name], table[name])
+            }
+            total += sum(t.numel() * t.element_size() for t in tensors.values())
+            write_shard(partial, i + 1, len(groups), tensors, weight_map)
+        if len(groups) == 1:  # one file: named as transformers names a single shard
+            (partial / weight_map[next(iter(weight_map))]).rename(partial / "model.safetensors")
+        else:
+            write_index(partial, weight_map, total)
+        tok = explicit_tokenizer(tokenizer) if tokenizer else run_tokenizer(entry.meta or {})
+        note = "; no tokenizer (pass --tokenizer PATH/tokenizer.json to add one)"
+        if tok is not None:
+            config["eos_token_id"] = tok[1]
+            note = f"; {', '.join(copy_tokenizer(tok[0], partial))} from {tok[0].parent}"
+        (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        partial.rename(out)
     print(
         f"wrote {out}: {config['architectures'][0]}, {len(weight_map)} tensors in "
         f"{len(groups)} file(s), {total / 1e6:,.1f} MB {config['torch_dtype']}, from step "
@@ -220,18 +235,21 @@ def from_hf_command(hf_dir: Path, out: Path) -> int:
     from launcher.hf.weights import from_hf
 
     state = from_hf(hf_dir, fields)
-    partial = fresh(out)
-    dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
-    model = {**asdict(ModelConfig()), "name": _name(hf_dir), **fields}
-    # The model only: a run started from it begins at step 1 with fresh optimizer states.
-    names = rank_files(partial, 0)
-    write_meta(
-        partial,
-        {"step": 0, "samples": 0, "weights_only": True, "source": str(hf_dir),
-         "layout": {}, "config": {"model": model}, "files": file_sizes(partial, names)},
-    )  # fmt: skip
-    publish(partial, out)
-    write_sums(partial, out, 0, names)  # what proves it whole (checkpoint/reader.py)
+    with fresh(out) as partial:
+        dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
+        model = {**asdict(ModelConfig()), "name": _name(hf_dir), **fields}
+        # The model only: a run started from it begins at step 1 with fresh optimizer states.
+        names = rank_files(partial, 0)
+        write_meta(
+            partial,
+            {"step": 0, "samples": 0, "weights_only": True, "source": str(hf_dir),
+             "layout": {}, "config": {"model": model}, "files": file_sizes(partial, names)},
+        )  # fmt: skip
+        # What proves it whole (checkpoint/reader.py), written before OUT appears: a convert
+        # killed at any moment leaves either no OUT or a whole one.
+        sums = {name: crc32(partial / name) for name in names}
+        (partial / SUMS.format(rank=0)).write_text(json.dumps(sums))
+        publish(partial, out)
     n = sum(t.numel() for t in state.values())
     print(
         f"wrote {out}: {len(state)} tensors, {n:,} parameters ({fields['family']}); start a "
@@ -250,6 +268,7 @@ def model_config_command(hf_dir: Path, name: str | None) -> int:
     return 0
 
 
+@command("nothing was written, and nothing half-written is left")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m launcher.convert",

@@ -26,6 +26,7 @@ from launcher.cli import USAGE_ERROR, fail
 from launcher.convert import newest, run_tokenizer
 from launcher.data.batches import ByteTokenizer, read_header
 from launcher.data.sources import first_token_file
+from launcher.runtime.scratch import command
 
 
 class CachedCore:
@@ -196,6 +197,7 @@ def tokenizer_of(entry, explicit: Path | None):
     )
 
 
+@command("no text was generated")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m launcher.generate",

@@ -42,7 +42,9 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -56,6 +58,8 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from tokenizers import Tokenizer
 
 from launcher.data.batches import ByteTokenizer, token_file_base, write_tokens
+from launcher.runtime.rundir import write_failure
+from launcher.runtime.scratch import command, output_problem, scratch
 
 # End-of-document tokens of well-known tokenizers: Llama 3, GPT-2 / Qwen, Llama 2 / Mistral /
 # Mixtral, DeepSeek V2 / V3, Gemma. The first one in the vocabulary is the EOS.
@@ -342,6 +346,8 @@ def prepare(args: argparse.Namespace) -> str:
 
     sources = [str(f) for f in args.files]
     base = token_file_base(args.out)
+    if problem := out_problem(base, args.shard_tokens is not None):
+        raise InputError(problem)
     if base.parent.is_dir():
         remove_stale_scratch(base)
     with progress:
@@ -359,6 +365,28 @@ def prepare(args: argparse.Namespace) -> str:
     return (
         f"wrote {header['n_tokens']:,} tokens from {n_docs:,} document(s) to {where} "
         f"({header['dtype']}, vocabulary {header['vocab_size']:,}, {eos})"
+    )
+
+
+def out_problem(base: Path, sharded: bool) -> str | None:
+    """Why --out cannot be written: a file where a directory goes, or (sharded) a directory
+    of that name holding anything but an earlier prepare's shards, which it would replace."""
+    if sharded:
+        if base.exists() and not base.is_dir():
+            return f"--out {base} is a file; the shards go in a directory of that name"
+        others = sorted(
+            p.name for p in (base.iterdir() if base.is_dir() else ())
+            if not re.fullmatch(re.escape(base.name) + r"-\d{5}\.(bin|json)", p.name)
+        )  # fmt: skip
+        if others:
+            shown = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            return (
+                f"--out {base} is a directory holding files that are not its shards ({shown}): "
+                "a prepare replaces the directory whole; choose another --out"
+            )
+        return output_problem(base / "x", "--out")
+    return output_problem(base.with_name(base.name + ".bin"), "--out") or output_problem(
+        base.with_name(base.name + ".json"), "--out"
     )
 
 
@@ -390,7 +418,9 @@ def _worker_start(parent: int) -> None:
     """In each worker: encode on one thread (--workers processes use --workers cores), and end
     with the command: a SIGKILLed prepare cannot stop its workers, which would go on under PID
     1 for as long as their files take, so each watches its parent, `parent` (given, not read:
-    one killed while this worker was starting is gone already)."""
+    one killed while this worker was starting is gone already). A Ctrl-C reaches the whole
+    process group: the prepare ends its workers, which say nothing of it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
 
@@ -434,33 +464,38 @@ def parallel_chunks(args: argparse.Namespace, read, base: Path) -> Iterator[np.n
 
     base.parent.mkdir(parents=True, exist_ok=True)
     prefix = SCRATCH.format(name=base.name, pid=os.getpid())
-    scratch = Path(tempfile.mkdtemp(prefix=prefix, dir=base.parent))
+    ids_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=base.parent))  # removed however it ends
     pool = cf.ProcessPoolExecutor(
         args.workers,
         mp_context=mp.get_context("spawn"),
         initializer=_worker_start,
         initargs=(os.getpid(),),
     )
-    try:
-        futures = [
-            pool.submit(
-                _tokenize_file,
-                (f, scratch / f"{i:06d}.u32", args.tokenizer, args.eos, args.text_field),
-            )
-            for i, f in enumerate(args.files)
-        ]
-        for i, future in enumerate(futures):
-            docs, n_bytes = future.result()
-            read(n_bytes, docs)
-            part = scratch / f"{i:06d}.u32"
-            if part.stat().st_size:  # read back a slice at a time, never a whole file's ids
-                ids = np.memmap(part, dtype="<u4", mode="r")
-                yield from (ids[o : o + (1 << 24)] for o in range(0, len(ids), 1 << 24))
-                del ids
-            part.unlink()
-    finally:
-        pool.shutdown(cancel_futures=True)
-        shutil.rmtree(scratch, ignore_errors=True)
+    with scratch(ids_dir):
+        try:
+            futures = [
+                pool.submit(
+                    _tokenize_file,
+                    (f, ids_dir / f"{i:06d}.u32", args.tokenizer, args.eos, args.text_field),
+                )
+                for i, f in enumerate(args.files)
+            ]
+            for i, future in enumerate(futures):
+                docs, n_bytes = future.result()
+                read(n_bytes, docs)
+                part = ids_dir / f"{i:06d}.u32"
+                if part.stat().st_size:  # read back a slice at a time, never a whole file's ids
+                    ids = np.memmap(part, dtype="<u4", mode="r")
+                    yield from (ids[o : o + (1 << 24)] for o in range(0, len(ids), 1 << 24))
+                    del ids
+                part.unlink()
+        except BaseException:  # a failure or a stop: the files the workers are on are not awaited
+            for worker in list(pool._processes.values()):
+                worker.terminate()
+            raise
+        finally:
+            pool.shutdown(cancel_futures=True)
+            shutil.rmtree(ids_dir, ignore_errors=True)
 
 
 # -- shards ---------------------------------------------------------------------------------
@@ -500,7 +535,7 @@ def write_shards(
     staging = base.with_name(base.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    try:
+    with scratch(staging):
         whole = write_tokens(str(staging / "whole"), chunks, tokenizer, sources)
         ids = np.memmap(staging / "whole.bin", dtype=whole["dtype"], mode="r")
         bounds = shard_bounds(ids, tokenizer["eos_id"], limit)
@@ -512,12 +547,10 @@ def write_shards(
         if base.exists():
             shutil.rmtree(base)
         staging.rename(base)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return whole, len(bounds)
 
 
+@command("no token file was written, and nothing half-written is left")
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -525,6 +558,12 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # a full or read-only disk: what was half-written is gone (scratch)
+        why = write_failure(e, token_file_base(args.out).parent)
+        if why is None:
+            raise
+        print(f"error: --out {args.out} was not written: {why}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -56,18 +56,30 @@ def find(roots: list[Path]) -> list[Path]:
 
 def rows(run_dir: Path) -> list[dict]:
     """metrics.jsonl's whole rows (a row cut short by a crash is skipped)."""
-    out = []
+    return [row for row in parsed(run_dir) if row is not None]
+
+
+def parsed(run_dir: Path) -> list[dict | None]:
+    """Each line of metrics.jsonl as its row, or None where it is not one."""
     if not (run_dir / METRICS).is_file():  # a device or a link to one is read without end
-        return out
+        return []
+    out = []
     # Bytes that are not UTF-8 (a damaged or foreign file) spoil only their own lines.
     for line in (run_dir / METRICS).read_text(errors="replace").splitlines():
         try:
             row = json.loads(line)
         except ValueError:
-            continue
-        if isinstance(row, dict) and isinstance(row.get("step"), int):
-            out.append(row)
+            row = None
+        ok = isinstance(row, dict) and isinstance(row.get("step"), int)
+        out.append(row if ok else None)
     return out
+
+
+def foreign_line(run_dir: Path) -> int | None:
+    """The first line of metrics.jsonl, counted from 1, that is not a row: only the last line
+    of a run's own file can be (cut short by a crash)."""
+    lines = parsed(run_dir)
+    return next((i + 1 for i, row in enumerate(lines[:-1]) if row is None), None)
 
 
 def running(run_dir: Path) -> str | None:
@@ -228,6 +240,10 @@ def main(argv: list[str] | None = None) -> None:
         missing = [str(r) for r in args.runs if not (r / METRICS).is_file()]
         if missing:
             fail(f"not a run directory (no {METRICS}): {', '.join(missing)}")
+        for run in args.runs:
+            if line := foreign_line(run):
+                fail(f"{run / METRICS}:{line} is not a metrics row of this launcher: a damaged "
+                     "or foreign file")  # fmt: skip
         if args.out.suffix.lower() not in (".png", ".svg", ".pdf"):
             fail(f"--out {args.out}: the file name must end in .png, .svg or .pdf")
         if not args.out.parent.is_dir():

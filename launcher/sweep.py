@@ -13,6 +13,9 @@ into SWEEP_DIR/<job number>:
 
 The summary reads only those files, so it is the same for a local and a SLURM sweep, and it can
 be rebuilt at any time: `python -m launcher.sweep SWEEP_DIR`.
+
+Beside it, the other Hydra callback (conf/config.yaml): a run's or sweep's directory checked
+before Hydra writes into it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ from hydra.experimental.callback import Callback
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from launcher.cli import fail
+from launcher.runtime import rundir
 
 OVERRIDES, REJECTED, PLAN, METRICS, STATUS = (
     "overrides.json",
@@ -204,6 +210,27 @@ class SweepSummary(Callback):
         sweep = Path(str(config.hydra.sweep.dir))
         if sweep.is_dir():
             print_summary(sweep)
+
+
+class OutputDirCheck(Callback):
+    """Hydra callback (conf/config.yaml): the run's or the sweep's directory can be written,
+    with room, checked before Hydra creates it and writes .hydra/ there (a read-only or full
+    disk otherwise ends in Hydra's traceback)."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        # launcher.plan writes nothing into its directory (".", hydra.output_subdir=null)
+        if config.hydra.output_subdir is not None or not Path(config.hydra.run.dir).is_dir():
+            checked_dir(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        checked_dir(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+
+def checked_dir(path: str, what: str) -> None:
+    try:
+        rundir.writable(Path(str(path)), what)
+    except rundir.DirectoryProblem as e:
+        fail(str(e))
 
 
 if __name__ == "__main__":

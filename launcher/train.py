@@ -117,14 +117,6 @@ def task(dcfg: DictConfig) -> None:
         return reject(problems_message(plan), hc, run_dir, first)
     if first:
         print_plan(plan)
-    if first:
-        record = {
-            **plan_json(plan),
-            "train_steps": cfg.train.steps,
-            "model": cfg.model.name,
-            "overrides": list(hc.overrides.task),  # what launcher.runs tells runs apart by
-        }
-        sweep.write_json(run_dir / sweep.PLAN, record)  # read by the sweep summary and runs
     check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)
     problems = checkpoint_problems(cfg, str(run_dir))
     if problems:
@@ -141,6 +133,14 @@ def task(dcfg: DictConfig) -> None:
             rundir.lock(run_dir, cfg.launch.rendezvous)
         except rundir.DirectoryProblem as e:
             fail(str(e))
+        # Once the directory is this run's (a second run there is refused above).
+        record = {
+            **plan_json(plan),
+            "train_steps": cfg.train.steps,
+            "model": cfg.model.name,
+            "overrides": list(hc.overrides.task),  # what launcher.runs tells runs apart by
+        }
+        sweep.write_json(run_dir / sweep.PLAN, record)  # read by the sweep summary and runs
     if first:
         print(f"run directory: {run_dir}", flush=True)
     if first and cfg.launch.rendezvous and plan.world_size == 1:

@@ -45,8 +45,8 @@ class _NoSignals:
 
     signum = 0
 
-    def agreed(self) -> int:
-        return 0
+    def agreed(self, failed: bool = False) -> tuple[int, bool]:
+        return 0, failed
 
 
 def train(out: Path, *overrides: str) -> None:

@@ -9,13 +9,11 @@ import hashlib
 import io
 import json
 import re
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import compose_config, read_metrics, run_cli, start_cli
+from conftest import compose_config, read_metrics, run_cli
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from launcher.data.batches import (
@@ -505,51 +503,3 @@ def test_workers_and_shard_size_must_be_positive(tmp_path, flag, value):
     (tmp_path / "a.txt").write_text("fine")
     status, msg = prepare(flag, value, "--out", tmp_path / "x", tmp_path / "a.txt")
     assert status == 2 and f"{flag} 0 must be at least 1" in msg, msg
-
-
-def children_of(pid: int) -> list[int]:
-    """The processes whose parent is `pid` (from /proc)."""
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(stat.parent.name))
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def test_a_killed_prepare_leaves_no_worker_and_its_rerun_no_scratch(tmp_path):
-    """SIGKILL to `prepare --workers 2`: its spawned workers end with it (they would go on
-    under PID 1 for as long as their files take), and the next prepare of the same output
-    removes the scratch directory the killed one left."""
-    files = []
-    for i in range(12):
-        files.append(tmp_path / f"in{i}.txt")
-        files[-1].write_text("".join(f"document {i} line {j}\n\n" for j in range(200_000)))
-    out = tmp_path / "data" / "corpus"
-    args = ["--workers", "2", "--out", str(out), *map(str, files)]
-    proc = start_cli("launcher.prepare", *args)
-    deadline = time.monotonic() + 60
-    while len(workers := children_of(proc.pid)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert len(workers) >= 2, workers  # the two workers (and multiprocessing's tracker)
-    proc.kill()
-    proc.wait()
-    deadline = time.monotonic() + 15
-    while any(map(alive, workers)) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not [w for w in workers if alive(w)], "workers outlived their prepare"
-    assert list((tmp_path / "data").glob(".corpus.prepare-*")), "the killed one left none"
-    again = run_cli("launcher.prepare", "--out", str(out), str(files[0]))
-    assert again.returncode == 0, again.stderr
-    assert not list((tmp_path / "data").glob(".corpus.prepare-*"))

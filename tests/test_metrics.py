@@ -83,3 +83,49 @@ def test_tensorboard_events_hold_each_step_once_across_a_resume(tmp_path):
     assert "loss" in events.Tags()["scalars"] and "skipped" not in events.Tags()["scalars"]
     loss = [(e.step, e.value) for e in events.Scalars("loss")]
     assert loss == [(1, 11.0), (2, 12.0), (3, 23.0), (4, 24.0), (5, 25.0)]
+
+
+def progress_lines(tmp_path, monkeypatch, capsys, tty: bool) -> list[str]:
+    """What 200 steps (evaluated at 50 and 150) print, with the default log_interval."""
+    import sys
+
+    from launcher.config import LoggingConfig, WandbConfig, WandbMode
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: tty)
+    log = MetricsLogger(
+        str(tmp_path),
+        enabled=True,
+        total_steps=200,
+        logging=LoggingConfig(wandb=WandbConfig(mode=WandbMode.disabled)),
+        config={},
+        run_name="progress",
+    )
+    for step in range(1, 201):
+        evaluated = {"eval_loss": 1.0} if step in (50, 150) else {}
+        log.log(step, {**METRICS, "loss": 2.0, **evaluated})
+    log.close()
+    return capsys.readouterr().out.split("\n")
+
+
+def test_a_log_file_gets_a_line_per_log_interval_each_evaluation_and_the_last(
+    tmp_path, monkeypatch, capsys
+):
+    """Piped to a file, a 200-step run writes 10 progress lines with the default interval,
+    plus its evaluations; every line is whole (no carriage return)."""
+    lines = [x for x in progress_lines(tmp_path, monkeypatch, capsys, tty=False) if x]
+    steps = [int(x.split()[1].split("/")[0]) for x in lines]
+    assert steps == [20, 40, 50, 60, 80, 100, 120, 140, 150, 160, 180, 200]
+    assert not any("\r" in x for x in lines)
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 200
+
+
+def test_a_terminal_gets_one_line_rewritten_every_step(tmp_path, monkeypatch, capsys):
+    """On a terminal every step rewrites the line (a carriage return, no newline); the lines
+    of the interval, the evaluations and the last stay."""
+    out = progress_lines(tmp_path, monkeypatch, capsys, tty=True)
+    rewritten = [x for x in "\n".join(out).split("\r") if x]
+    assert len(rewritten) == 200
+    kept = [x.rsplit("\r", 1)[-1] for x in out if x]
+    assert [int(x.split()[1].split("/")[0]) for x in kept] == [
+        20, 40, 50, 60, 80, 100, 120, 140, 150, 160, 180, 200
+    ]  # fmt: skip

@@ -117,8 +117,12 @@ def test_the_table_and_the_plot_on_the_command_line(tmp_path):
     listed = run_cli("launcher.runs", str(tmp_path))
     assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
     assert "3 run(s)" in listed.stdout and "0 / ?" in listed.stdout
+    # Named for a plot, it is refused by name rather than drawn as nothing.
     drawn = run_cli("launcher.runs", "plot", str(junk), str(a), "--out", str(png))
-    assert drawn.returncode == 0 and drawn.stderr == "", drawn.stderr
+    assert drawn.returncode == 2 and drawn.stderr == (
+        f"error: {junk / 'metrics.jsonl'}:1 is not a metrics row of this launcher: a damaged or "
+        "foreign file\n"
+    ), drawn.stderr
     (tmp_path / "taken.png").mkdir()  # a directory where the file would go
     bad = run_cli("launcher.runs", "plot", str(a), "--out", str(tmp_path / "taken.png"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr

@@ -27,6 +27,7 @@ from launcher.checkpoint.store import (
     resolve_checkpoint_dir,
 )
 from launcher.cli import USAGE_ERROR, fail
+from launcher.runtime.scratch import command, output_problem, writing
 
 # One process (no process group) is a supported way to save and load, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -66,6 +67,8 @@ def list_command(path: Path) -> int:
 
 
 def export_command(path: Path, out: Path) -> int:
+    if problem := output_problem(out, "OUT"):
+        fail(problem)
     try:
         entry = open_checkpoint(path)
     except CheckpointError as e:
@@ -77,26 +80,27 @@ def export_command(path: Path, out: Path) -> int:
         fail(f"{entry.path} is damaged: {'; '.join(damaged)}")
     tensors = stream.model_tensors(entry)
     shapes = {name: (tuple(m.size), m.properties.dtype) for name, m in tensors.items()}
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a read-only or full disk
+        fail(f"OUT {out} cannot be written: {e.strerror or e} ({e.filename})")
     partial = out.with_name(f".{out.name}.partial")
     # One tensor in memory at a time (launcher/checkpoint/stream.py), written under a
-    # temporary name: OUT appears whole or not at all.
-    try:
+    # temporary name, removed however the export ends: OUT appears whole or not at all.
+    with writing(out, partial):
         stream.save_streamed(
             partial,
             shapes,
             lambda name: stream.read_tensor(entry, name, tensors[name]),
             lambda names: track(names, description="exporting", transient=True),
         )
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    partial.replace(out)
+        partial.replace(out)
     n = sum(math.prod(shape) for shape, _ in shapes.values())
     print(f"wrote {out}: {len(shapes)} tensors, {n:,} parameters, step {entry.step}")
     return 0
 
 
+@command("nothing was written, and nothing half-written is left")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.checkpoint", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)

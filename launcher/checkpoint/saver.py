@@ -41,6 +41,7 @@ from launcher.checkpoint.store import (
     write_sums,
 )
 from launcher.runtime.failures import RunEnded, fault
+from launcher.runtime.rundir import write_failure
 
 # One process (no process group) is a supported way to save and load, not a mistake.
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -95,28 +96,6 @@ class RngState:
         torch.set_rng_state(state["cpu"])
         if "cuda" in state and torch.cuda.is_available():
             torch.cuda.set_rng_state(state["cuda"])
-
-
-def reason(error: BaseException, directory: Path) -> str:
-    """Why a save failed, in words: an OS error inside DCP's exception (rank -> (exception,
-    traceback)), else what the directory says (torch.save reports a full disk as "unexpected
-    pos"), else the first rank's error."""
-    inner = [error]
-    for v in getattr(error, "failures", {}).values():
-        inner.append(v[0] if isinstance(v, tuple) else getattr(v, "exception", v))
-    for e in inner:
-        if isinstance(e, OSError):
-            return f"{e.strerror or e} ({e.filename or directory})"
-    try:
-        free = shutil.disk_usage(directory).free
-        probe = directory / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"\0" * 65536)
-        probe.unlink()
-    except OSError as e:
-        return f"{e.strerror or e} ({directory})"
-    if free < 2**20:
-        return f"no space left on the device of {directory} ({free:,} bytes free)"
-    return str(inner[-1]).splitlines()[0][:300]
 
 
 class SaveFailed(RunEnded):
@@ -210,7 +189,8 @@ class Checkpointer:
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
         newest = newest_complete(self.directory)
-        return SaveFailed(step, reason(error, self.directory), str(newest.path) if newest else None)
+        why = write_failure(error, self.directory) or str(error).splitlines()[0][:300]
+        return SaveFailed(step, why, str(newest.path) if newest else None)
 
     def _finish(self, future: Future | None, step: int, partial: Path, final: Path, meta: dict):
         """On every rank once its save returned; on rank 0 DCP has by then written .metadata,

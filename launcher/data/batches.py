@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from launcher.runtime.scratch import scratch
+
 FORMAT = "llm-launcher-tokens"
 VERSIONS = (1, 2)  # header versions read; write_tokens writes the last
 EMBEDDED = Path(__file__).parent / "python_docs.txt.gz"
@@ -153,7 +155,8 @@ def write_tokens(
     """Stream chunks of token ids (EOS already in place) into NAME.bin, then write NAME.json.
 
     `tokenizer` holds the header's vocab_size, eos_id, eos_token, tokenizer, tokenizer_path and
-    tokenizer_sha256. The ids go to NAME.bin.partial first: a failed or interrupted write leaves
+    tokenizer_sha256. The ids go to NAME.bin.partial first (removed however the write ends, a
+    SIGKILL included: runtime/scratch.py): a failed or interrupted write leaves
     any earlier NAME.bin and NAME.json as they were, and NAME.json never describes a .bin it
     was not written for. Returns the header.
     """
@@ -164,7 +167,7 @@ def write_tokens(
     partial = base.with_name(base.name + ".bin.partial")
     os.makedirs(base.parent, exist_ok=True)
     n_tokens = 0
-    try:
+    with scratch(partial):
         with open(partial, "wb") as f:
             for ids in chunks:
                 if ids.size and int(ids.max()) >= vocab_size:
@@ -173,11 +176,8 @@ def write_tokens(
                     )
                 ids.astype(np.dtype(dtype).newbyteorder("<")).tofile(f)
                 n_tokens += ids.size
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
-    header_path.unlink(missing_ok=True)
-    os.replace(partial, bin_path)
+        header_path.unlink(missing_ok=True)
+        os.replace(partial, bin_path)
     header = {
         "format": FORMAT,
         "version": VERSIONS[-1],

@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -43,6 +44,28 @@ EXIT_NONFINITE = 3
 # status of their own (RunEnded), for the launcher process to report: under torchrun the ranks
 # exit 0, so that it neither restarts them into the same end nor reports a crash.
 EXIT_FILE = "exit.json"
+# Room for one of those records, taken by global rank 0 at start while the disk has room: a
+# disk that fills during the run still lets the launcher hear how it ended (write_record).
+RESERVED = ".record.reserved"
+RECORD_BYTES = 16 << 10
+
+
+def reserve_record(run_dir: str | Path) -> None:
+    with contextlib.suppress(OSError):
+        Path(run_dir, RESERVED).write_bytes(b" " * RECORD_BYTES)
+
+
+def write_record(run_dir: str | Path, name: str, record: dict) -> None:
+    """`record` as RUN_DIR/NAME (JSON), written over the reserved room when there is one (its
+    blocks are allocated already: a full disk does not refuse it), then renamed."""
+    text = (json.dumps(record) + "\n").encode()
+    reserved = Path(run_dir, RESERVED)
+    if reserved.is_file() and len(text) <= RECORD_BYTES:
+        with open(reserved, "r+b") as f:
+            f.write(text + b" " * (RECORD_BYTES - len(text)))  # trailing blanks: still JSON
+        os.replace(reserved, Path(run_dir, name))
+    else:
+        Path(run_dir, name).write_bytes(text)
 
 
 class RunEnded(Exception):
@@ -72,13 +95,17 @@ class NonFinite(RunEnded):
         }
 
 
-def ended(e: RunEnded, run_dir: str, report: bool) -> None:
-    """On global rank 0: record the end for the launcher process (EXIT_FILE), or say it."""
-    if report:
-        print(e.message, file=sys.stderr, flush=True)
-    else:
-        record = {"status": e.status, "message": e.message}
-        Path(run_dir, EXIT_FILE).write_text(json.dumps(record) + "\n")
+def ended(e: RunEnded, run_dir: str, report: bool) -> bool:
+    """On global rank 0: record the end for the launcher process (EXIT_FILE), or say it.
+    False: the record could not be written (a full disk), so it was said here instead."""
+    if not report:
+        try:
+            write_record(run_dir, EXIT_FILE, {"status": e.status, "message": e.message})
+            return True
+        except OSError:
+            Path(run_dir, EXIT_FILE).unlink(missing_ok=True)
+    print(e.message, file=sys.stderr, flush=True)
+    return report
 
 
 def nonfinite_message(record: dict) -> str:
@@ -174,15 +201,16 @@ class StopRequest:
         )
         os._exit(1)
 
-    def agreed(self) -> int:
-        """The largest signal number any rank received (0: none); a collective."""
+    def agreed(self, failed: bool = False) -> tuple[int, bool]:
+        """The largest signal number any rank received (0: none), and whether any rank says
+        `failed` (a run file it could not write); a collective."""
         import torch
         import torch.distributed as dist
 
-        flag = torch.tensor([self.signum], dtype=torch.int64)
+        flags = torch.tensor([self.signum, int(failed)], dtype=torch.int64)
         if dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        return int(flags[0].item()), bool(flags[1].item())
 
 
 def stopped_message(signum: int, step: int, checkpoint: str) -> str:

@@ -234,10 +234,10 @@ def supervise(cmd: list[str], env: dict, run_dir: Path, stop_timeout_s: float) -
         message = stopped_message(record["signal"], record["step"], record["checkpoint"])
         print(message, file=sys.stderr)
         return EXIT_STOPPED
-    if received:
+    if received and status:  # status 0: the ranks finished the run (a stop on its last step)
         name = signal.Signals(received[0][0]).name
         print(f"stopped by {name} before a checkpoint was complete", file=sys.stderr)
-        return status or 1
+        return status
     if status < 0:  # torchrun itself was killed; its ranks exit on their own (watch_parent)
         name = signal.Signals(-status).name
         print(f"torchrun (PID {proc.pid}) was killed by {name}: its ranks exit", file=sys.stderr)

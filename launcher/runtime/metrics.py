@@ -3,11 +3,13 @@ files (logging.tensorboard), from one rank."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import netrc
 import os
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -86,6 +88,17 @@ def wandb_run_id(run_dir: Path) -> str:
     return path.read_text().strip()
 
 
+_hooks: list = []  # the thread excepthook quiet_writer_errors passes the rest to
+
+
+def quiet_writer_errors(args) -> None:
+    """TensorBoard's writer thread ends on a full or read-only disk with a traceback of its
+    own; the error reaches the run at its next flush (MetricsLogger.failed), said in one line."""
+    if isinstance(args.exc_value, OSError) and type(args.thread).__name__ == "_AsyncWriterThread":
+        return
+    _hooks[0](args)
+
+
 class MetricsLogger:
     """Logs on the rank that holds the loss; every other rank gets a logger that does nothing.
 
@@ -116,6 +129,7 @@ class MetricsLogger:
         self.wandb_where: str | None = None  # the wandb run's page, or its local directory
         self.wandb_done = 0  # steps up to this one are in the wandb run already
         self.tensorboard = None
+        self.failed: str | None = None  # what could not be written, and why (a full disk)
         if not enabled:
             return
         path = Path(run_dir) / "metrics.jsonl"
@@ -149,6 +163,9 @@ class MetricsLogger:
         if logging.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
+            if threading.excepthook is not quiet_writer_errors:
+                _hooks[:] = [threading.excepthook]
+                threading.excepthook = quiet_writer_errors
             # Events of the steps after the one resumed from, written before an interruption,
             # are hidden: TensorBoard shows each step once, as metrics.jsonl does.
             self.tensorboard = SummaryWriter(
@@ -156,13 +173,23 @@ class MetricsLogger:
             )
 
     def log(self, step: int, metrics: dict) -> None:
-        """One JSON object per step; a progress line every log_interval steps and at the end."""
+        """One JSON object per step; a progress line every log_interval steps, at each evaluation
+        and at the end (on a terminal also a line rewritten every step)."""
         if not self.enabled:
             return
         record = {"step": step, **metrics, "layout": self.layout}
         self.last = record
         if metrics.get("eval_loss") is not None:
             self.last_eval = metrics["eval_loss"]
+        try:
+            self._write(step, record, metrics)
+        except OSError as e:  # the trainer stops the run after this step (its `failed`)
+            self.failed = f"{e.filename or self.file.name} could not be written: {e.strerror or e}"
+        stays = step % self.interval == 0 or step == self.total or "eval_loss" in metrics
+        if stays or sys.stdout.isatty():
+            self._progress(step, metrics, stays)
+
+    def _write(self, step: int, record: dict, metrics: dict) -> None:
         self.file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self.file.flush()
         if self.wandb_run is not None and step > self.wandb_done:
@@ -172,8 +199,6 @@ class MetricsLogger:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     self.tensorboard.add_scalar(key, value, step)
             self.tensorboard.flush()
-        if step % self.interval == 0 or step == self.total or "eval_loss" in metrics:
-            self._progress(step, metrics)
 
     def skipped(self, step: int, in_a_row: int, allowed: int) -> None:
         """Say that a non-finite step was not applied (train.max_skipped_steps allows it)."""
@@ -185,7 +210,7 @@ class MetricsLogger:
                 flush=True,
             )
 
-    def _progress(self, step: int, m: dict) -> None:
+    def _progress(self, step: int, m: dict, stays: bool) -> None:
         elapsed = time.perf_counter() - self.start
         done = step - self.start_step
         eta = elapsed / done * (self.total - step) if done > 0 else 0.0
@@ -198,8 +223,9 @@ class MetricsLogger:
         if "eval_loss" in m:
             line += f"  eval_loss {m['eval_loss']:.4f}"
         line += "".join(f"  {k} {v:.4f}" for k, v in m.items() if k.startswith("eval/"))
-        # On a terminal the line rewrites itself; in a log file every printed line stays.
-        if sys.stdout.isatty() and "eval_loss" not in m and step != self.total:
+        # On a terminal the line rewrites itself every step, and stays every log_interval; in a
+        # log file only the lines that stay are printed.
+        if not stays:
             print("\r" + line, end="", flush=True)
         else:
             print(("\r" if sys.stdout.isatty() else "") + line, flush=True)
@@ -212,8 +238,10 @@ class MetricsLogger:
         if self._orphaned in ON_ORPHANED:
             ON_ORPHANED.remove(self._orphaned)
         if self.file is not None:
-            self.file.close()
+            with contextlib.suppress(OSError):  # said already (failed), or said now by the trainer
+                self.file.close()
         if self.wandb_run is not None:
             self.wandb_run.finish(exit_code=0 if ok else 1)
         if self.tensorboard is not None:
-            self.tensorboard.close()
+            with contextlib.suppress(OSError):  # as the file's
+                self.tensorboard.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from pathlib import Path
 
 
@@ -44,19 +45,34 @@ def profiled(step: int, cfg, run_dir: str | Path, rank: int, cuda: bool):
     # user wins.
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     out = step_dir(run_dir, step)
-    out.mkdir(parents=True, exist_ok=True)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda and cfg.memory:
         torch.cuda.memory._record_memory_history(max_entries=100_000)
     with profile(activities=activities, profile_memory=cfg.memory) as prof:
         yield
     trace = out / f"rank_{rank}.json"
-    prof.export_chrome_trace(str(trace))
-    if cfg.memory and cuda:
-        torch.cuda.memory._dump_snapshot(str(out / f"rank_{rank}_memory.pickle"))
-        torch.cuda.memory._record_memory_history(enabled=None)
-    elif cfg.memory:
-        (out / f"rank_{rank}_memory.json").write_text(json.dumps(memory_timeline(trace)))
+    memory = out / f"rank_{rank}_memory.{'pickle' if cuda else 'json'}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+        if cfg.memory and cuda:
+            torch.cuda.memory._dump_snapshot(str(memory))
+        elif cfg.memory:
+            memory.write_text(json.dumps(memory_timeline(trace)))
+    except OSError as e:  # a full or read-only disk: the profile is lost, not the run
+        for path in (trace, memory):
+            with contextlib.suppress(OSError):
+                path.unlink()
+        print(
+            f"warning: rank {rank}: the profile of step {step} could not be written to {out}: "
+            f"{e.strerror or e}; training goes on",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
+    finally:
+        if cfg.memory and cuda:
+            torch.cuda.memory._record_memory_history(enabled=None)
     if rank == 0:
         print(f"profiled step {step}: {out} (a trace per rank)", flush=True)
 

@@ -10,9 +10,12 @@ share it.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -25,21 +28,78 @@ class DirectoryProblem(Exception):
     """A run directory or checkpoint directory the run cannot use, in words."""
 
 
+PROBE_BYTES = 64 << 10  # what a run writes before its first step (.hydra/, plan.json), and more
+
+
 def writable(path: Path, what: str) -> None:
-    """Create `path` if needed and write into it, or say why not (DirectoryProblem)."""
+    """Create `path` if needed and write PROBE_BYTES into it (a read-only or full disk is found
+    before anything is half-written there), or say why not (DirectoryProblem)."""
     if path.is_symlink() and not path.exists():
         raise DirectoryProblem(
             f"{what}={path} is a symbolic link that leads nowhere (a loop or a missing target)"
         )
     if path.exists() and not path.is_dir():
         raise DirectoryProblem(f"{what}={path} is a file, not a directory")
+    made = [p for p in (path, *path.parents) if not (p.exists() or p.is_symlink())]
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".write-test-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
     except OSError as e:
         raise DirectoryProblem(f"{what}={path} is not writable: {e.strerror or e}") from None
+    if why := unwritable(path):
+        for p in made:  # deepest first: a refused directory is not left behind
+            with contextlib.suppress(OSError):
+                p.rmdir()
+        raise DirectoryProblem(f"{what}={path} is not writable: {why}")
+
+
+def write_failure(error: BaseException, directory: Path) -> str | None:
+    """Why a write into `directory` failed, in words, when the disk is the cause: an OS error
+    inside the error (DCP gathers each rank's as (exception, traceback)), else what the
+    directory says (torch.save reports a full disk as "unexpected pos", safetensors and numpy
+    as errors of their own). None: the disk is not the cause."""
+    inner = [error]
+    for v in getattr(error, "failures", {}).values():
+        inner.append(v[0] if isinstance(v, tuple) else getattr(v, "exception", v))
+    for e in inner:
+        if isinstance(e, OSError) and e.errno is not None:
+            return f"{e.strerror or e} ({e.filename or directory})"
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError as e:
+        return f"{e.strerror or e} ({directory})"
+    if why := unwritable(directory):
+        return f"{why} ({directory})"
+    if free < 2**20:
+        return f"No space left on device ({directory}: {free:,} bytes free)"
+    return None
+
+
+def unwritable(directory: Path) -> str | None:
+    """Why PROBE_BYTES cannot be written into `directory` (read-only, full), or None. The
+    probe is a file without a name (O_TMPFILE): a process killed while probing leaves nothing;
+    a named one where the file system has no such files."""
+    probe = None
+    try:
+        try:
+            fd = os.open(directory, os.O_TMPFILE | os.O_WRONLY, 0o600)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.EISDIR):
+                raise
+            probe = directory / f".write-test-{os.getpid()}"
+            fd = os.open(probe, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o600)
+        try:
+            if os.write(fd, bytes(PROBE_BYTES)) < PROBE_BYTES:  # the disk filled part-way
+                return os.strerror(errno.ENOSPC)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        return str(e.strerror or e)
+    finally:
+        if probe is not None:
+            with contextlib.suppress(OSError):
+                probe.unlink()
+    return None
 
 
 # The files a run reads back from its directory (metrics to resume, the wandb run's id, who

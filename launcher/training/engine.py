@@ -19,11 +19,13 @@ from launcher.runtime import distributed, launch
 from launcher.runtime.failures import (
     EXIT_FILE,
     EXIT_STOPPED,
+    RESERVED,
     STOPPED_FILE,
     RunEnded,
     StopRequest,
     ended,
     peer_gone,
+    reserve_record,
     stopped_message,
     watch_parent,
 )
@@ -43,6 +45,7 @@ def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
         # with SIGTERM to regroup when a node joins): the launcher must not report it.
         for record in (STOPPED_FILE, EXIT_FILE):
             Path(run_dir, record).unlink(missing_ok=True)
+        reserve_record(run_dir)
     try:
         Trainer(cfg, plan, run_dir, dcfg, d).train(stop)
     except Stopped as e:
@@ -56,9 +59,9 @@ def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
         sys.exit(EXIT_STOPPED)
     except RunEnded as e:  # every rank agreed: a non-finite step, no usable checkpoint
         distributed.shutdown()
-        if d.rank == 0:
-            ended(e, run_dir, report=not launch.is_child())
-        sys.exit(0 if launch.is_child() else e.status)  # as above: the launcher reports it
+        recorded = d.rank != 0 or ended(e, run_dir, report=not launch.is_child())
+        # As above, the launcher reports it, if rank 0 could record it (else said already).
+        sys.exit(0 if launch.is_child() and recorded else e.status)
     except RuntimeError as e:
         if (line := peer_gone(e)) is None:
             raise
@@ -67,3 +70,5 @@ def run(cfg, plan: Plan, run_dir: str, dcfg: DictConfig) -> None:
     # Only after a clean finish: the model (DDP's reducer, FSDP's hooks) is gone by now, and
     # every rank leaves together. After a crash the launcher ends the other ranks instead.
     distributed.shutdown()
+    if d.rank == 0:
+        Path(run_dir, RESERVED).unlink(missing_ok=True)  # nothing to record

@@ -10,7 +10,6 @@ from the plan's Layout.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -70,6 +69,7 @@ from launcher.runtime.failures import (
     restarts_left,
     resume_mode,
     timed,
+    write_record,
 )
 from launcher.runtime.launch import hydra_quoted
 from launcher.runtime.metrics import MetricsLogger
@@ -526,6 +526,20 @@ class Trainer:
         allowed = self.cfg.train.max_skipped_steps
         return NonFinite(step, what, skipped, allowed, str(newest.path) if newest else None)
 
+    def unwritable(self, step: int, why: str | None) -> RunEnded:
+        """The stop after a step whose metrics (rank 0's) could not be written: a full or
+        read-only disk under the run directory; the newest checkpoint stands."""
+        self.checkpointer.wait()
+        newest = newest_complete(self.checkpointer.directory)
+        kept = (
+            f"the newest checkpoint, {newest.path}, is intact. Free space (or make "
+            f"{self.run_dir} writable) and run the same command again to resume from it"
+            if newest
+            else f"no checkpoint was saved. Free space (or make {self.run_dir} writable) and run "
+            "the same command again to start over"
+        )
+        return RunEnded(1, f"error: the run stopped after step {step}: {why}; {kept}")
+
     # -- the loop ------------------------------------------------------------------------
 
     def train(self, stop: StopRequest) -> None:
@@ -582,7 +596,9 @@ class Trainer:
                 if skipped:
                     logger.skipped(step, skipped, t.max_skipped_steps)
                 with timed(f"the stop check after step {step}", d.rank, t.timeout_s):
-                    signum = stop.agreed()
+                    signum, unwritable = stop.agreed(failed=logger.failed is not None)
+                if unwritable:
+                    raise self.unwritable(step, logger.failed)
                 if signum and step < t.steps:  # on the last step the run just finishes
                     self.save(step, wait=True)
                     stopped = Stopped(
@@ -664,7 +680,7 @@ class Trainer:
                 "signal": stopped.signum,
                 "checkpoint": stopped.checkpoint,
             }
-            (self.run_dir / STOPPED_FILE).write_text(json.dumps(record) + "\n")
+            write_record(self.run_dir, STOPPED_FILE, record)
 
 
 def continue_command(run_dir: Path) -> str:

@@ -14,6 +14,7 @@ leaves the case it was running without a line, which the test reports by name.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -36,6 +37,7 @@ class Case:
     command: str  # plan, train, prepare, checkpoint, convert, generate
     args: tuple[str, ...]  # "{W}" stands for the work directory
     expect: str  # a substring of the output, or ACCEPTED + the reason
+    status: int = 2  # 1: a write that failed part-way (a disk that filled), not a bad input
 
 
 def case_run_dir(w: Path, case_id: str) -> Path:
@@ -474,21 +476,189 @@ GENERATE = [
          "--seed=-1 must be in 0 .. 2**63 - 1"),
 ]  # fmt: skip
 
+GENERATE += [
+    Case("generate --max-new-tokens 0", "generate", (RUN, "--prompt", "a", "--max-new-tokens", "0"),
+         "--max-new-tokens=0 must be >= 1"),
+    Case("generate --max-new-tokens abc", "generate",
+         (RUN, "--prompt", "a", "--max-new-tokens", "abc"), "invalid int value: 'abc'"),
+    Case("generate --temperature -1", "generate", (RUN, "--prompt", "a", "--temperature", "-1"),
+         "--temperature=-1.0 must be >= 0"),
+    Case("generate --temperature nan", "generate", (RUN, "--prompt", "a", "--temperature", "nan"),
+         "--temperature=nan must be >= 0"),
+    Case("generate --top-p 0", "generate", (RUN, "--prompt", "a", "--top-p", "0"),
+         "--top-p=0.0 must be in (0, 1]"),
+    Case("generate --top-p 1.5", "generate", (RUN, "--prompt", "a", "--top-p", "1.5"),
+         "--top-p=1.5 must be in (0, 1]"),
+    Case("generate empty prompt", "generate", (RUN, "--prompt", ""), "--prompt is empty"),
+    Case("generate no such run", "generate", ("{W}/nope", "--prompt", "a"), "{W}/nope"),
+    Case("generate a file", "generate", ("{W}/in/ok.txt", "--prompt", "a"), "ok.txt"),
+    Case("generate tokenizer missing", "generate",
+         (RUN, "--prompt", "a", "--tokenizer", "{W}/in/none.json"), "none.json"),
+    Case("generate tokenizer not json", "generate",
+         (RUN, "--prompt", "a", "--tokenizer", "{W}/in/ok.txt"), "ok.txt"),
+    Case("generate flipped_bytes", "generate", (f"{CKPT}/flipped_bytes", "--prompt", "a"),
+         "has changed since it was saved"),
+    Case("generate crafted_metadata", "generate", (f"{CKPT}/crafted_metadata", "--prompt", "a"),
+         "refused to load posix.system"),
+    Case("generate symlink loop", "generate", ("{W}/loop", "--prompt", "a"), "{W}/loop"),
+]  # fmt: skip
+
+# -- launcher.runs, and the files a run writes ----------------------------------------------
 RUNS = [
     Case("train tensorboard onto a file", "train", ("logging.tensorboard=true",),
          "train_tensorboard_onto_a_file/tensorboard is a file, not a directory"),
+    Case("runs no such directory", "runs", ("{W}/nope",), "no such directory: {W}/nope"),
+    Case("runs of a file", "runs", ("{W}/in/ok.txt",), "no such directory"),
+    Case("runs junk metrics", "runs", ("{W}/junk_runs",),
+         ACCEPTED + "a run whose metrics.jsonl is not JSON is listed, its figures unknown"),
+    Case("runs plot not a run", "runs", ("plot", "{W}/in", "--out", "{W}/out/p.png"),
+         "not a run directory (no metrics.jsonl)"),
+    Case("runs plot --out .txt", "runs", ("plot", f"{RUN}", "--out", "{W}/out/p.txt"),
+         "must end in .png, .svg or .pdf"),
+    Case("runs plot --out missing dir", "runs", ("plot", f"{RUN}", "--out", "{W}/no/p.png"),
+         "no such directory {W}/no"),
+    Case("runs plot --out a directory", "runs", ("plot", f"{RUN}", "--out", "{W}/out/dir.png"),
+         "dir.png"),
+    Case("runs plot junk metrics", "runs",
+         ("plot", "{W}/junk_runs/r1", "--out", "{W}/out/j.png"),
+         "r1/metrics.jsonl:1 is not a metrics row of this launcher"),
+    Case("train run dir under a file", "train", ("hydra.run.dir={W}/in/ok.txt/run",),
+         "hydra.run.dir={W}/in/ok.txt/run is not writable"),
+    Case("train run dir a symlink loop", "train", ("hydra.run.dir={W}/loop",),
+         "hydra.run.dir={W}/loop is a symbolic link that leads nowhere"),
+    Case("train checkpoint.dir a file", "train", ("checkpoint.dir={W}/in/ok.txt",),
+         "checkpoint.dir={W}/in/ok.txt is a file, not a directory"),
+    Case("train checkpoint.dir a symlink loop", "train", ("checkpoint.dir={W}/loop",),
+         "checkpoint.dir={W}/loop is a symbolic link that leads nowhere"),
+    Case("train metrics.jsonl a directory", "train", (), "metrics.jsonl"),
+    Case("train plan.json a directory", "train", (), "plan.json"),
+    Case("train run.lock a directory", "train", (), "run.lock"),
+    Case("train profile onto a file", "train", ("profile.steps=[1]",),
+         ACCEPTED + "the profile is lost with a warning, the run goes on"),
+    Case("train data.path a fifo", "train", ("data.path={W}/in/fifo",), "fifo"),
+    Case("train data.path /dev/zero", "train", ("data.path=/dev/zero",), "/dev/zero"),
 ]  # fmt: skip
 
-CASES = CONFIG + TOKENS + SOURCES + PREPARE + CHECKPOINTS + HF + GENERATE + RUNS
+# Run directories of the cases above, each holding a file where a directory goes or the reverse.
+RUN_DIR_PLANTS = {
+    "train metrics.jsonl a directory": ("metrics.jsonl", "dir"),
+    "train plan.json a directory": ("plan.json", "dir"),
+    "train run.lock a directory": ("run.lock", "dir"),
+    "train profile onto a file": ("profile", "file"),
+}
 
-# The tiny model every train case and the checkpoint use (one process, seconds).
-TINY = (
+# -- side commands' arguments -------------------------------------------------------------------
+SIDE = [
+    prepare_case("input a directory", "not a file", "{W}/in"),
+    prepare_case("input a fifo", "not a file", "{W}/in/fifo"),
+    prepare_case("input /dev/zero", "not a file", "/dev/zero"),
+    Case("prepare --out under a file", "prepare", ("--out", "{W}/in/ok.txt/x", "{W}/in/ok.txt"),
+         "--out {W}/in/ok.txt/x.bin: {W}/in/ok.txt is not a directory"),
+    Case("prepare --out a directory", "prepare", ("--out", "{W}/in", "{W}/in/ok.txt"),
+         ACCEPTED + "--out NAME writes NAME.bin and NAME.json; a directory NAME stays as it is"),
+    Case("prepare shards onto a directory of other files", "prepare",
+         ("--shard-tokens", "10", "--out", "{W}/in", "{W}/in/ok.txt"),
+         "--out {W}/in is a directory holding files that are not its shards"),
+    Case("prepare shards onto a file", "prepare",
+         ("--shard-tokens", "10", "--out", "{W}/in/ok.txt", "{W}/in/ok.txt"),
+         "--out {W}/in/ok.txt is a file; the shards go in a directory of that name"),
+    Case("prepare --workers abc", "prepare", ("--workers", "abc", "--out", "{W}/out/t",
+         "{W}/in/ok.txt"), "invalid int value: 'abc'"),
+    Case("checkpoint export under a file", "checkpoint",
+         ("export", f"{CKPT}/step_00000002", "{W}/in/ok.txt/m.pt"),
+         "OUT {W}/in/ok.txt/m.pt: {W}/in/ok.txt is not a directory"),
+    Case("checkpoint export onto a directory", "checkpoint",
+         ("export", f"{CKPT}/step_00000002", "{W}/out"), "OUT {W}/out is a directory"),
+    Case("checkpoint list missing", "checkpoint", ("list", "{W}/nope"), "{W}/nope"),
+    Case("checkpoint list a symlink loop", "checkpoint", ("list", "{W}/loop"), "{W}/loop"),
+    Case("checkpoint export a symlink loop", "checkpoint", ("export", "{W}/loop", "{W}/out/l.pt"),
+         "{W}/loop"),
+    Case("convert to-hf onto an existing dir", "convert",
+         ("to-hf", f"{CKPT}/step_00000002", "{W}/out"), "already exists"),
+    Case("convert to-hf --max-shard-size abc", "convert",
+         ("to-hf", f"{CKPT}/step_00000002", "{W}/out/s1", "--max-shard-size", "abc"), "abc"),
+    Case("convert to-hf --max-shard-size 0", "convert",
+         ("to-hf", f"{CKPT}/step_00000002", "{W}/out/s2", "--max-shard-size", "0"),
+         "--max-shard-size=0 must be at least one byte"),
+    Case("convert to-hf --dtype fp16", "convert",
+         ("to-hf", f"{CKPT}/step_00000002", "{W}/out/s3", "--dtype", "fp16"),
+         "invalid choice: 'fp16'"),
+    Case("convert to-hf --tokenizer missing", "convert",
+         ("to-hf", f"{CKPT}/step_00000002", "{W}/out/s4", "--tokenizer", "{W}/in/none.json"),
+         "none.json"),
+    Case("convert to-hf under a file", "convert",
+         ("to-hf", f"{CKPT}/step_00000002", "{W}/in/ok.txt/hf"),
+         "OUT {W}/in/ok.txt/hf: {W}/in/ok.txt is not a directory"),
+    Case("convert from-hf under a file", "convert",
+         ("from-hf", "{W}/hf/good", "{W}/in/ok.txt/ck"),
+         "OUT {W}/in/ok.txt/ck: {W}/in/ok.txt is not a directory"),
+    Case("convert from-hf a symlink loop", "convert", ("from-hf", "{W}/loop", "{W}/out/c3"),
+         "{W}/loop"),
+    Case("convert model-config without config.json", "convert",
+         ("model-config", "{W}/hf/no_config"), "config.json"),
+]  # fmt: skip
+
+# -- read-only and full disks (tmpfs mounts made by `build`: root only) ----------------------
+STEP2 = f"{CKPT}/step_00000002"
+RO, FULL, NEARLY = "Read-only file system", "No space left on device", "{W}/nearly"
+
+
+def on_disks(name: str, command: str, args, shown) -> list[Case]:
+    """A command writing into {W}/ro, {W}/full (refused before it writes, naming the disk) and
+    {W}/nearly (room for the check, not the output: one line, exit 1, nothing left).
+    `args(DIR)` is its command line, `shown(DIR)` how the refusal names its output."""
+    refused = [
+        Case(f"disk {name} {kind}", command, args(f"{{W}}/{disk}"),
+             f"{shown(f'{{W}}/{disk}')}: {{W}}/{disk} is not writable: {why}")
+        for kind, disk, why in (("read-only", "ro", RO), ("full", "full", FULL))
+    ]  # fmt: skip
+    out = args(NEARLY)[-1] if command != "prepare" else f"--out {NEARLY}/t"
+    return [*refused, Case(f"disk {name} fills up", command, args(NEARLY),
+                           f"{out} was not written: {FULL}", status=1)]  # fmt: skip
+
+
+DISKS = [
+    Case("disk train run dir read-only", "train", ("hydra.run.dir={W}/ro/run",),
+         f"hydra.run.dir={{W}}/ro/run is not writable: {RO}"),
+    Case("disk train run dir full", "train", ("hydra.run.dir={W}/full/run",),
+         f"hydra.run.dir={{W}}/full/run is not writable: {FULL}"),
+    Case("disk train checkpoint.dir read-only", "train", ("checkpoint.dir={W}/ro/ck",),
+         f"checkpoint.dir={{W}}/ro/ck is not writable: {RO}"),
+    Case("disk train checkpoint.dir full", "train", ("checkpoint.dir={W}/full/ck",),
+         f"checkpoint.dir={{W}}/full/ck is not writable: {FULL}"),
+    Case("disk prepare shards read-only", "prepare",
+         ("--shard-tokens", "9", "--out", "{W}/ro/s", "{W}/in/ok.txt"),
+         f"{{W}}/ro is not writable: {RO}"),
+    Case("disk runs plot read-only", "runs", ("plot", RUN, "--out", "{W}/ro/p.png"),
+         f"--out {{W}}/ro/p.png: {RO}"),
+    Case("disk runs plot full", "runs", ("plot", RUN, "--out", "{W}/full/p.png"),
+         f"--out {{W}}/full/p.png: {FULL}"),
+]  # fmt: skip
+DISKS += [
+    *on_disks("prepare", "prepare", lambda d: ("--out", f"{d}/t", "{W}/in/big.txt"),
+              lambda d: f"--out {d}/t.bin"),
+    *on_disks("export", "checkpoint", lambda d: ("export", STEP2, f"{d}/m.pt"),
+              lambda d: f"OUT {d}/m.pt"),
+    *on_disks("to-hf", "convert", lambda d: ("to-hf", STEP2, f"{d}/hf"), lambda d: f"OUT {d}/hf"),
+    *on_disks("from-hf", "convert", lambda d: ("from-hf", "{W}/hf/good", f"{d}/ck"),
+              lambda d: f"OUT {d}/ck"),
+]  # fmt: skip
+DISK_MOUNTS = {"ro": "256k", "full": "256k", "nearly": "256k"}
+
+CASES = CONFIG + TOKENS + SOURCES + PREPARE + CHECKPOINTS + HF + GENERATE + RUNS + SIDE + DISKS
+
+# The tiny model every train case and the checkpoint use (one process, seconds), and the
+# runs of tests/e2e/test_failures.py and test_survivors.py that need no reference.
+TINY_MODEL = (
     "model.dim=32",
     "model.n_layers=1",
     "model.n_heads=2",
     "model.n_kv_heads=1",
     "model.ffn_dim=64",
     "train.seq_len=32",
+)
+TINY = (
+    *TINY_MODEL,
     "train.global_batch_size=2",
     "train.micro_batch_size=2",
     "train.eval_interval=0",
@@ -576,9 +746,47 @@ def build(w: Path) -> None:
     taken = w / "runs" / "train_tensorboard_onto_a_file"
     taken.mkdir(parents=True)
     (taken / "tensorboard").write_text("")
+    for case_id, (name, kind) in RUN_DIR_PLANTS.items():
+        run = case_run_dir(w, case_id)
+        run.mkdir(parents=True, exist_ok=True)
+        (run / name).mkdir() if kind == "dir" else (run / name).write_text("")
+    os.mkfifo(w / "in" / "fifo")
+    (w / "loop").symlink_to(w / "loop")
+    (w / "out" / "dir.png").mkdir()
+    junk = w / "junk_runs" / "r1"
+    junk.mkdir(parents=True)
+    (junk / "metrics.jsonl").write_bytes(b'\xff\xfe not json\n{"step": \n')
 
+    (w / "in" / "big.txt").write_text("a line of a larger document\n" * 20_000)
     build_checkpoints(w)
     build_hf(w)
+    mount_disks(w)
+
+
+def mount_disks(w: Path) -> None:
+    """{W}/ro (read-only), {W}/full (no byte free), {W}/nearly (room for the commands' checks,
+    not their outputs): tmpfs mounts, or WORK/disks.json saying why there are none."""
+    made = []
+    for name, size in DISK_MOUNTS.items():
+        (w / name).mkdir()
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(w / name)]
+        done = subprocess.run(mount, capture_output=True, text=True)
+        if done.returncode:
+            unmount_disks(w, made)
+            (w / "disks.json").write_text(json.dumps({"why": done.stderr.strip() or "no mount"}))
+            return
+        made.append(name)
+    with contextlib.suppress(OSError), open(w / "full" / "filler", "wb") as f:
+        while True:
+            f.write(bytes(4096))
+    (w / "nearly" / "filler").write_bytes(bytes(160 << 10))
+    subprocess.run(["mount", "-o", "remount,ro", str(w / "ro")], check=True)
+    (w / "disks.json").write_text(json.dumps({"mounted": made}))
+
+
+def unmount_disks(w: Path, names) -> None:
+    for name in names:
+        subprocess.run(["umount", "-l", str(w / name)], capture_output=True)
 
 
 def byte_header(tokenizer) -> dict:
@@ -713,6 +921,8 @@ def entry(command: str):
         from launcher.checkpoint.__main__ import main
     elif command == "generate":
         from launcher.generate import main
+    elif command == "runs":
+        from launcher.runs import main
     else:
         from launcher.convert import main
     return main, command in ("plan", "train")
@@ -726,7 +936,9 @@ def run_case(case: Case, w: Path) -> dict:
     if hydra:
         run_dir = case_run_dir(w, case.id)
         args = [*TINY, "train.steps=1", *args] if case.command == "train" else args
-        args += [f"hydra.run.dir={run_dir}", "hydra.output_subdir=null"]
+        if not any(a.startswith("hydra.run.dir=") for a in args):
+            args.append(f"hydra.run.dir={run_dir}")
+        args.append("hydra.output_subdir=null")
         launcher.cli._task_started = False  # each case is a fresh command
     sys.stdout.flush()
     sys.stderr.flush()
@@ -762,12 +974,18 @@ def main(argv: list[str]) -> int:
     w, results = Path(argv[0]), Path(argv[1])
     os.chdir(ROOT)
     sys.path.insert(0, str(ROOT))
-    build(w)
-    with open(results, "a") as f:
-        for case in CASES:
-            print(json.dumps({"started": case.id}), file=f, flush=True)
-            print(json.dumps(run_case(case, w)), file=f, flush=True)
-        print(json.dumps({"pwned": (w / "pwned").exists()}), file=f, flush=True)
+    try:
+        build(w)
+        mounted = json.loads((w / "disks.json").read_text()).get("mounted")
+        with open(results, "a") as f:
+            for case in CASES:
+                if case in DISKS and not mounted:
+                    continue  # the test says why (disks.json)
+                print(json.dumps({"started": case.id}), file=f, flush=True)
+                print(json.dumps(run_case(case, w)), file=f, flush=True)
+            print(json.dumps({"pwned": (w / "pwned").exists()}), file=f, flush=True)
+    finally:
+        unmount_disks(w, DISK_MOUNTS)
     return 0
 
 

@@ -6,6 +6,7 @@ the reference each interrupted-then-resumed run must equal, step for step.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
@@ -18,6 +19,10 @@ import pytest
 from conftest import read_metrics, run_cli, start_cli, survivors, wait_for_step
 from jobs import train_job
 from wandb_log import one_wandb_run
+
+from e2e.bad_inputs import TINY_MODEL
+from launcher.checkpoint.reader import checkpoint_damage
+from launcher.checkpoint.store import newest_complete
 
 pytestmark = pytest.mark.e2e
 
@@ -99,6 +104,26 @@ def test_signal_to_the_launcher_stops_saves_and_resumes(sig, reference, tmp_path
     again = run_cli("launcher.train", *command[3:])
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"starting from step {done} of" in again.stdout
+    assert losses(tmp_path) == reference
+
+
+@pytest.mark.jobs(REFERENCE)
+def test_a_stop_at_the_last_step_ends_the_run_whole(reference, tmp_path):
+    """SIGTERM as the last step's line is printed (its save, the summary, the ranks' exit
+    still to come): the run finishes (the stop on the last step just ends it) or stops with
+    that step saved; either way exit 0 or 75 with its one line, the final checkpoint whole,
+    every step's loss the uninterrupted run's, nothing left running."""
+    proc = start_cli("launcher.train", *ARGS, f"hydra.run.dir={tmp_path}")
+    for line in proc.stdout:
+        if line.startswith(f"step {STEPS}/{STEPS}"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode in (0, EXIT_STOPPED), err[-3000:]
+    assert "Traceback" not in err and not survivors(tmp_path)
+    final = tmp_path / "checkpoints" / f"step_{STEPS:08d}"
+    assert newest_complete(final.parent).path == final
+    assert not checkpoint_damage(newest_complete(final.parent))
     assert losses(tmp_path) == reference
 
 
@@ -317,3 +342,45 @@ def test_a_full_disk_and_a_read_only_one_lose_nothing(small_disk, group, tmp_pat
     assert again.returncode == 0, again.stderr[-3000:]
     assert "starting from step 2 of" in again.stdout
     assert losses(run_dir) == losses(group.result(REFERENCE))
+
+
+TINY = (
+    *TINY_MODEL,
+    "train.global_batch_size=2",
+    "train.micro_batch_size=1",
+    "train.eval_interval=0",
+    "logging.wandb.mode=disabled",
+    "checkpoint.interval=20",
+)
+
+
+def test_a_disk_that_fills_during_a_run_ends_it_with_one_line(small_disk):
+    """The run directory's disk fills after the checkpoint of step 40: whichever write fails
+    first (metrics.jsonl, TensorBoard's events, a checkpoint) ends the run with one line naming
+    it and the newest checkpoint, exit 1, no traceback (under torchrun too: the record of the
+    end was given its room at start). That checkpoint is whole and the run resumes from it."""
+    run_dir = small_disk / "run"
+    args = [*TINY, "hardware.devices_per_node=2", "logging.tensorboard=true"]
+    proc = start_cli("launcher.train", *args, "train.steps=100000", f"hydra.run.dir={run_dir}")
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "step_00000040").is_dir():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.05)
+    with open(small_disk / "filler", "wb") as f, contextlib.suppress(OSError):
+        while True:
+            f.write(bytes(1 << 16))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err and "ChildFailedError" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert "No space left on device" in line and "is intact" in line, line
+    newest = Path(line.split("checkpoint, ")[1].split(",")[0])
+    assert newest.parent == run_dir / "checkpoints"
+    assert newest_complete(newest.parent).path == newest
+    assert not checkpoint_damage(newest_complete(newest.parent))
+    assert survivors(run_dir) == []
+    (small_disk / "filler").unlink()
+    step = int(newest.name.removeprefix("step_"))
+    again = run_cli("launcher.train", *args, f"train.steps={step + 1}", f"hydra.run.dir={run_dir}")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"starting from step {step} of {newest}" in again.stdout

@@ -36,7 +36,7 @@ def test_plan_is_printed_before_step_1(default_run):
     _, result = default_run
     out = result.stdout
     assert "plan" in out and "dp_shard=2" in out and "FSDP" in out
-    assert out.index("dp_shard=2") < out.index("step  1/30")
+    assert out.index("dp_shard=2") < out.index("step 20/30")
 
 
 def test_metrics_jsonl_has_every_step_and_eval(default_run):
@@ -138,6 +138,19 @@ def test_a_recipe_run_prints_the_plan_progress_and_summary_only(tmp_path):
     lines = result.stdout.splitlines()
     assert [line for line in lines if not RUN_OUTPUT.match(line)] == []
     assert sum(line.startswith("step ") for line in lines) == 1
+
+
+def test_piped_the_default_run_prints_the_plan_a_line_per_interval_and_the_summary(default_run):
+    """Piped to a file (as here), the default run (wandb offline, TensorBoard on) prints the
+    plan, a progress line every logging.log_interval (20) and at each evaluation, the summary
+    with where wandb's files went; nothing on stderr, no other line."""
+    _, result = default_run
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    wandb_line = re.compile(r"^  wandb +\S+ \(offline: `wandb sync` it to upload\)$")
+    assert [x for x in lines if not (RUN_OUTPUT.match(x) or wandb_line.match(x))] == []
+    steps = [int(x.split()[1].split("/")[0]) for x in lines if x.startswith("step ")]
+    assert steps == [15, 20, 30]
 
 
 def test_wandb_disabled_writes_nothing(tmp_path):

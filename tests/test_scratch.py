@@ -1,0 +1,82 @@
+"""launcher/runtime/scratch.py: a partial output is removed however its command ends, and a
+stop signal ends a command with one line and 128 + the signal's number."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT
+
+from launcher.runtime.scratch import command, scratch
+
+WRITER = """
+import os, sys, time
+from pathlib import Path
+from launcher.runtime.scratch import scratch
+with scratch(Path(sys.argv[1])) as part:
+    part.mkdir()
+    (part / "half").write_text("x")
+    print("writing", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_the_guard_removes_the_partial_output_of_a_sigkilled_process(tmp_path):
+    part = tmp_path / "out.partial"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(part)], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline() == "writing\n"
+    assert (part / "half").exists()
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while part.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not part.exists()
+
+
+def test_a_failure_removes_the_partial_and_a_rename_inside_keeps_the_output(tmp_path):
+    part, out = tmp_path / "a.partial", tmp_path / "a"
+    with pytest.raises(ValueError), scratch(part):
+        part.write_text("half")
+        raise ValueError("a failed write")
+    assert not part.exists()
+    with scratch(part):
+        part.write_text("whole")
+        part.rename(out)
+    assert out.read_text() == "whole" and sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_stop_signal_ends_a_command_with_one_line_and_its_status(sig, tmp_path, capsys):
+    part = tmp_path / "out.partial"
+
+    @command("OUT was not written")
+    def main(argv):
+        with scratch(part):
+            part.write_text("half")
+            os.kill(os.getpid(), sig)
+            time.sleep(5)  # the signal arrives first
+        return 0
+
+    before = signal.getsignal(sig)
+    assert main([]) == 128 + sig
+    assert capsys.readouterr().err == f"stopped by {sig.name}: OUT was not written\n"
+    assert not part.exists()
+    assert signal.getsignal(sig) is before  # the command's handlers are gone with it
+
+
+def test_a_command_that_ends_otherwise_is_untouched(capsys):
+    @command("OUT was not written")
+    def main(argv):
+        raise ValueError("not a stop")
+
+    with pytest.raises(ValueError, match="not a stop"):
+        main([])
+    assert capsys.readouterr().err == ""
