@@ -240,12 +240,19 @@ def _override_parser():
     return OverridesParser.create()
 
 
+@functools.lru_cache(maxsize=256)
+def parsed_override(arg: str):
+    """Hydra's reading of one override (once per argument: the checks before composing and
+    the sweep check both read it); raises Hydra's error where its grammar cannot read it."""
+    return _override_parser().parse_overrides([arg])[0]
+
+
 def is_sweep(arg: str) -> bool:
     """Whether Hydra reads `arg` as a sweep (key=a,b, key=range(a,b), ...)."""
     if arg.startswith("-") or "=" not in arg:
         return False
     try:
-        return _override_parser().parse_overrides([arg])[0].is_sweep_override()
+        return parsed_override(arg).is_sweep_override()
     except Exception:  # a grammar error: swept_problem says it
         return False
 
@@ -259,7 +266,7 @@ def swept_problem(arg: str) -> str | None:
     if arg.startswith("-") or "=" not in arg:
         return None
     try:
-        (parsed,) = _override_parser().parse_overrides([arg])
+        parsed = parsed_override(arg)
     except HydraException as e:
         why = str(e).strip().splitlines()[0]
         return (

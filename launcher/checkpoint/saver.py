@@ -37,6 +37,7 @@ from launcher.checkpoint.store import (
     publish,
     rank_files,
     step_dir,
+    sums_room,
     write_meta,
     write_sums,
 )
@@ -137,6 +138,7 @@ class Checkpointer:
         self.rank, self.meta = rank, meta
         self.pending: tuple[Future, threading.Event] | None = None
         self.summing: threading.Thread | None = None  # write_sums of the last save
+        self.refused: SaveFailed | None = None  # a save written but not published (_finish)
         self.group = None
         if async_save and dist.is_initialized():
             self.group = dist.new_group(backend="gloo")
@@ -180,16 +182,18 @@ class Checkpointer:
             except (CheckpointException, OSError) as e:  # DCP raises it on every rank
                 raise self.failed(step, partial, e) from None
             self._finish(None, step, partial, final, meta)
+            self.raise_refused()
         if wait:  # complete, and its sums written (a run's last save, a stop)
             self.wait()
 
-    def failed(self, step: int, partial: Path, error: BaseException) -> SaveFailed:
-        """A save that could not be written (a full disk, a read-only mount): its partial
-        directory removed, the previous checkpoint named."""
+    def failed(self, step: int, partial: Path, error: BaseException | str) -> SaveFailed:
+        """A save that could not be written (a full disk, a read-only mount), or why: its
+        partial directory removed, the previous checkpoint named."""
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
         newest = newest_complete(self.directory)
-        why = write_failure(error, self.directory) or str(error).splitlines()[0][:300]
+        why = error if isinstance(error, str) else write_failure(error, self.directory)
+        why = why or str(error).splitlines()[0][:300]
         return SaveFailed(step, why, str(newest.path) if newest else None)
 
     def _finish(self, future: Future | None, step: int, partial: Path, final: Path, meta: dict):
@@ -201,21 +205,26 @@ class Checkpointer:
         if fault(self.rank, step) == "kill_in_save":
             os.kill(os.getpid(), signal.SIGKILL)
         names = [] if failed else rank_files(partial, self.rank)
-        sizes = None if failed else file_sizes(partial, names)
-        gathered = [sizes]
+        # Each rank's file sizes, or why it has no room for its sums (None: its save failed).
+        mine = (
+            None if failed else (sums_room(partial, self.rank, names) or file_sizes(partial, names))
+        )
+        gathered = [mine]
         if dist.is_initialized():
-            gathered = [None] * dist.get_world_size() if self.rank == 0 else None
-            dist.gather_object(sizes, gathered, dst=0, group=self.group)
-        if self.rank == 0 and all(g is not None for g in gathered):
-            files = {name: s for g in gathered for name, s in g.items()}
-            write_meta(partial, {**meta, "files": files})
-            publish(partial, final)
-            prune(self.directory, self.keep)
-        if not failed:
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, mine, group=self.group)
+        if all(isinstance(g, dict) for g in gathered):
+            if self.rank == 0:
+                files = {name: s for g in gathered for name, s in g.items()}
+                write_meta(partial, {**meta, "files": files})
+                publish(partial, final)
+                prune(self.directory, self.keep)
             self.summing = threading.Thread(
                 target=write_sums, args=(partial, final, self.rank, names), daemon=True
             )
             self.summing.start()
+        elif why := next((g for g in gathered if isinstance(g, str)), None):
+            self.refused = self.failed(step, partial, why)  # raised by wait()
 
     def wait(self) -> None:
         """Block until the save in flight (if any) is complete, its sums included."""
@@ -230,9 +239,17 @@ class Checkpointer:
                 done.wait()
                 raise self.failed(self.pending_step, self.pending_partial, e) from None
             done.wait()
+            self.raise_refused()
         if self.summing is not None:
             self.summing.join()
             self.summing = None
+
+    def raise_refused(self) -> None:
+        """The save just finished was written but not published (a rank had no room left for
+        its sums): the run stops as for a save that failed."""
+        if (refused := self.refused) is not None:
+            self.refused = None
+            raise refused
 
     def load(self, entry: Entry, state: dict) -> None:
         """Fill `state` (a subset of what was saved is fine) from a complete checkpoint,

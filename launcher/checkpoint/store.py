@@ -130,6 +130,20 @@ def rank_files(directory: Path, rank: int) -> list[str]:
     return names + ([METADATA] if rank == 0 and (directory / METADATA).is_file() else [])
 
 
+def sums_room(partial: Path, rank: int, names: list[str]) -> str | None:
+    """Take the room this rank's sums.RANK.json will need, in the checkpoint before it is
+    published: a disk that fills while the sums are computed in the background must not
+    leave a published checkpoint without them (one that cannot be proven whole). None, or
+    why there is no room (then the checkpoint is not published)."""
+    tmp = partial / (SUMS.format(rank=rank) + ".tmp")
+    try:
+        tmp.write_text(" " * len(json.dumps({n: "0" * 8 for n in names})))  # CRCs: 8 hex
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        return f"{e.strerror or e} ({tmp})"
+    return None
+
+
 def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: float = 60):
     """Sum the files this rank wrote and add sums.RANK.json to the checkpoint once it is
     complete. Runs in the background after a save (training goes on): the save itself costs
@@ -157,9 +171,11 @@ def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: 
         time.sleep(0.05)
     tmp = final / (SUMS.format(rank=rank) + ".tmp")
     try:
-        tmp.write_text(json.dumps(sums))
+        # Over the room sums_room took (the same length): no new block of a disk that filled.
+        with open(tmp, "r+" if tmp.is_file() else "w") as f:
+            f.write(json.dumps(sums))
         os.replace(tmp, final / SUMS.format(rank=rank))
-    except OSError:  # pruned meanwhile, or the disk filled: the sizes still hold
+    except OSError:  # pruned meanwhile
         tmp.unlink(missing_ok=True)
 
 

@@ -3,7 +3,9 @@ the checks made before any process starts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import subprocess
 import threading
 import time
 
@@ -11,6 +13,7 @@ import pytest
 
 from launcher.checkpoint.store import (
     CheckpointError,
+    crc32,
     damage,
     file_sizes,
     list_checkpoints,
@@ -23,6 +26,7 @@ from launcher.checkpoint.store import (
     shape_mismatches,
     start_problems,
     step_dir,
+    sums_room,
     write_meta,
     write_sums,
 )
@@ -129,6 +133,7 @@ def saved_with_sums(directory, step: int):
         (partial / f"__{rank}_0.distcp").write_bytes(bytes(range(256)) * (rank + 1))
     (partial / ".metadata").write_bytes(b"index")
     names = {rank: rank_files(partial, rank) for rank in (0, 1)}
+    assert all(sums_room(partial, r, names[r]) is None for r in (0, 1))
     sums = [threading.Thread(target=write_sums, args=(partial, final, r, names[r])) for r in (0, 1)]
     for t in sums:
         t.start()
@@ -186,3 +191,47 @@ def test_sums_of_a_step_saved_again_are_of_the_new_files_in_the_new_directory(tm
     assert entry.path == old and not (old / "sums.9.json").exists()
     assert damage(entry) == []
     assert "__1_0.distcp" in recorded_sums(entry)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 64 KiB tmpfs, to be filled."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)])
+    if made.returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(directory) -> None:
+    with contextlib.suppress(OSError), open(directory / "filler", "wb") as f:
+        while True:
+            f.write(bytes(4096))
+            f.flush()
+
+
+def test_sums_land_when_the_disk_fills_after_the_save(tiny_disk):
+    """The sums are written in the background after the checkpoint is published: a disk that
+    fills meanwhile must not leave it without them (it could not be proven whole, and the
+    resume would fall back past it). Their room is taken before publishing; with no room
+    then, the save is refused, nothing left behind."""
+    final = tiny_disk / "step_00000002"
+    partial = final.with_name(final.name + ".partial")
+    later = tiny_disk / "step_00000004.partial"
+    for directory in (partial, later):
+        directory.mkdir()
+        (directory / "__0_0.distcp").write_bytes(bytes(range(256)) * 4)
+        (directory / ".metadata").write_bytes(b"index")
+    names = rank_files(partial, 0)
+    assert sums_room(partial, 0, names) is None
+    write_meta(partial, {"step": 2, "files": file_sizes(partial, names)})
+    publish(partial, final)
+    fill(tiny_disk)
+    write_sums(partial, final, 0, names)
+    entry = open_checkpoint(final)
+    assert recorded_sums(entry) == {n: crc32(final / n) for n in names}
+    assert damage(entry) == []
+    assert "No space left on device" in sums_room(later, 0, names)
+    assert sorted(p.name for p in later.iterdir()) == sorted(names)

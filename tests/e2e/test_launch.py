@@ -40,37 +40,29 @@ def test_torchrun_world_size_must_match_the_plan(tmp_path):
 
 
 def test_multirun_runs_valid_points_and_names_rejected_ones(tmp_path):
-    result = run_cli(
-        "launcher.train", "-m", "parallel.dp_shard=2,3", *SHORT, f"hydra.sweep.dir={tmp_path}"
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "rejected: parallel.dp_shard=3" in result.stderr and "[world_size]" in result.stderr
-    assert len(read_metrics(tmp_path / "0")) == 2
-    assert not (tmp_path / "1" / "metrics.jsonl").exists()
-    # The summary: the table on stdout, summary.jsonl in the sweep directory.
-    rows = [json.loads(x) for x in (tmp_path / "summary.jsonl").read_text().splitlines()]
-    assert [(r["job"], r["status"]) for r in rows] == [("0", "completed"), ("1", "rejected")]
-    assert rows[0]["loss"] == read_metrics(tmp_path / "0")[-1]["loss"]
-    assert rows[0]["predicted_tokens_per_s"] > 0 and rows[0]["tokens_per_s"] > 0
-    assert "[world_size]" in rows[1]["reason"]
-    assert "parallel.dp_shard=3" in result.stdout and "measured / planned" in result.stdout
-
-
-def test_a_sweep_writes_every_job_under_one_directory(tmp_path):
-    """hydra.sweep.dir holds a timestamp that Hydra resolves again for every job: each job of
+    """A sweep trains its valid points, names the rejected ones, and sums them up. Its
+    hydra.sweep.dir holds a timestamp that Hydra resolves again for every job: each job of
     one sweep must still land in the same directory."""
     result = run_cli(
         "launcher.train",
         "-m",
-        "train.seed=1,2",
+        "parallel.dp_shard=2,3",
         *SHORT,
-        "hardware.devices_per_node=1",
         f"hydra.sweep.dir={tmp_path}/${{run_id:}}",
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (sweep,) = tmp_path.iterdir()
     assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
-    assert len(read_metrics(sweep / "1")) == 2
+    assert "rejected: parallel.dp_shard=3" in result.stderr and "[world_size]" in result.stderr
+    assert len(read_metrics(sweep / "0")) == 2
+    assert not (sweep / "1" / "metrics.jsonl").exists()
+    # The summary: the table on stdout, summary.jsonl in the sweep directory.
+    rows = [json.loads(x) for x in (sweep / "summary.jsonl").read_text().splitlines()]
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "completed"), ("1", "rejected")]
+    assert rows[0]["loss"] == read_metrics(sweep / "0")[-1]["loss"]
+    assert rows[0]["predicted_tokens_per_s"] > 0 and rows[0]["tokens_per_s"] > 0
+    assert "[world_size]" in rows[1]["reason"]
+    assert "parallel.dp_shard=3" in result.stdout and "measured / planned" in result.stdout
 
 
 def test_sweep_of_the_planners_best_layouts(tmp_path):
