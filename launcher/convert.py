@@ -128,11 +128,13 @@ def fresh(out: Path) -> Iterator[Path]:
     the caller); removed however the block ends otherwise (runtime/scratch.py)."""
     partial = out.with_name(out.name + PARTIAL)
     shutil.rmtree(partial, ignore_errors=True)  # left by a convert killed with its guard
-    try:
-        partial.mkdir(parents=True)
-    except OSError as e:  # a read-only or full disk
-        fail(f"OUT {out} cannot be written: {e.strerror or e} ({e.filename})")
+    # Made inside the block, once the guard knows it: a stop or a kill at any moment after
+    # the directory appears removes it.
     with writing(out, partial):
+        try:
+            partial.mkdir(parents=True)
+        except OSError as e:  # a read-only or full disk
+            fail(f"OUT {out} cannot be written: {e.strerror or e} ({e.filename})")
         yield partial
 
 

@@ -95,10 +95,11 @@ def test_gpu_benchmark_runs_on_cpu_at_a_tiny_size(tmp_path):
     r = gpu.run(
         overrides, steps=2, warmup=1, peers=["transformers"], progress=lambda _: 0, profile=True
     )
-    # --profile: one more step's kernels, the matmuls named as such and leading on a CPU.
-    summary, header, first = r["profile"].splitlines()[:3]
+    # --profile: one more step's kernels, the matmuls named as such (which kernel leads is a
+    # timing: attention did, once, on a loaded machine).
+    summary, header, *rows = r["profile"].splitlines()
     assert summary.startswith("one step") and "matmul" in summary and "attention" in summary
-    assert first.split()[3] == "matmul" and "::mm" in first
+    assert any(len(x.split()) > 3 and x.split()[3] == "matmul" and "::mm" in x for x in rows)
     # The defaults that were not overridden stay: bf16 autocast on CPU, as on the GPU.
     assert r["dtype"] == "bfloat16" and r["device"] == "cpu" and r["seq_len"] == 32
     assert "model=llama3_2_1b" not in r["overrides"]
