@@ -142,6 +142,12 @@ class HardwareConfig:
     # fitted per part to FP8 runs on it (`python -m launcher.plan.calibrate --hopper`). 1: as
     # the part's bf16 GEMMs (nothing measured in FP8 on the part).
     efficiency_scale_fp8: float = 1.0
+    # Fraction of peak_tflops the fused attention core sustains, forward and backward at long
+    # sequence, counted as the planner counts it (causal: 3 x seq x heads x (d_qk + d_v) per
+    # token and layer), from the kernel's published figures on the part (the presets say
+    # which). Not scaled by compile: the kernel is the same compiled or not. 0: as the part's
+    # widest GEMM (EFFICIENCY_MAX x efficiency_scale, x compile_factor under train.compile).
+    attention_efficiency: float = 0.0
 
 
 @dataclass

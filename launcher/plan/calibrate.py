@@ -517,7 +517,13 @@ FITTED_ON = {
 
 def presets_table() -> Table:
     table = Table(title="the GPU presets", title_justify="left")
-    cols = ("efficiency_scale", "compile_factor", "microbatch_overhead_us", "efficiency_scale_fp8")
+    cols = (
+        "efficiency_scale",
+        "compile_factor",
+        "microbatch_overhead_us",
+        "efficiency_scale_fp8",
+        "attention_efficiency",
+    )
     for col in ("preset", "part", "memory GB/s", *cols, "from"):
         table.add_column(col, justify="right" if "GB/s" in col or "_" in col else "left")
     for preset, source in FITTED_ON.items():
@@ -530,6 +536,7 @@ def presets_table() -> Table:
             f"{hw.compile_factor}",
             f"{hw.microbatch_overhead_us:g}",
             f"{hw.efficiency_scale_fp8:g}",
+            f"{hw.attention_efficiency:g}" if hw.attention_efficiency else "as GEMMs",
             source,
         )
     return table

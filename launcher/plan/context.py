@@ -43,7 +43,9 @@ class Context:
         self.measured = hw.efficiency
         self.scale = hw.efficiency_scale * (hw.compile_factor if t.compile else 1.0)
         self.efficiency = hw.efficiency or kernels.model_efficiency(m.dim, self.scale)
-        self.attention_rate = self.peak * (hw.efficiency or kernels.EFFICIENCY_MAX * self.scale)
+        self.attention_rate = self.peak * (
+            hw.efficiency or hw.attention_efficiency or kernels.EFFICIENCY_MAX * self.scale
+        )
         self.intra, self.inter = hw.intra_node_gbps * 1e9, hw.inter_node_gbps * 1e9
         self.links = Links(
             devices_per_node=hw.devices_per_node,

@@ -6,7 +6,9 @@ The constants and where they come from:
 - EFFICIENCY_MAX, EFFICIENCY_DIM: a GEMM runs at EFFICIENCY_MAX x w / (w + EFFICIENCY_DIM) of
   peak, w its narrowest dimension as this rank runs it (a tp shard's width, the tokens an
   expert receives). Fitted to the Megatron-LM table (A100, docs/sources.md) by `python -m
-  launcher.plan.calibrate`; the attention core runs at EFFICIENCY_MAX.
+  launcher.plan.calibrate`; the attention core runs at EFFICIENCY_MAX, or at the hardware
+  preset's attention_efficiency where the fused kernel's own rate on the part is known (the
+  Hopper presets: docs/sources.md, "Hardware").
 - What compiling gains beyond the fused memory-bound work and the fewer launches counted below
   is the hardware preset's `compile_factor`, fitted per part with its efficiency_scale
   (`python -m launcher.plan.calibrate --hopper`).
@@ -69,7 +71,7 @@ OPS_COMPILED = 0.1
 DTENSOR_HOST = 4.5
 
 FP8_CAST_BYTES = (66.0, 72.0)  # per input or output element and token, per weight element
-FP8_ROWWISE = 0.624
+FP8_ROWWISE = 0.631
 
 
 def loss_traffic_bytes(act_b: float, compiled: bool) -> float:

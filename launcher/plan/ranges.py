@@ -125,6 +125,9 @@ RANGES: dict[str, Range] = {
     "hardware.efficiency_scale": above(0, "this generation's efficiency relative to the A100 fit"),
     "hardware.compile_factor": above(0, "what compiled kernels gain on this part"),
     "hardware.efficiency_scale_fp8": above(0, "float8 GEMMs' share of the fp8 peak"),
+    "hardware.attention_efficiency": Range(
+        0, 1, why="a fraction of peak_tflops; 0: as the part's widest GEMM"
+    ),
     # layout details (the degrees: rules.resolve_degrees)
     "data_parallel.zero_stage": Range(0, 3, why="0 DDP, 1-2 ZeRO, 3 FSDP"),
     "pipeline.microbatches": at_least(0, "0: global batch / (micro-batch x dp)"),

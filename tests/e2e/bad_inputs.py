@@ -123,6 +123,10 @@ CONFIG = [
     config("hardware.memory_gib=nan", "hardware.memory_gib=nan must be > 0"),
     config("hardware.efficiency_scale=nan", "hardware.efficiency_scale=nan must be > 0"),
     config("hardware.efficiency=1.5", "hardware.efficiency=1.5 must be in [0, 1]"),
+    config(
+        "hardware.attention_efficiency=-0.2",
+        "hardware.attention_efficiency=-0.2 must be in [0, 1]",
+    ),
     config("hardware.intra_node_gbps=0", "hardware.intra_node_gbps=0.0 must be > 0"),
     config("hardware.storage_gbps=-2", "hardware.storage_gbps=-2.0 must be > 0"),
     config("hardware.nodes=0", "hardware.nodes=0 must be >= 1"),

@@ -32,7 +32,8 @@ def cost(p):
 
 def test_each_generation_reaches_its_scale_of_the_a100_fit():
     """The GEMM curve is Megatron-LM's on A100 (scale 1); this engine's kind of stack reaches a
-    share of it there and a smaller one of the H100's peak (calibrate --hopper fits both)."""
+    share of it there and a smaller one of the H100's peak (calibrate --hopper fits both); the
+    H100's attention core runs at its fused kernel's measured share of peak."""
     a100, h100 = plan(*FSDP_8B, "hardware=a100_80g"), plan(*FSDP_8B, "hardware=h100_80g")
     sa, sh = a100.cfg.hardware.efficiency_scale, h100.cfg.hardware.efficiency_scale
     assert sh < sa < 1.0
@@ -42,7 +43,9 @@ def test_each_generation_reaches_its_scale_of_the_a100_fit():
     # work as 1 / memory bandwidth.
     a, h = cost(a100), cost(h100)
     assert a.gemm / h.gemm == pytest.approx(989 * sh / (312 * sa))
-    assert a.core / h.core == pytest.approx(989 * sh / (312 * sa))
+    # The attention core: the A100 at the curve's maximum, the H100 at its kernel's own rate.
+    ha = h100.cfg.hardware.attention_efficiency
+    assert a.core / h.core == pytest.approx(989 * ha / (312 * kernels.EFFICIENCY_MAX * sa))
     assert a.memory / h.memory == pytest.approx(3350 / 2039)
 
 

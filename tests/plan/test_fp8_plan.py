@@ -102,6 +102,6 @@ def test_the_routed_experts_and_the_router_stay_bf16():
 
 def test_the_plan_says_how_it_prices_float8():
     line = precision_line(compose_config(["hardware=h200", "precision=fp8"]))
-    assert "GEMMs at the FP8 peak (1979 TFLOP/s, efficiency_scale_fp8 0.743)" in line
+    assert "GEMMs at the FP8 peak (1979 TFLOP/s, efficiency_scale_fp8 0.866)" in line
     assert "casts as memory traffic" in line
     assert "emulated" in precision_line(compose_config(["hardware=cpu", "precision=fp8"]))
