@@ -123,18 +123,25 @@ class Group:
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
 
+    def launch_order(self) -> dict[str, int]:
+        """Per pending job, the index of the launch that will run it as `start` drains them
+        (a job whose needs never run: past the last)."""
+        pending, done, index = list(self.pending.values()), {}, 0
+        while (nproc := next_size(pending, done)) is not None:
+            for j in next_launch(pending, done, nproc):
+                done[j.key] = index
+                pending.remove(j)
+            index += 1
+        return {**done, **{j.key: index for j in pending}}
+
     def _drain(self) -> None:
         try:
             while not self._stopping:
                 with self._cv:
-                    ready = sorted(
-                        j.nproc
-                        for j in self.pending.values()
-                        if all(n.key in self.dirs or n.nproc == j.nproc for n in j.needs)
-                    )
-                    if not ready:
+                    nproc = next_size(self.pending.values(), self.dirs)
+                    if nproc is None:
                         return  # (a job whose needs never ran runs when a test asks for it)
-                if not self.run(ready[0]):
+                if not self.run(nproc):
                     return
         finally:
             with self._cv:
@@ -161,13 +168,11 @@ class Group:
         """Every pending job on nproc processes whose needs have run (or run before it in
         this group), in one group; again after a failure, for the jobs after it. How many
         jobs it ran."""
-        jobs = []
         with self._cv:
-            for j in list(self.pending.values()):
-                if j.nproc == nproc and all(n.key in self.dirs or n in jobs for n in j.needs):
-                    jobs.append(j)
-                    del self.pending[j.key]
-                    self.dirs[j.key] = self.dir(j)
+            jobs = next_launch(self.pending.values(), self.dirs, nproc)
+            for j in jobs:
+                del self.pending[j.key]
+                self.dirs[j.key] = self.dir(j)
         if not jobs:
             return 0
         listed = [
@@ -261,6 +266,23 @@ class Group:
         timed.sort(reverse=True)
         lines += [f"{s:7.1f} s  {label}" for s, label in timed[:slowest]]
         return lines
+
+
+def next_size(pending, ran) -> int | None:
+    """The world size the background runner launches next: the smallest among the pending
+    jobs whose needs have run (`ran`: their keys) or share their size."""
+    ready = [j.nproc for j in pending if all(n.key in ran or n.nproc == j.nproc for n in j.needs)]
+    return min(ready, default=None)
+
+
+def next_launch(pending, ran, nproc: int) -> list[Job]:
+    """The pending jobs one launch of `nproc` processes runs, in declaration order: those
+    whose needs have run or run before them in it."""
+    jobs = []
+    for j in list(pending):
+        if j.nproc == nproc and all(n.key in ran or n in jobs for n in j.needs):
+            jobs.append(j)
+    return jobs
 
 
 def per_rank(group: Group, job: Job) -> dict[int, dict]:

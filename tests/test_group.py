@@ -59,3 +59,16 @@ def test_jobs_run_in_the_background_and_a_test_waits_for_its_own(tmp_path):
     while group._runner is not None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert group._runner is None and [n for n, _, _ in group.launches] == [1]
+
+
+def test_the_launch_order_is_the_runners():
+    """conftest orders the tests that read jobs by the launch that runs them: smallest world
+    first, a job after the launch of what it needs (its own size's may share its launch)."""
+    group = Group()
+    two = Job("test_group:write", 2, ("two",))
+    one = Job("test_group:write", 1, ("one",))
+    after = Job("test_group:write", 1, ("after",), needs=(two,))
+    same = Job("test_group:write", 2, ("same",), needs=(two,))
+    for job in (two, after, one, same):
+        group.declare(job)
+    assert group.launch_order() == {one.key: 0, two.key: 1, same.key: 1, after.key: 2}
