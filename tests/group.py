@@ -41,6 +41,11 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 WORKER = TESTS / "group_worker.py"
 JOB_TIMEOUT_S = 420
+# The groups run at a lower priority than the session's own tests: those run one at a time, and
+# each leaves the cores partly idle while it waits or starts its processes, which the groups
+# then fill; at equal priority a test's ranks shared the cores with two to eight group ranks
+# and the session's tests ran after the groups, alone, at 70% of the cores (docs/testing.md).
+GROUP_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -212,8 +217,8 @@ class Group:
     def _launch(self, nproc: int, jobs_file: Path, outs: list[Path], log: Path) -> tuple[int, bool]:
         """One torchrun group over the jobs file (its jobs' directories `outs`); its exit
         status, and whether it was killed for making no progress."""
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", str(WORKER), str(jobs_file)]  # fmt: skip
+        cmd = ["nice", "-n", str(GROUP_NICE), sys.executable, "-m", "torch.distributed.run",
+               "--standalone", f"--nproc-per-node={nproc}", str(WORKER), str(jobs_file)]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
         env.pop("WANDB_API_KEY", None)
         with open(log, "w") as f:
