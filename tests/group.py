@@ -218,7 +218,8 @@ class Group:
         """One torchrun group over the jobs file (its jobs' directories `outs`); its exit
         status, and whether it was killed for making no progress."""
         cmd = ["nice", "-n", str(GROUP_NICE), sys.executable, "-m", "torch.distributed.run",
-               "--standalone", f"--nproc-per-node={nproc}", str(WORKER), str(jobs_file)]  # fmt: skip
+               "--standalone", f"--nproc-per-node={nproc}",
+               str(WORKER), str(jobs_file)]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
         env.pop("WANDB_API_KEY", None)
         with open(log, "w") as f:
