@@ -80,10 +80,8 @@ MEGATRON_KERNELS = "hardware.efficiency_scale=1.0 hardware.compile_factor=1.047"
 # Their engines' time per micro-batch is their own, not measured: none is counted (the
 # presets' microbatch_overhead_us is this engine's).
 FUSED = "train.compile=true hardware.microbatch_overhead_us=0"
-# Transformer Engine's attention is cuDNN's fused kernel: 3 / (1 / 539 + 2.5 / 516) TFLOP/s on an
-# H100 SXM as the planner counts it (Shah et al. 2024, FlashAttention-3, Figures 5-6: cuDNN at
-# head dim 128, sequence 16K, forward with the causal mask 539, backward 516; backward does 2.5
-# forward's FLOPs, the planner counts 2), 0.453 of peak.
+# Transformer Engine's attention is cuDNN's fused kernel: its published H100 rate, 0.453 of peak
+# (docs/sources.md, "Hardware").
 TE_ATTENTION = "hardware.attention_efficiency=0.453"
 NEMO = f"train.micro_batch_size=1 recompute=none tensor=sequence_parallel {FUSED} {TE_ATTENTION}"
 FP8 = "precision=fp8"
