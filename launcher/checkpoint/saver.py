@@ -188,12 +188,14 @@ class Checkpointer:
 
     def failed(self, step: int, partial: Path, error: BaseException | str) -> SaveFailed:
         """A save that could not be written (a full disk, a read-only mount), or why: its
-        partial directory removed, the previous checkpoint named."""
+        partial directory removed, the previous checkpoint named. Why is read first: with no
+        OS error inside DCP's (torch.save says "unexpected pos" on a full disk), the disk
+        tells, and the partial's removal would free it."""
+        why = error if isinstance(error, str) else write_failure(error, self.directory)
+        why = why or str(error).splitlines()[0][:300]
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
         newest = newest_complete(self.directory)
-        why = error if isinstance(error, str) else write_failure(error, self.directory)
-        why = why or str(error).splitlines()[0][:300]
         return SaveFailed(step, why, str(newest.path) if newest else None)
 
     def _finish(self, future: Future | None, step: int, partial: Path, final: Path, meta: dict):

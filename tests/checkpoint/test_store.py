@@ -1,5 +1,5 @@
-"""Checkpoint directories without torch: completeness, the newest complete one, pruning, and
-the checks made before any process starts."""
+"""Checkpoint directories: completeness, the newest complete one, pruning, the checks made
+before any process starts, and what a save that fills the disk says."""
 
 from __future__ import annotations
 
@@ -10,7 +10,9 @@ import threading
 import time
 
 import pytest
+from torch.distributed.checkpoint.api import CheckpointException
 
+from launcher.checkpoint.saver import Checkpointer
 from launcher.checkpoint.store import (
     CheckpointError,
     crc32,
@@ -193,16 +195,23 @@ def test_sums_of_a_step_saved_again_are_of_the_new_files_in_the_new_directory(tm
     assert "__1_0.distcp" in recorded_sums(entry)
 
 
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A 64 KiB tmpfs, to be filled."""
-    mount = tmp_path / "disk"
+@contextlib.contextmanager
+def tmpfs(mount, size: str):
+    """A tmpfs of `size` at `mount`, to be filled."""
     mount.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)])
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)])
     if made.returncode:
         pytest.skip("cannot mount a tmpfs here (needs root)")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    with tmpfs(tmp_path / "disk", "64k") as mount:
+        yield mount
 
 
 def fill(directory) -> None:
@@ -235,3 +244,19 @@ def test_sums_land_when_the_disk_fills_after_the_save(tiny_disk):
     assert damage(entry) == []
     assert "No space left on device" in sums_room(later, 0, names)
     assert sorted(p.name for p in later.iterdir()) == sorted(names)
+
+
+def test_a_save_that_fills_the_disk_says_so_when_torch_hides_the_os_error(tmp_path):
+    """On a full disk DCP may raise torch.save's RuntimeError ("file write failed") and no OS
+    error: the disk says why, read before the partial save is removed (which frees it)."""
+    disk = tmp_path / "disk"
+    partial = disk / "step_00000004.partial"
+    written = RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+    error = CheckpointException("save", {0: (written, None), 1: (written, None)})
+    with tmpfs(disk, "4m"):
+        partial.mkdir()
+        fill(partial)
+        saver = Checkpointer(disk, keep=0, async_save=False, rank=0, meta=dict)
+        failed = saver.failed(4, partial, error)
+        assert not partial.exists()
+    assert "step 4 could not be written: No space left on device" in failed.message
