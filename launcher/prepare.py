@@ -59,7 +59,7 @@ from tokenizers import Tokenizer
 
 from launcher.data.batches import ByteTokenizer, token_file_base, write_tokens
 from launcher.runtime.rundir import write_failure
-from launcher.runtime.scratch import command, output_problem, scratch
+from launcher.runtime.scratch import command, output_problem, scratch, uninterrupted
 
 # End-of-document tokens of well-known tokenizers: Llama 3, GPT-2 / Qwen, Llama 2 / Mistral /
 # Mixtral, DeepSeek V2 / V3, Gemma. The first one in the vocabulary is the EOS.
@@ -473,13 +473,14 @@ def parallel_chunks(args: argparse.Namespace, read, base: Path) -> Iterator[np.n
     )
     with scratch(ids_dir):
         try:
-            futures = [
-                pool.submit(
-                    _tokenize_file,
-                    (f, ids_dir / f"{i:06d}.u32", args.tokenizer, args.eos, args.text_field),
-                )
-                for i, f in enumerate(args.files)
-            ]
+            with uninterrupted():  # submit spawns the workers: each starts whole
+                futures = [
+                    pool.submit(
+                        _tokenize_file,
+                        (f, ids_dir / f"{i:06d}.u32", args.tokenizer, args.eos, args.text_field),
+                    )
+                    for i, f in enumerate(args.files)
+                ]
             for i, future in enumerate(futures):
                 docs, n_bytes = future.result()
                 read(n_bytes, docs)

@@ -12,7 +12,7 @@ import time
 import pytest
 from conftest import ROOT
 
-from launcher.runtime.scratch import command, scratch
+from launcher.runtime.scratch import command, scratch, uninterrupted
 
 WRITER = """
 import os, sys, time
@@ -70,6 +70,25 @@ def test_a_stop_signal_ends_a_command_with_one_line_and_its_status(sig, tmp_path
     assert capsys.readouterr().err == f"stopped by {sig.name}: OUT was not written\n"
     assert not part.exists()
     assert signal.getsignal(sig) is before  # the command's handlers are gone with it
+
+
+def test_a_stop_inside_an_uninterrupted_block_ends_the_command_at_the_blocks_end(capsys):
+    """(launcher.prepare starts its workers in one: a worker whose start-up data was cut
+    short by the stop printed a traceback, EOFError, after the command's line.)"""
+    ran = []
+
+    @command("OUT was not written")
+    def main(argv):
+        with uninterrupted():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the signal arrives here, and is held
+            ran.append("the block, whole")
+        ran.append("after it")
+        return 0
+
+    assert main([]) == 128 + signal.SIGTERM
+    assert ran == ["the block, whole"]
+    assert capsys.readouterr().err == "stopped by SIGTERM: OUT was not written\n"
 
 
 def test_a_command_that_ends_otherwise_is_untouched(capsys):

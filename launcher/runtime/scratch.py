@@ -10,7 +10,8 @@ reaches the whole process group still leaves it to clean up.
 
 `command(what)` decorates a command's main: a stop signal (SIGINT, SIGTERM, SIGHUP) raises
 `Stopped` in it, unwinding through the scratch paths, and ends the command with one line saying
-what was not written, exit 128 + the signal's number (as a shell reports a killed command).
+what was not written, exit 128 + the signal's number (as a shell reports a killed command);
+inside `uninterrupted()` (starting worker processes) it raises at the block's end.
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ for path in paths:
 
 _guard: list[subprocess.Popen] = []  # started with the first scratch path of this process
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# Stop signals received inside `uninterrupted` (None outside it): raised at its end.
+_held: list[int] | None = None
 
 
 class Stopped(BaseException):  # noqa: N818 (like KeyboardInterrupt: a stop, not an error)
@@ -109,6 +112,21 @@ def writing(out: Path, partial: Path) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """A block of a `command` that a stop signal does not cut: one received in it raises
+    Stopped when the block ends. For starting processes: a spawned worker whose parent stopped
+    while sending it its start-up data reads half of it and prints a traceback (EOFError)."""
+    global _held
+    outer, _held = _held, []
+    try:
+        yield
+    finally:
+        held, _held = _held, outer
+    if held:
+        raise Stopped(held[0])
+
+
+@contextlib.contextmanager
 def scratch(path: Path) -> Iterator[Path]:
     """`path` is the command's until the block ends: removed if the block raises (a stop
     signal included) or the process dies in it; renamed away inside it, nothing is removed."""
@@ -135,6 +153,9 @@ def command(what: str):
 
             def raise_stopped(signum, frame):
                 received.append(signum)
+                if _held is not None:  # inside `uninterrupted`: at its end
+                    _held.append(signum)
+                    return
                 raise Stopped(signum)
 
             previous = {s: signal.signal(s, raise_stopped) for s in STOP_SIGNALS}
