@@ -72,6 +72,7 @@ def checkpoint_problems(cfg, run_dir: str) -> list[str]:
 
 def task(dcfg: DictConfig) -> None:
     launch.slurm_env()  # a SLURM task learns its rank before anything asks for it
+    launch.keep_nice()  # a rank (a session of its own) keeps a `nice` launch's priority
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     if hc.mode == RunMode.RUN and not str(hc.run.dir).strip():

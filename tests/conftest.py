@@ -18,6 +18,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 from group import Group, Job  # noqa: E402
 from hypothesis import settings  # noqa: E402
+from lane import Lane  # noqa: E402
 
 from launcher.cli import compose  # noqa: E402
 
@@ -30,6 +31,8 @@ settings.register_profile("thorough", max_examples=400)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # The session's multi-process jobs (tests/group.py): declared at collection, run by world size.
 GROUP = Group()
+# The session's work that runs beside its tests (tests/lane.py): declared at collection.
+LANE = Lane()
 # Recipes whose published layout launcher.train cannot run yet, with the limitation that refuses
 # them (issue 24 closes these; docs/planner.md's recipes table shows the same).
 REFUSED_RECIPES: dict[str, str] = {}
@@ -64,12 +67,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         for job in declared_jobs(item):
             GROUP.declare(job)
+        for marker in item.iter_markers("lane"):
+            LANE.declare(*marker.args)
     launch = GROUP.launch_order()
 
     def order(item) -> int:
         jobs = declared_jobs(item)
         if jobs:
-            return 1 + max(launch.get(j.key, 0) for j in jobs)
+            return 1 + max(launch[j.key] for j in jobs)
         return 1 if item.get_closest_marker("dist") or item.get_closest_marker("e2e") else 0
 
     items.sort(key=order)  # stable: file order within each part
@@ -78,12 +83,15 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def group(tmp_path_factory) -> Group:
     """The jobs' groups: `group.result(job)` is the job's output directory. Set up with the
-    session's first test, which starts the groups in the background."""
+    session's first test, which starts the groups and the lane (`LANE.result(key)`) in the
+    background."""
     if GROUP.root is None:
         GROUP.root = tmp_path_factory.mktemp("group")
     GROUP.start()
+    LANE.start()
     yield GROUP
     GROUP.stop()
+    LANE.stop()
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -118,10 +126,11 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 6
     )
 
 
-def start_cli(module: str, *args: str, env: dict | None = None) -> subprocess.Popen:
-    """`python -m module args` started from the repo root, its output piped (text)."""
+def start_cli(module: str, *args: str, env: dict | None = None, nice: int = 0) -> subprocess.Popen:
+    """`python -m module args` started from the repo root (under `nice -n NICE`), its output
+    piped (text)."""
     return subprocess.Popen(
-        [sys.executable, "-m", module, *args],
+        [*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", module, *args],
         cwd=ROOT,
         env=cli_env(env),
         stdout=subprocess.PIPE,

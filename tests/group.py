@@ -45,6 +45,8 @@ JOB_TIMEOUT_S = 420
 # each leaves the cores partly idle while it waits or starts its processes, which the groups
 # then fill; at equal priority a test's ranks shared the cores with two to eight group ranks
 # and the session's tests ran after the groups, alone, at 70% of the cores (docs/testing.md).
+# torchrun starts each rank in a session of its own, which Linux schedules as one whole against
+# the others (autogroup): each rank gives its session its nice value (launch.keep_nice).
 GROUP_NICE = 10
 
 
@@ -289,6 +291,15 @@ def next_launch(pending, ran, nproc: int) -> list[Job]:
         if j.nproc == nproc and all(n.key in ran or n in jobs for n in j.needs):
             jobs.append(j)
     return jobs
+
+
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of the session `pid` is in, as Linux schedules it (autogroup; None
+    where the kernel has none)."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def per_rank(group: Group, job: Job) -> dict[int, dict]:

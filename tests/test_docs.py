@@ -6,19 +6,34 @@ from __future__ import annotations
 
 import os
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
+from conftest import LANE
 
 from launcher import docs
 
 BLOCKS = [b for path in docs.doc_files() for b in docs.blocks(path)]
+# Example scripts that write into the repository for their run (a conf/model preset, which
+# tests/test_config.py and the planner's tables read): they run in the session's own thread.
+WRITE_THE_REPOSITORY = {"hf", "hf_mismatch"}
+
+
+def beside(block: docs.Block) -> bool:
+    """Whether the block runs in the session's lane (tests/lane.py), beside its other tests: a
+    block of output, run in bash, that needs no SLURM cluster and leaves the repository alone."""
+    return (
+        block.kind == "output"
+        and block.tier != "slurm"
+        and block.script not in WRITE_THE_REPOSITORY
+    )
 
 
 def check(block: docs.Block) -> None:
     """The block's command run now: equal to the page (timings aside), or, under `make docs`,
     written into it."""
-    now, _ = docs.run(block)
+    now, _ = LANE.result(block.name) if beside(block) else docs.run(block)
     problems = docs.differences(block, now)
     if problems and os.environ.get("DOCS_UPDATE") == "1":
         docs.replace(block, now)
@@ -28,9 +43,16 @@ def check(block: docs.Block) -> None:
     )
 
 
+def marks(block: docs.Block) -> list:
+    found = [pytest.mark.slow] if block.tier == "slow" else []
+    if beside(block):
+        found.append(pytest.mark.lane(block.name, partial(docs.run, block)))
+    return found
+
+
 def params(tier: str) -> list:
     return [
-        pytest.param(b, id=b.name, marks=[pytest.mark.slow] if b.tier == "slow" else [])
+        pytest.param(b, id=b.name, marks=marks(b))
         for b in BLOCKS
         if (b.tier == "slurm") == (tier == "slurm")
     ]
@@ -40,6 +62,21 @@ def params(tier: str) -> list:
 @pytest.mark.parametrize("block", params("local"))
 def test_block_matches_what_its_command_prints(block):
     check(block)
+
+
+def test_the_scripts_that_write_the_repository_run_in_the_sessions_thread():
+    """A block's script that works in the repository (`cd "$REPO"`, itself or in a script it
+    sources) is in WRITE_THE_REPOSITORY: in the lane, it would write conf/ while the session's
+    tests read it."""
+
+    def text(name: str) -> str:
+        own = (docs.EXAMPLES / f"{name}.sh").read_text()
+        sourced = re.findall(r'source "\$REPO/docs/examples/(\w+)\.sh"', own)
+        return own + "".join(text(s) for s in sourced)
+
+    scripts = {b.script for b in BLOCKS if b.script}
+    assert {s for s in scripts if 'cd "$REPO"' in text(s)} == WRITE_THE_REPOSITORY
+    assert not any(beside(b) for b in BLOCKS if b.script in WRITE_THE_REPOSITORY)
 
 
 def test_every_block_that_shows_a_command_is_generated():

@@ -74,7 +74,8 @@ def test_one_command_resumes_on_4_then_2_then_3_ranks(group, tmp_path):
     first = newest_step(tmp_path)
     out2, _ = stop_after(start(tmp_path, 2, wandb), tmp_path, first + 3)
     assert "re-planned for 2 rank(s) (was 4): dp_shard=2" in out2
-    assert f"starting from step {first} of" in out2
+    saved = sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*"))
+    assert f"starting from step {first} of" in out2, (first, saved, out2[-1500:])
     out3, _ = finished_like(start(tmp_path, 3, wandb), tmp_path, reference)
     # llama3_debug's 8 heads and 16 sequences do not split over 3: a 3-stage pipeline.
     assert "re-planned for 3 rank(s) (was 2): pp=3 1f1b" in out3
