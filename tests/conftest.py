@@ -58,20 +58,24 @@ def pytest_collection_modifyitems(config, items):
     them in the background from the first test on (`group`), one launch per world size: first
     the tests that start no process of their own (one core beside the groups' processes), then
     the other end-to-end and multi-process tests with those that read only the first launch's
-    jobs (done by then), then the tests that read later launches' jobs, in launch order.
+    jobs (done by then), then the tests that read later launches' jobs, in launch order, and
+    last those that read the lane's work (tests/lane.py), which starts once the groups are done.
 
     The groups keep both cores busy; the tests after them run one at a time, which leaves a
     core idle while a test waits or starts its processes. So what can run beside the groups
     does (measured: the e2e tests that read a one-process reference ran after every group,
-    at 70% of the cores, for 13 minutes)."""
+    at 70% of the cores, for 13 minutes), and the lane runs beside the tests after them."""
     for item in items:
         for job in declared_jobs(item):
             GROUP.declare(job)
         for marker in item.iter_markers("lane"):
             LANE.declare(*marker.args)
     launch = GROUP.launch_order()
+    last = 2 + max(launch.values(), default=0)
 
     def order(item) -> int:
+        if item.get_closest_marker("lane"):
+            return last
         jobs = declared_jobs(item)
         if jobs:
             return 1 + max(launch[j.key] for j in jobs)
@@ -83,12 +87,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def group(tmp_path_factory) -> Group:
     """The jobs' groups: `group.result(job)` is the job's output directory. Set up with the
-    session's first test, which starts the groups and the lane (`LANE.result(key)`) in the
-    background."""
+    session's first test, which starts the groups in the background, and the lane
+    (`LANE.result(key)`) once they are done."""
     if GROUP.root is None:
         GROUP.root = tmp_path_factory.mktemp("group")
-    GROUP.start()
-    LANE.start()
+    GROUP.start(then=LANE.start)
     yield GROUP
     GROUP.stop()
     LANE.stop()

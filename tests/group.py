@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,13 +42,6 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 WORKER = TESTS / "group_worker.py"
 JOB_TIMEOUT_S = 420
-# The groups run at a lower priority than the session's own tests: those run one at a time, and
-# each leaves the cores partly idle while it waits or starts its processes, which the groups
-# then fill; at equal priority a test's ranks shared the cores with two to eight group ranks
-# and the session's tests ran after the groups, alone, at 70% of the cores (docs/testing.md).
-# torchrun starts each rank in a session of its own, which Linux schedules as one whole against
-# the others (autogroup): each rank gives its session its nice value (launch.keep_nice).
-GROUP_NICE = 10
 
 
 @dataclass(frozen=True)
@@ -90,6 +84,7 @@ class Group:
         self._runner: threading.Thread | None = None
         self._proc: subprocess.Popen | None = None
         self._stopping = False
+        self._then: Callable[[], None] = lambda: None
 
     def declare(self, job: Job) -> None:
         with self._cv:
@@ -115,13 +110,17 @@ class Group:
             raise JobFailed(f"{job.label or job.target} {list(job.args)} never ended")
         return out
 
-    def start(self) -> None:
+    def start(self, then: Callable[[], None] = lambda: None) -> None:
         """Run every job declared so far, and every job declared while it runs, in a background
-        thread: one group per world size, smallest first."""
+        thread: one group per world size, smallest first; call `then` when they are done (at
+        once when there are none)."""
         with self._cv:
             if self._runner is None and self.pending:
+                self._then = then
                 self._runner = threading.Thread(target=self._drain, name="groups", daemon=True)
                 self._runner.start()
+                return
+        then()
 
     def stop(self) -> None:
         """End the background runner and the group it runs (the session is over)."""
@@ -154,6 +153,8 @@ class Group:
             with self._cv:
                 self._runner = None
                 self._cv.notify_all()
+            if not self._stopping:
+                self._then()
 
     def _ensure(self, job: Job) -> None:
         if job.key in self.dirs:
@@ -219,7 +220,7 @@ class Group:
     def _launch(self, nproc: int, jobs_file: Path, outs: list[Path], log: Path) -> tuple[int, bool]:
         """One torchrun group over the jobs file (its jobs' directories `outs`); its exit
         status, and whether it was killed for making no progress."""
-        cmd = ["nice", "-n", str(GROUP_NICE), sys.executable, "-m", "torch.distributed.run",
+        cmd = [sys.executable, "-m", "torch.distributed.run",
                "--standalone", f"--nproc-per-node={nproc}",
                str(WORKER), str(jobs_file)]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}

@@ -74,9 +74,6 @@ def main(jobs_file: Path) -> None:
     sys.path[:] = [str(TESTS.parent), *(p for p in sys.path if Path(p).resolve() != TESTS)]
     sys.path.append(str(TESTS))
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from launcher.runtime.launch import keep_nice
-
-    keep_nice()  # the group's nice value (group.py GROUP_NICE) for this rank's session too
     import torch
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _world

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import time
+import threading
 
 import pytest
-from group import GROUP_NICE, Group, Job, JobFailed, autogroup_nice
+from group import Group, Job, JobFailed
 
 pytestmark = pytest.mark.dist
 
@@ -19,11 +19,6 @@ def write(out, text: str) -> None:
 
 def boom(out, text: str) -> None:
     raise ValueError(f"job says {text}")
-
-
-def priority(out) -> None:
-    """The rank's own nice value and its session's."""
-    write(out, [os.getpriority(os.PRIO_PROCESS, 0), autogroup_nice(os.getpid())])
 
 
 def die(out) -> None:
@@ -53,22 +48,16 @@ def test_a_failing_job_fails_alone_and_the_rest_run(tmp_path):
 
 
 def test_jobs_run_in_the_background_and_a_test_waits_for_its_own(tmp_path):
-    """...at a lower priority than the test's own processes: theirs, and their session's
-    where the kernel schedules sessions as wholes (autogroup)."""
+    """...and what is to follow them starts when the last one ends."""
     group = Group(tmp_path)
     first, last = Job("test_group:write", 1, ("a",)), Job("test_group:write", 1, ("b",))
-    niced = Job("test_group:priority", 1)
-    for job in (first, last, niced):
-        group.declare(job)
-    group.start()
+    group.declare(first)
+    group.declare(last)
+    ended = threading.Event()
+    group.start(then=ended.set)
     assert json.loads((group.result(last) / "result.json").read_text()) == "b"
     assert json.loads((group.result(first) / "result.json").read_text()) == "a"
-    own, session = json.loads((group.result(niced) / "result.json").read_text())
-    assert own == min(19, os.getpriority(os.PRIO_PROCESS, 0) + GROUP_NICE)
-    assert session == (GROUP_NICE if autogroup_nice(os.getpid()) is not None else None)
-    deadline = time.monotonic() + 60  # the group ends after its last job is done
-    while group._runner is not None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    assert ended.wait(60)  # the group ended after its last job
     assert group._runner is None and [n for n, _, _ in group.launches] == [1]
 
 
