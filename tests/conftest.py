@@ -59,8 +59,7 @@ def pytest_collection_modifyitems(config, items):
     the tests that start no process of their own (one core beside the groups' processes), then
     the other end-to-end and multi-process tests with those that read only the first launch's
     jobs (done by then), then the tests that read later launches' jobs, in launch order, and
-    last those that read the lane's work (tests/lane.py), which starts once the groups are done;
-    in each part, the tests on the SLURM cluster first.
+    last those that read the lane's work (tests/lane.py), which starts once the groups are done.
 
     The groups keep both cores busy; the tests after them run one at a time, which leaves a
     core idle while a test waits or starts its processes. So what can run beside the groups
@@ -74,17 +73,13 @@ def pytest_collection_modifyitems(config, items):
     launch = GROUP.launch_order()
     last = 2 + max(launch.values(), default=0)
 
-    def order(item) -> tuple[int, bool]:
-        # Among the rest, the tests on the SLURM cluster first: they mostly wait on its
-        # scheduler, and the groups fill the cores they leave.
-        waits = "slurm_cluster" in getattr(item, "fixturenames", ())
+    def order(item) -> int:
         if item.get_closest_marker("lane"):
-            return last, not waits
+            return last
         jobs = declared_jobs(item)
         if jobs:
-            return 1 + max(launch[j.key] for j in jobs), not waits
-        process = item.get_closest_marker("dist") or item.get_closest_marker("e2e")
-        return (1 if process else 0), not waits
+            return 1 + max(launch[j.key] for j in jobs)
+        return 1 if item.get_closest_marker("dist") or item.get_closest_marker("e2e") else 0
 
     items.sort(key=order)  # stable: file order within each part
 
