@@ -153,6 +153,15 @@ def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: flo
     return done
 
 
+def autogroup_nice(pid: int) -> int | None:
+    """The nice value of the session `pid` is in, as Linux schedules it (autogroup; None
+    where the kernel has none)."""
+    try:
+        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def newest_step(run_dir: Path) -> int:
     try:
         return max((r["step"] for r in read_metrics(run_dir)), default=0)

@@ -115,10 +115,11 @@ class Group:
         thread: one group per world size, smallest first; call `then` when they are done (at
         once when there are none)."""
         with self._cv:
+            self._then = then  # (the runner calls it when it ends, outside this lock)
             if self._runner is None and self.pending:
-                self._then = then
                 self._runner = threading.Thread(target=self._drain, name="groups", daemon=True)
                 self._runner.start()
+            if self._runner is not None:
                 return
         then()
 
@@ -292,15 +293,6 @@ def next_launch(pending, ran, nproc: int) -> list[Job]:
         if j.nproc == nproc and all(n.key in ran or n in jobs for n in j.needs):
             jobs.append(j)
     return jobs
-
-
-def autogroup_nice(pid: int) -> int | None:
-    """The nice value of the session `pid` is in, as Linux schedules it (autogroup; None
-    where the kernel has none)."""
-    try:
-        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def per_rank(group: Group, job: Job) -> dict[int, dict]:

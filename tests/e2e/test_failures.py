@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_metrics, run_cli, start_cli, survivors, wait_for_step
-from group import autogroup_nice
+from conftest import autogroup_nice, read_metrics, run_cli, start_cli, survivors, wait_for_step
 from jobs import train_job
 from wandb_log import one_wandb_run
 
