@@ -76,7 +76,6 @@ def test_the_scripts_that_write_the_repository_run_in_the_sessions_thread():
 
     scripts = {b.script for b in BLOCKS if b.script}
     assert {s for s in scripts if 'cd "$REPO"' in text(s)} == WRITE_THE_REPOSITORY
-    assert not any(beside(b) for b in BLOCKS if b.script in WRITE_THE_REPOSITORY)
 
 
 def test_every_block_that_shows_a_command_is_generated():

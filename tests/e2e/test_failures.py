@@ -294,9 +294,10 @@ def test_sigkill_to_torchrun_leaves_no_rank_running(tmp_path):
     args = [*ARGS, "train.steps=400", f"hydra.run.dir={tmp_path}"]
     proc = start_cli("launcher.train", *args, nice=1)
     wait_for_step(proc, tmp_path, 2)
-    torchrun = [s for s in survivors(tmp_path) if "torch.distributed.run" in s]
-    assert len(torchrun) == 1, survivors(tmp_path)
-    ranks = [int(s.split(":")[0]) for s in survivors(tmp_path) if "torch.distributed.run" not in s]
+    running = survivors(tmp_path)
+    torchrun = [s for s in running if "torch.distributed.run" in s]
+    assert len(torchrun) == 1, running
+    ranks = [int(s.split(":")[0]) for s in running if "torch.distributed.run" not in s]
     ranks = [pid for pid in ranks if os.getsid(pid) == pid]  # torchrun's: sessions of their own
     assert len(ranks) == 2 and {autogroup_nice(pid) for pid in ranks} == (
         {None} if autogroup_nice(os.getpid()) is None else {1}
