@@ -155,7 +155,7 @@ def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: flo
 
 def autogroup_nice(pid: int) -> int | None:
     """The nice value of the session `pid` is in, as Linux schedules it (autogroup; None
-    where the kernel has none)."""
+    where the kernel has none, or for a process still in init's group: its file is empty)."""
     try:
         return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
     except (OSError, ValueError, IndexError):
