@@ -144,6 +144,13 @@ def sums_room(partial: Path, rank: int, names: list[str]) -> str | None:
     return None
 
 
+def there(partial: Path, final: Path) -> bool:
+    """Whether the save is still there, as `partial` or (renamed by rank 0 meanwhile) as
+    `final`. `partial` is asked first: asked the other way round, a rename between the two
+    questions answers that neither exists."""
+    return partial.exists() or final.exists()
+
+
 def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: float = 60):
     """Sum the files this rank wrote and add sums.RANK.json to the checkpoint once it is
     complete. Runs in the background after a save (training goes on): the save itself costs
@@ -159,14 +166,14 @@ def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: 
                 sums[name] = crc32(partial / name if partial.exists() else final / name)
                 break
             except FileNotFoundError:  # renamed between the check and the open: again
-                if not (final.exists() or partial.exists()):
+                if not there(partial, final):
                     return  # pruned
                 time.sleep(0.01)
         else:
             return
     deadline = time.monotonic() + wait_s
     while partial.exists() or not (final / META).is_file():  # published by rank 0
-        if time.monotonic() > deadline or not (final.exists() or partial.exists()):
+        if time.monotonic() > deadline or not there(partial, final):
             return
         time.sleep(0.05)
     tmp = final / (SUMS.format(rank=rank) + ".tmp")

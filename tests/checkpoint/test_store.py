@@ -176,6 +176,31 @@ def test_sums_of_a_checkpoint_pruned_meanwhile_give_up_at_once(tmp_path):
     assert time.monotonic() - start < 1 and not final.exists()
 
 
+@pytest.mark.parametrize("k", range(1, 7))
+def test_sums_are_written_whenever_rank_0_publishes_between_the_threads_questions(tmp_path, k):
+    """Rank 0's rename lands after the summing thread's k-th question (partial or final
+    there?), for each k: each time it is a publish, not a prune, and the sums are written."""
+    final = make(tmp_path, 2)
+    partial = final.with_name(final.name + ".partial")
+    final.rename(partial)
+    (partial / "meta.json").rename(partial / "meta.later")
+    asked = []
+
+    class Publishing(type(final)):
+        def exists(self, *args, **kwargs):
+            found = super().exists(*args, **kwargs)
+            asked.append(self.name)
+            if len(asked) == k:  # rank 0 publishes now
+                (partial / "meta.later").rename(partial / "meta.json")
+                publish(partial, final)
+            return found
+
+    assert sums_room(partial, 0, ["__0_0.distcp"]) is None
+    write_sums(Publishing(partial), Publishing(final), 0, ["__0_0.distcp"], wait_s=5)
+    assert len(asked) > k and final.is_dir(), asked
+    assert sorted(recorded_sums(open_checkpoint(final))) == ["__0_0.distcp"], asked
+
+
 def test_a_meta_json_that_is_not_an_object_is_not_complete(tmp_path):
     final = make(tmp_path, 2)
     (final / "meta.json").write_text("[1, 2]")
