@@ -10,7 +10,9 @@ building its own meshes over that group.
   target, world size and arguments are one job, made once per session (the single-process
   references shared by every parity file).
 - Tests declare their jobs at collection (a parametrized value with a `jobs` attribute, or the
-  `jobs` marker). In a pytest session the groups then run in a background thread (`start`),
+  `jobs` marker); once the groups started, asking for a job no test declared is an error (it
+  would run in a launch of its own: a torchrun and its ranks' start-up for one job). In a pytest
+  session the groups then run in a background thread (`start`),
   one world size after another, while the session runs the tests that need no job (conftest
   puts the tests that read jobs last); a test asking for a job's result waits for that job.
   Without `start`, the first request for a job runs the group of its world size, every pending
@@ -66,6 +68,10 @@ class Job:
         return f"{{job:{self.key}}}/{sub}".rstrip("/")
 
 
+class UndeclaredJob(AssertionError):
+    pass
+
+
 class JobFailed(AssertionError):
     pass
 
@@ -85,6 +91,7 @@ class Group:
         self._proc: subprocess.Popen | None = None
         self._stopping = False
         self._then: Callable[[], None] = lambda: None
+        self.started = False  # `start` was called: every job is declared by then
 
     def declare(self, job: Job) -> None:
         with self._cv:
@@ -97,6 +104,13 @@ class Group:
     def result(self, job: Job) -> Path:
         """The job's output directory, once it ran; raises JobFailed with what went wrong."""
         with self._cv:
+            if self.started and job.key not in self.pending and job.key not in self.dirs:
+                raise UndeclaredJob(
+                    f"{job.label or job.target} ({job.nproc} process(es)) was declared by no "
+                    "test: name it in the test's @pytest.mark.jobs(...) or pass it as a "
+                    "parameter (pytest.param(..., marks=pytest.mark.jobs(job))), so that it "
+                    "runs in its world size's launch, not in one of its own"
+                )
             self.declare(job)
             while self._runner is not None and not (job.key in self.dirs and self._ended(job.key)):
                 self._cv.wait(timeout=1.0)
@@ -115,6 +129,7 @@ class Group:
         thread: one group per world size, smallest first; call `then` when they are done (at
         once when there are none)."""
         with self._cv:
+            self.started = True
             self._then = then  # (the runner calls it when it ends, outside this lock)
             if self._runner is None and self.pending:
                 self._runner = threading.Thread(target=self._drain, name="groups", daemon=True)

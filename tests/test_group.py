@@ -8,7 +8,7 @@ import os
 import threading
 
 import pytest
-from group import Group, Job, JobFailed
+from group import Group, Job, JobFailed, UndeclaredJob
 
 pytestmark = pytest.mark.dist
 
@@ -59,6 +59,19 @@ def test_jobs_run_in_the_background_and_a_test_waits_for_its_own(tmp_path):
     assert json.loads((group.result(first) / "result.json").read_text()) == "a"
     assert ended.wait(60)  # the group ended after its last job
     assert group._runner is None and [n for n, _, _ in group.launches] == [1]
+
+
+def test_a_job_no_test_declared_is_refused_once_the_groups_started(tmp_path):
+    group = Group(tmp_path)
+    declared, other = Job("test_group:write", 1, ("a",)), Job("test_group:write", 1, ("b",))
+    group.declare(declared)
+    ended = threading.Event()
+    group.start(then=ended.set)
+    assert json.loads((group.result(declared) / "result.json").read_text()) == "a"
+    assert ended.wait(60)
+    with pytest.raises(UndeclaredJob, match=r"declared by no test: name it in the test's"):
+        group.result(other)
+    assert other.key not in group.dirs and [n for n, _, _ in group.launches] == [1]
 
 
 def test_the_launch_order_is_the_runners():

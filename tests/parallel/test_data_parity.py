@@ -80,7 +80,9 @@ LOGITS = {
 }
 
 
-@pytest.mark.parametrize("name", list(LOGITS), ids=list(LOGITS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.jobs(job), id=n) for n, job in LOGITS.items()]
+)
 def test_masked_logits_equal_each_document_alone(name, group):
     """Each layout's logits of a batch of several documents (document_logits.batch) equal the
     logits of each document run alone on one process, within 1e-5 (fp32)."""

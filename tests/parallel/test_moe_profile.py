@@ -39,7 +39,9 @@ LAYOUTS = {
 JOBS = {name: train_job([*RUN, *lay], f"moe profile, {name}") for name, lay in LAYOUTS.items()}
 
 
-@pytest.mark.parametrize("name", list(JOBS))
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.jobs(job), id=n) for n, job in JOBS.items()]
+)
 def test_experts_run_grouped_with_a_bounded_number_of_stack_copies(name, group):
     job = JOBS[name]
     out = step_dir(group.result(job), 2)
