@@ -10,7 +10,8 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, read_metrics, run_cli
+from conftest import ROOT, read_metrics
+from jobs import train_job
 from wandb_log import one_wandb_run
 
 pytestmark = pytest.mark.e2e
@@ -20,6 +21,15 @@ RUN = [
     "logging.wandb.mode=disabled",
     "hardware.devices_per_node=2",
 ]
+
+
+WARNED = ["train.steps=24", "train.seed=5"]
+# The uninterrupted runs the requeued jobs are held to, as jobs of tests/group.py (the engine's
+# Trainer as launcher.train runs it; tests/e2e/test_train.py holds the two bitwise equal).
+UNINTERRUPTED = train_job([*RUN, *WARNED], "uninterrupted run of the warned SLURM job")
+ONE_PROCESS = train_job(
+    [*RUN[:2], "hardware.devices_per_node=1", "train.steps=16"], "one process, 16 steps"
+)
 
 
 def start_sweep(sweep_dir, env, *overrides):
@@ -80,12 +90,12 @@ def summary_row(sweep_dir) -> dict:
     return row
 
 
+@pytest.mark.jobs(UNINTERRUPTED)
 def test_warned_job_checkpoints_is_requeued_and_matches_the_uninterrupted_run(
-    slurm_cluster, tmp_path
+    slurm_cluster, group, tmp_path
 ):
     sweep_dir = tmp_path / "sweep"
-    steps = ["train.steps=24", "train.seed=5"]
-    sweep = start_sweep(sweep_dir, slurm_cluster.env, *steps)
+    sweep = start_sweep(sweep_dir, slurm_cluster.env, *WARNED)
     try:
         wait_for_steps(sweep_dir / "0" / "metrics.jsonl", 3, sweep)
         # What SLURM sends signal_delay_s before a time limit (submitit asks for USR2).
@@ -101,10 +111,7 @@ def test_warned_job_checkpoints_is_requeued_and_matches_the_uninterrupted_run(
     assert (sweep_dir / "0" / "stopped.json").exists()  # the stop checkpoint was taken
     got = read_metrics(sweep_dir / "0")
     assert [r["step"] for r in got] == list(range(1, 25))  # every step once
-    local = tmp_path / "local"
-    ref = run_cli("launcher.train", *RUN, *steps, f"hydra.run.dir={local}")
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    want = [r["loss"] for r in read_metrics(local)]
+    want = [r["loss"] for r in read_metrics(group.result(UNINTERRUPTED))]
     assert [r["loss"] for r in got] == pytest.approx(want, rel=1e-6)
     assert "completed (requeued" in out
 
@@ -132,8 +139,9 @@ def test_killed_job_is_failed_and_the_sweep_returns_without_accounting(slurm_clu
     assert "failed" in out
 
 
+@pytest.mark.jobs(ONE_PROCESS)
 def test_node_range_job_requeued_onto_one_node_replans_and_matches_one_process(
-    slurm_cluster, tmp_path
+    slurm_cluster, group, tmp_path
 ):
     """A parallel.auto point of launch.min_nodes=1 of hardware.nodes=2 is submitted as
     --nodes=1-2 and starts on both nodes (4 ranks). n2 is drained and SLURM's warning signal
@@ -168,11 +176,6 @@ def test_node_range_job_requeued_onto_one_node_replans_and_matches_one_process(
     got = read_metrics(sweep_dir / "0")
     assert [r["step"] for r in got] == list(range(1, 17))  # every step once
     one_wandb_run(sweep_dir / "0", starts=2, steps=16)  # one wandb run across the requeue
-    local = tmp_path / "local"
-    ref = run_cli(
-        "launcher.train", *RUN, *run, "hardware.devices_per_node=1", f"hydra.run.dir={local}"
-    )
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    want = [r["loss"] for r in read_metrics(local)]
+    want = [r["loss"] for r in read_metrics(group.result(ONE_PROCESS))]
     assert [r["loss"] for r in got] == pytest.approx(want, abs=1e-5)
     assert "4 rank(s)" in out and "2 rank(s)" in out  # the summary's layout column

@@ -6,6 +6,7 @@ import json
 
 import pytest
 from conftest import read_metrics, run_cli
+from jobs import train_job
 
 pytestmark = pytest.mark.e2e
 
@@ -15,6 +16,15 @@ RUN = [
     "logging.wandb.mode=disabled",
     "hardware.devices_per_node=2",
 ]
+
+
+# The local runs the SLURM jobs are held to, as jobs of tests/group.py (the engine's Trainer as
+# launcher.train runs it; tests/e2e/test_train.py holds the two bitwise equal).
+LOCAL = {
+    tp: train_job([f"parallel.tp={tp}", *RUN], f"local run, sweep point tp={tp}") for tp in (1, 2)
+}
+ONE_SEED_2 = [*RUN[:3], "train.seed=2"]
+SINGLE = train_job(["hardware.devices_per_node=1", *ONE_SEED_2], "local run, one process")
 
 
 def slurm_sweep(cluster, sweep_dir, *overrides: str):
@@ -38,7 +48,8 @@ def summary(sweep_dir) -> dict[str, dict]:
     return {r["job"]: r for r in rows}
 
 
-def test_invalid_point_never_queued_and_the_rest_match_local_runs(slurm_cluster, tmp_path):
+@pytest.mark.jobs(*LOCAL.values())
+def test_invalid_point_never_queued_and_the_rest_match_local_runs(slurm_cluster, group, tmp_path):
     sweep_dir = tmp_path / "sweep"
     result = slurm_sweep(slurm_cluster, sweep_dir, "parallel.tp=1,2,3", *RUN)
     assert "rejected: parallel.tp=3" in result.stderr
@@ -58,32 +69,24 @@ def test_invalid_point_never_queued_and_the_rest_match_local_runs(slurm_cluster,
     assert len(records.splitlines()) == 2
     # Each job ran as two SLURM tasks (one rank each) and trained like the local run.
     for n, tp in (("0", 1), ("1", 2)):
-        local = tmp_path / f"local{tp}"
-        run = run_cli("launcher.train", f"parallel.tp={tp}", *RUN, f"hydra.run.dir={local}")
-        assert run.returncode == 0, run.stderr[-3000:]
-        want = [r["loss"] for r in read_metrics(local)]
+        want = [r["loss"] for r in read_metrics(group.result(LOCAL[tp]))]
         got = [r["loss"] for r in read_metrics(sweep_dir / n)]
         assert got == pytest.approx(want, rel=1e-6), (n, got, want)
     assert "measured / planned" in result.stdout
 
 
-def test_two_node_job_trains_like_one_process(slurm_cluster, tmp_path):
+@pytest.mark.jobs(SINGLE)
+def test_two_node_job_trains_like_one_process(slurm_cluster, group, tmp_path):
     """hardware.nodes=2: one task on n1 and one on n2 (MASTER_ADDR from SLURM's NodeAddr:
     the node names do not resolve here), dp_shard=2 over them."""
     sweep_dir = tmp_path / "sweep"
-    common = [*RUN[:3], "train.seed=2"]
     two_nodes = ["hardware.nodes=2", "hardware.devices_per_node=1"]
-    slurm_sweep(slurm_cluster, sweep_dir, *two_nodes, *common)
+    slurm_sweep(slurm_cluster, sweep_dir, *two_nodes, *ONE_SEED_2)
     assert summary(sweep_dir)["0"]["status"] == "completed"
     job_id = json.loads((sweep_dir / "0" / "status.json").read_text())["job_id"]
     record = slurm_cluster.job(job_id)
     assert record["NumNodes"] == "2" and record["NodeList"] == "n[1-2]", record
-    single = tmp_path / "single"
-    run = run_cli(
-        "launcher.train", "hardware.devices_per_node=1", *common, f"hydra.run.dir={single}"
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    want = [r["loss"] for r in read_metrics(single)]
+    want = [r["loss"] for r in read_metrics(group.result(SINGLE))]
     got = [r["loss"] for r in read_metrics(sweep_dir / "0")]
     assert got == pytest.approx(want, rel=1e-5)
 
