@@ -5,7 +5,8 @@
                             (config.json, sharded safetensors + index)
   from-hf HF_DIR OUT_CKPT   a Hugging Face directory -> a checkpoint of ours (weights only),
                             for checkpoint.initial_load_path=OUT_CKPT
-  model-config HF_DIR       print the conf/model preset for HF_DIR/config.json
+  model-config HF_DIR       print the model preset (model/NAME.yaml of a config directory)
+                            for HF_DIR/config.json
 
 Training can also start from a Hugging Face directory directly, each rank reading only its
 shards: checkpoint.initial_load_path=HF_DIR checkpoint.initial_load_format=hf.
@@ -16,7 +17,8 @@ checkpoints keep interleaved pairs, as ours.
 
 Examples:
   python -m launcher.convert to-hf outputs/RUN/checkpoints/step_00000200 /tmp/my-llama --dtype bf16
-  python -m launcher.convert model-config /models/Llama-3.1-8B > conf/model/my_llama.yaml
+  python -m launcher.convert model-config /models/Llama-3.1-8B > ~/llm-conf/model/my_llama.yaml
+  python -m launcher.train --config-dir ~/llm-conf model=my_llama ...   (docs/config.md)
 """
 
 from __future__ import annotations
@@ -292,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("from-hf", help="a Hugging Face directory -> a checkpoint of ours")
     p.add_argument("hf_dir", type=Path, help="config.json + *.safetensors")
     p.add_argument("out", type=Path, help="the checkpoint directory to write (must not exist)")
-    p = sub.add_parser("model-config", help="print the conf/model YAML for HF_DIR/config.json")
+    p = sub.add_parser("model-config", help="print the model preset YAML for HF_DIR/config.json")
     p.add_argument("hf_dir", type=Path)
     p.add_argument("--name", help="the preset's name (default: from the directory name)")
     try:

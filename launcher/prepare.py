@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -322,6 +323,12 @@ def prepare(args: argparse.Namespace) -> str:
     missing = [str(f) for f in args.files if not f.is_file()]
     if missing:
         raise InputError(f"not a file: {', '.join(missing)}")
+    parquet = [str(f) for f in args.files if f.suffix == ".parquet"]
+    if parquet and importlib.util.find_spec("pyarrow") is None:
+        raise InputError(
+            f"{parquet[0]}: reading Parquet needs pyarrow, which is not installed: "
+            "pip install 'llm-launcher[parquet]' (or pyarrow)"
+        )
     if args.workers < 1:
         raise InputError(f"--workers {args.workers} must be at least 1")
     if args.shard_tokens is not None and args.shard_tokens < 1:

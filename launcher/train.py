@@ -8,6 +8,7 @@ distributed environment a multi-device layout relaunches this command under torc
 # ruff: noqa: E402 (a stop signal is held from the first moment: the imports below take seconds)
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -22,9 +23,15 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launcher import sweep
-from launcher.checkpoint.store import newest_complete, run_checkpoint_dir, start_problems
-from launcher.cli import fail, hydra_app, to_config
+from launcher import configs, sweep
+from launcher.checkpoint.store import (
+    finished,
+    newest_complete,
+    nothing_left,
+    run_checkpoint_dir,
+    start_problems,
+)
+from launcher.cli import fail, hydra_app, quick_exit, to_config
 from launcher.data.batches import id_problem
 from launcher.data.sources import token_file_paths
 from launcher.plan import auto, engine_plan
@@ -44,6 +51,17 @@ def check_devices(device_type: str, devices_per_node: int) -> None:
         fail(
             f"hardware.device_type=cuda with devices_per_node={devices_per_node} but this "
             f"machine has {found} CUDA device(s); use hardware=cpu or fewer devices"
+        )
+
+
+def check_installed(cfg) -> None:
+    """Refuse a run whose optional dependency this machine lacks (pyproject.toml's extras),
+    before any process starts; launcher.plan does not ask: it plans for other machines."""
+    fp8 = cfg.precision.fp8.value
+    if fp8 != "none" and importlib.util.find_spec("torchao") is None:
+        fail(
+            f"precision.fp8={fp8} needs torchao, which is not installed here: "
+            "pip install 'llm-launcher[fp8]' (or torchao)"
         )
 
 
@@ -114,11 +132,13 @@ def task(dcfg: DictConfig) -> None:
         if first:
             print(f"plan.candidate={cfg.plan.candidate}: {' '.join(extra)}", flush=True)
     plan = engine_plan(cfg)
+    plan.config_files = configs.user_files(HydraConfig.get().runtime.choices)
     if not plan.ok:  # the problems name every value; launcher.plan shows the estimate too
         return reject(problems_message(plan), hc, run_dir, first)
     if first:
         print_plan(plan)
     check_devices(cfg.hardware.device_type.value, cfg.hardware.devices_per_node)
+    check_installed(cfg)
     problems = checkpoint_problems(cfg, str(run_dir))
     if problems:
         fail("; ".join(problems))
@@ -156,6 +176,12 @@ def task(dcfg: DictConfig) -> None:
             f"this process group has WORLD_SIZE={launch.world_size()} but the plan needs "
             f"world_size={plan.world_size} (hardware.nodes x hardware.devices_per_node)"
         )
+    if first and not launch.in_distributed_env():  # answered before any rank starts
+        ck = cfg.checkpoint
+        directory = run_checkpoint_dir(ck.dir, run_dir)
+        if done := finished(directory, resume_mode(ck.resume.value), cfg.train.steps):
+            print(nothing_left(done.step, cfg.train.steps, run_dir), flush=True)
+            return
     if not launch.in_distributed_env() and plan.world_size > 1:
         stop_before_start()  # until relaunch forwards stop signals to the ranks it starts
         overrides = list(hc.overrides.task)
@@ -182,3 +208,4 @@ main = hydra_app(task)
 
 if __name__ == "__main__":
     main()
+    quick_exit(0)  # a run that ended well (or had nothing to do): no module teardown

@@ -21,9 +21,10 @@ from hypothesis import settings  # noqa: E402
 from lane import Lane  # noqa: E402
 
 from launcher.cli import compose  # noqa: E402
+from launcher.configs import BUILTIN  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
+CONF = BUILTIN  # the built-in configs (launcher/conf; the root's conf/ links there)
 # Property tests: a few dozen random examples in every run, many more in `make test-all`
 # (HYPOTHESIS_PROFILE=thorough).
 settings.register_profile("default", max_examples=40)

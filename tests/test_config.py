@@ -18,8 +18,8 @@ from launcher.plan.limitations import refusals
 GROUPS = sorted(p for p in CONF.iterdir() if p.is_dir() and p.name not in ("recipe", "hydra"))
 OPTIONS = [(g.name, f.stem) for g in GROUPS for f in sorted(g.rglob("*.yaml"))]
 RECIPES = sorted(
-    p.relative_to(ROOT / "recipes").with_suffix("").as_posix()
-    for p in (ROOT / "recipes").rglob("*.yaml")
+    p.relative_to(CONF / "recipe").with_suffix("").as_posix()
+    for p in (CONF / "recipe").rglob("*.yaml")
 )
 
 
@@ -38,11 +38,11 @@ def test_every_group_option_composes(group, option):
 
 @pytest.mark.parametrize("group", ["data_parallel", "recompute", "context"])
 def test_help_lists_every_option_of_a_group_it_names(group):
-    """`launcher.train --help`'s "GROUP=a|b|c" lines (conf/config.yaml) name exactly the
-    group's options (it once listed recompute=none|selective|full, without op)."""
+    """`launcher.train --help`'s "GROUP=a|b|c" lines (conf/hydra/help/train.yaml) name exactly
+    the group's options (it once listed recompute=none|selective|full, without op)."""
     import re
 
-    help_text = (CONF / "config.yaml").read_text()
+    help_text = (CONF / "hydra" / "help" / "train.yaml").read_text()
     (listed,) = re.findall(rf"\b{group}=([a-z0-9_|]+)", help_text)
     assert sorted(listed.split("|")) == sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
@@ -92,7 +92,7 @@ def test_every_cluster_recipe_checkpoints_periodically(recipe):
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_opens_with_its_command(recipe):
-    head = (ROOT / "recipes" / f"{recipe}.yaml").read_text().split("defaults:")[0]
+    head = (CONF / "recipe" / f"{recipe}.yaml").read_text().split("defaults:")[0]
     assert f"recipe={recipe}" in head and "python -m launcher." in head
 
 
@@ -119,6 +119,7 @@ def test_precision_follows_device():
         ("+train.foo=1", "foo"),
         ("train.steps=abc", "error: train.steps=abc: train.steps takes an integer, not 'abc'"),
         ("model=llama3_dbug", "error: model=llama3_dbug: no such model (did you mean llama3_debug"),
+        ("hardwre=h100_80g", "error: hardwre=h100_80g: no config group 'hardwre' (did you mean"),
         ("train.steps=[1", "error: train.steps=[1: not an override"),
         ("train.lr=range(1,3)", "error: train.lr=range(1,3): a sweep runs with -m (--multirun)"),
     ],
@@ -152,6 +153,8 @@ def test_a_sweep_with_a_bad_value_exits_2_before_any_job():
         ("train.lr=fast", "train.lr takes a number, not 'fast'"),
         ("precision.param_dtype=fp64", "precision.param_dtype takes one of fp32, "),
         ("data.attention=docment", "data.attention takes one of "),
+        ("hardwre=h100_80g", "no config group 'hardwre' (did you mean hardware=?)"),
+        ("+modle=llama3_8b", "no config group 'modle' (did you mean model=?); the groups: "),
         ("--stpes", "--stpes: no such flag; settings are key=value"),
         ("--cfgg", "no such flag (did you mean --cfg?)"),
         ("model=llama3_dbug,llama3_debug", "model=llama3_dbug: no such model (did you mean"),

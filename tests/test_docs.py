@@ -15,19 +15,13 @@ from conftest import LANE
 from launcher import docs
 
 BLOCKS = [b for path in docs.doc_files() for b in docs.blocks(path)]
-# Example scripts that write into the repository for their run (a conf/model preset, which
-# tests/test_config.py and the planner's tables read): they run in the session's own thread.
-WRITE_THE_REPOSITORY = {"hf", "hf_mismatch"}
 
 
 def beside(block: docs.Block) -> bool:
     """Whether the block runs in the session's lane (tests/lane.py), beside its other tests: a
-    block of output, run in bash, that needs no SLURM cluster and leaves the repository alone."""
-    return (
-        block.kind == "output"
-        and block.tier != "slurm"
-        and block.script not in WRITE_THE_REPOSITORY
-    )
+    block of output, run in bash, that needs no SLURM cluster (none writes the repository:
+    test_no_script_works_in_the_repository)."""
+    return block.kind == "output" and block.tier != "slurm"
 
 
 def check(block: docs.Block) -> None:
@@ -64,10 +58,10 @@ def test_block_matches_what_its_command_prints(block):
     check(block)
 
 
-def test_the_scripts_that_write_the_repository_run_in_the_sessions_thread():
-    """A block's script that works in the repository (`cd "$REPO"`, itself or in a script it
-    sources) is in WRITE_THE_REPOSITORY: in the lane, it would write conf/ while the session's
-    tests read it."""
+def test_no_script_works_in_the_repository():
+    """No block's script works in the repository (`cd "$REPO"`, itself or in a script it
+    sources): in the lane, it would write conf/ while the session's tests read it; a user's
+    presets go into a config directory of their own (docs/config.md)."""
 
     def text(name: str) -> str:
         own = (docs.EXAMPLES / f"{name}.sh").read_text()
@@ -75,7 +69,7 @@ def test_the_scripts_that_write_the_repository_run_in_the_sessions_thread():
         return own + "".join(text(s) for s in sourced)
 
     scripts = {b.script for b in BLOCKS if b.script}
-    assert {s for s in scripts if 'cd "$REPO"' in text(s)} == WRITE_THE_REPOSITORY
+    assert not {s for s in scripts if 'cd "$REPO"' in text(s)}
 
 
 def test_every_block_that_shows_a_command_is_generated():
@@ -177,12 +171,10 @@ NAMED_ELSEWHERE = {
     "docs/performance-summary.md": "NeMo AutoModel's benchmark page",
     "recipes/NAME.yaml": "a placeholder",
     "models/NAME.py": "a placeholder",
-    "conf/model/my_llama.yaml": "written by the user (launcher.convert's help)",
-    "conf/model/tiny_llama.yaml": "written by docs/examples/hf.sh",
     "docs/examples/tour.sh": "an example in launcher/docs.py's docstring",
 }
 REPO_PATH = re.compile(
-    r"(?<![\w/.])((?:launcher|models|tests|docs|recipes|conf|hydra_plugins)/[\w/.-]*\w"
+    r"(?<![\w/.-])((?:launcher|models|tests|docs|recipes|conf|hydra_plugins)/[\w/.-]*\w"
     r"\.(?:py|md|yaml|sh|json))"
 )
 

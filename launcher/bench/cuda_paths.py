@@ -36,6 +36,7 @@ from unittest.mock import patch
 
 import torch
 
+from launcher import configs
 from launcher.parallel import context_parallel as cp
 from models import moe
 
@@ -160,7 +161,7 @@ def grouped_mm_checks(device: str) -> dict:
     out = {}
     dev = torch.device(device)
     for model in MOE_MODELS:
-        shape = yaml.safe_load(Path(f"conf/model/{model}.yaml").read_text())
+        shape = yaml.safe_load(configs.options("model")[model].read_text())
         experts, dim, ffn = shape["n_routed_experts"], shape["dim"], shape["moe_ffn_dim"]
         gen = torch.Generator().manual_seed(0)
         counts = torch.randint(1, 64, (experts,), generator=gen)

@@ -284,6 +284,32 @@ def starting_checkpoint(
     return None, False
 
 
+def finished(directory: str | Path, resume: str, steps: int) -> Entry | None:
+    """The run's newest checkpoint when it already holds every step (`steps`) and every file it
+    records, .metadata included, has its saved CRC-32 and still matches it: the checkpoint
+    a resume would start from, so nothing is left to train. None otherwise (the ranks decide:
+    a checkpoint whose files cannot be proven whole is passed over for an older one)."""
+    entry = newest_complete(directory) if resume == "auto" else None
+    if entry is None or entry.step < steps or (entry.meta or {}).get("weights_only"):
+        return None
+    recorded = set((entry.meta or {}).get("files") or {})
+    if not recorded or not (recorded | {METADATA}) <= set(recorded_sums(entry)):
+        return None
+    return None if damage(entry) else entry
+
+
+def nothing_left(step: int, steps: int, run_dir: str | Path) -> str:
+    """What a run whose checkpoint is at or past train.steps says instead of training."""
+    # A new train.steps alone would name another run directory (the overrides' hash):
+    # continuing this run needs this directory named too.
+    return (
+        f"nothing left to train: the checkpoint is at step {step} of train.steps={steps}. To "
+        f"train this run further, give it more steps in this directory: train.steps=N "
+        f"hydra.run.dir={run_dir} (the same command with another train.steps alone starts a "
+        "new run elsewhere)"
+    )
+
+
 def _hugging_face_dir(path: Path) -> bool:
     """A directory as transformers' save_pretrained leaves it, with none of our meta.json."""
     return (

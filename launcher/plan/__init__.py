@@ -34,6 +34,8 @@ class Plan:
     errors: list[Problem] = field(default_factory=list)
     warnings: list[Problem] = field(default_factory=list)
     data: list = field(default_factory=list)  # sources.Use of each training source
+    # "group=choice" -> the file of each group read from a user's directory (launcher/configs.py)
+    config_files: dict[str, str] = field(default_factory=dict)
 
     @property
     def valid(self) -> bool:

@@ -13,9 +13,11 @@ import json
 import sys
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
+from launcher import configs
 from launcher.cli import USAGE_ERROR, fail, hydra_app, to_config
 from launcher.config import PlanFormat
 from launcher.plan import auto, engine_plan
@@ -31,7 +33,6 @@ def task(dcfg: DictConfig) -> None:
     cfg = to_config(dcfg)
     if cfg.parallel.auto:  # the layout launcher.train would choose on hardware.*
         from hydra import compose
-        from hydra.core.hydra_config import HydraConfig
 
         overrides = list(HydraConfig.get().overrides.task)
         dcfg, problem = auto.recompose(
@@ -56,6 +57,7 @@ def task(dcfg: DictConfig) -> None:
         fail(f"plan.draw={cfg.plan.draw}: the file must end in one of {', '.join(DRAWING_FORMATS)}")
     # What launcher.train would refuse is refused here too: the engine's limitations included.
     plan = engine_plan(cfg)
+    plan.config_files = configs.user_files(HydraConfig.get().runtime.choices)
     dry = None
     if cfg.plan.dry_run and plan.valid:
         from launcher.plan.dry_run import dry_run  # torch: plan.dry_run=true only
@@ -113,7 +115,8 @@ def main() -> None:
     """Plan without writing anything: no run directory under outputs/, no .hydra record
     (unless the command line asks for them)."""
     given = {a.lstrip("+~").split("=", 1)[0] for a in sys.argv[1:]}
-    for key, value in (("hydra.run.dir", "."), ("hydra.output_subdir", "null")):
+    defaults = (("hydra.run.dir", "."), ("hydra.output_subdir", "null"), ("hydra/help", "plan"))
+    for key, value in defaults:
         if key not in given:
             sys.argv.append(f"{key}={value}")
     app()

@@ -107,6 +107,8 @@ def plan_table(plan: Plan) -> Group:
     main.add_column("what", style="bold")
     main.add_column("value")
     main.add_row("model", f"{cfg.model.name} ({cfg.model.family})")
+    for choice, path in plan.config_files.items():  # the groups a user's directory supplied
+        main.add_row("  config", escape(f"{choice} from {path}"))
     main.add_row(
         "hardware",
         f"{hw.name}: {hw.nodes} node(s) x {hw.devices_per_node} "
@@ -324,6 +326,7 @@ def plan_json(plan: Plan) -> dict:
         "memory_gib": {**memory_json(m, plan.cfg.hardware.memory_gib), **invalid} if m else None,
         "predicted": {**predicted_json(est), **invalid} if est is not None and est.time else None,
         "checkpoint": checkpoint_json(ck) if ck is not None else None,
+        "config_files": plan.config_files,
     }
 
 

@@ -37,6 +37,7 @@ from launcher.checkpoint.store import (
     Entry,
     complete_newest_first,
     newest_complete,
+    nothing_left,
     run_checkpoint_dir,
     starting_checkpoint,
     step_dir,
@@ -547,15 +548,7 @@ class Trainer:
         start = self.resume()
         if start >= t.steps:
             if d.rank == 0:
-                # A new train.steps alone would name another run directory (the overrides'
-                # hash): continuing this run needs this directory named too.
-                print(
-                    f"nothing left to train: the checkpoint is at step {start} of "
-                    f"train.steps={t.steps}. To train this run further, give it more steps in "
-                    f"this directory: train.steps=N hydra.run.dir={self.run_dir} (the same "
-                    "command with another train.steps alone starts a new run elsewhere)",
-                    flush=True,
-                )
+                print(nothing_left(start, t.steps, self.run_dir), flush=True)
             return
         skipped_profiles = resumed_past(self.cfg.profile.steps, start)
         if skipped_profiles and d.rank == 0:

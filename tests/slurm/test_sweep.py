@@ -8,6 +8,8 @@ import pytest
 from conftest import read_metrics, run_cli
 from jobs import train_job
 
+from launcher.configs import BUILTIN
+
 pytestmark = pytest.mark.e2e
 
 RUN = [
@@ -50,8 +52,16 @@ def summary(sweep_dir) -> dict[str, dict]:
 
 @pytest.mark.jobs(*LOCAL.values())
 def test_invalid_point_never_queued_and_the_rest_match_local_runs(slurm_cluster, group, tmp_path):
-    sweep_dir = tmp_path / "sweep"
-    result = slurm_sweep(slurm_cluster, sweep_dir, "parallel.tp=1,2,3", *RUN)
+    """The sweep names a configuration directory of the user's (tests/e2e/test_user_configs.py)
+    whose hardware/cpu.yaml shadows the built-in one with the same figures: each job, on its
+    SLURM node, reads its hardware from there (the directory travels with the job)."""
+    sweep_dir, conf = tmp_path / "sweep", tmp_path / "conf"
+    (conf / "hardware").mkdir(parents=True)
+    shadow = conf / "hardware" / "cpu.yaml"
+    shadow.write_text((BUILTIN / "hardware" / "cpu.yaml").read_text())
+    result = slurm_sweep(
+        slurm_cluster, sweep_dir, "--config-dir", str(conf), "parallel.tp=1,2,3", *RUN
+    )
     assert "rejected: parallel.tp=3" in result.stderr
     rows = summary(sweep_dir)
     assert {k: r["status"] for k, r in rows.items()} == {
@@ -72,6 +82,8 @@ def test_invalid_point_never_queued_and_the_rest_match_local_runs(slurm_cluster,
         want = [r["loss"] for r in read_metrics(group.result(LOCAL[tp]))]
         got = [r["loss"] for r in read_metrics(sweep_dir / n)]
         assert got == pytest.approx(want, rel=1e-6), (n, got, want)
+        plan = json.loads((sweep_dir / n / "plan.json").read_text())
+        assert plan["config_files"] == {"hardware=cpu": str(shadow)}, plan["config_files"]
     assert "measured / planned" in result.stdout
 
 
