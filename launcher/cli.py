@@ -151,8 +151,8 @@ def unknown_choice(arg: str) -> str | None:
     directories' included (Hydra's own message lists every option beside its config search
     path, or suggests `+hardwre=...`)."""
     match = re.fullmatch(r"\+?([a-z_]+(?:/[a-z_]+)*)=([\w./-]+)", arg)
-    if not match or match[1] == "hydra" or match[2] == "null":
-        return None
+    if not match or match[1].split("/")[0] == "hydra" or match[2] == "null":
+        return None  # Hydra's own groups (hydra/launcher=...) come from its packages too
     group, choice = match.groups()
     folders = configs.folders(group)
     if not folders:

@@ -174,6 +174,8 @@ def test_bad_override_is_named_before_hydra_composes(override, expected):
     "override",
     [
         "model=llama3_debug",
+        "hydra/job_logging=disabled",  # Hydra's own group, from its package
+        "hydra/launcher=slurm",
         "recipe=null",
         "train.steps=10",
         "train.lr=1e-3",

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from hydra.errors import HydraException
 
+from launcher import configs
 from launcher.cli import compose, fail
 from launcher.plan import Plan, engine_plan
 from launcher.plan import bubble as pl
@@ -162,9 +163,10 @@ def generate(argv: list[str]) -> str:
 
 
 def main(argv: list[str]) -> None:
-    """Print the table; an override Hydra or the checks refuse ends with its message, exit 2."""
+    """Print the table; an override Hydra or the checks refuse ends with its message, exit 2.
+    The user's config directories (--config-dir DIR, launcher/configs.py) are found too."""
     try:
-        sys.stdout.write(generate(argv))
+        sys.stdout.write(generate(configs.adopt(argv)))
     except (ValueError, HydraException) as e:
         fail(str(e))
 

@@ -203,6 +203,19 @@ def test_the_users_recipe_trains_restarts_sweeps_and_is_listed(site):
     assert recipes.returncode == 0, recipes.stderr
     assert f"| my_recipe ({conf / 'recipe' / 'my_recipe.yaml'}) | my_llama |" in recipes.stdout
 
+    compare = cli(
+        site,
+        "launcher.plan.compare",
+        "-cd",
+        str(conf),
+        "recipe=my_recipe",
+        "--rows",
+        "",
+        "model.n_layers=4",
+    )
+    assert compare.returncode == 0, compare.stderr
+    assert "| as written |" in compare.stdout and "| `model.n_layers=4` |" in compare.stdout
+
     runs = cli(site, "launcher.runs", env={"COLUMNS": "250"})
     assert runs.returncode == 0, runs.stderr
     listed = [line for line in runs.stdout.splitlines() if "my_llama" in line]
