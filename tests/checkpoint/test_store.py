@@ -18,6 +18,7 @@ from launcher.checkpoint.store import (
     crc32,
     damage,
     file_sizes,
+    finished,
     list_checkpoints,
     newest_complete,
     open_checkpoint,
@@ -167,6 +168,25 @@ def test_sums_are_added_after_the_rename_and_find_each_kind_of_damage(tmp_path):
     assert "has 100 bytes, 512 when saved" in " ".join(damage(entry, None))
     (entry.path / ".metadata").unlink()
     assert damage(entry, None) == [f"{entry.path / '.metadata'} is missing"]
+
+
+def test_only_a_checkpoint_proven_whole_at_the_last_step_answers_nothing_left(tmp_path):
+    """launcher.train's answer before any rank starts (store.finished): the newest complete
+    checkpoint at or past train.steps whose every file has its saved CRC-32, matching;
+    anything less is left to the ranks' resume."""
+    entry = saved_with_sums(tmp_path, 4)
+    assert finished(tmp_path, "auto", 4) == entry
+    assert finished(tmp_path, "auto", 3) == entry  # past the steps asked for
+    assert finished(tmp_path, "auto", 5) is None  # steps left
+    assert finished(tmp_path, "never", 4) is None  # no resume: start_problems says why
+    (entry.path / "sums.1.json").unlink()  # killed before its sums landed (issue 66)
+    assert finished(tmp_path, "auto", 4) is None
+    entry = saved_with_sums(tmp_path / "changed", 4)
+    shard = entry.path / "__0_0.distcp"
+    shard.write_bytes(bytes(reversed(shard.read_bytes())))  # same size, other bytes
+    assert finished(tmp_path / "changed", "auto", 4) is None
+    make(tmp_path / "unsummed", 4)  # no sizes or sums recorded at all
+    assert finished(tmp_path / "unsummed", "auto", 4) is None
 
 
 def test_sums_of_a_checkpoint_pruned_meanwhile_give_up_at_once(tmp_path):
