@@ -87,6 +87,15 @@ def quick_exit(status: int = 0) -> None:
     os._exit(status)
 
 
+def adopt_config_dirs(argv: list[str]) -> list[str]:
+    """The command line without the user's configuration directories, which this process
+    and the ones it starts then search (launcher/configs.py); one that is not there exits 2."""
+    try:
+        return configs.adopt(argv)
+    except configs.ConfigDirProblem as e:
+        fail(str(e))
+
+
 def to_config(dcfg: DictConfig) -> Config:
     """The composed DictConfig as the typed dataclass tree the planner works on.
 
@@ -150,9 +159,9 @@ def unknown_choice(arg: str) -> str | None:
     group no directory has, each named with the closest ones there are, the user's
     directories' included (Hydra's own message lists every option beside its config search
     path, or suggests `+hardwre=...`)."""
-    match = re.fullmatch(r"\+?([a-z_]+(?:/[a-z_]+)*)=([\w./-]+)", arg)
-    if not match or match[1].split("/")[0] == "hydra" or match[2] == "null":
-        return None  # Hydra's own groups (hydra/launcher=...) come from its packages too
+    match = re.fullmatch(r"\+?([a-z_]+)=([\w./-]+)", arg)
+    if not match or match[1] == "hydra" or match[2] == "null":
+        return None  # hydra/launcher=...: Hydra's own groups come from its packages too
     group, choice = match.groups()
     folders = configs.folders(group)
     if not folders:
@@ -169,7 +178,7 @@ def unknown_choice(arg: str) -> str | None:
 
 def unknown_group(group: str, arg: str) -> str | None:
     """`hardwre=h100_80g`: neither a config group nor a setting of the config's top level."""
-    if group in typing.get_type_hints(Config) or "/" in group:
+    if group in typing.get_type_hints(Config):
         return None  # a top-level setting (Hydra and the schema check its value)
     known = configs.groups()
     near = difflib.get_close_matches(group, known, n=3)
@@ -373,10 +382,7 @@ def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
     main = hydra.main(config_path=CONF_DIR, config_name="config", version_base=None)(started)
 
     def entry() -> None:
-        try:  # the user's configuration directories, for this process and the ones it starts
-            sys.argv[1:] = configs.adopt(sys.argv[1:])
-        except configs.ConfigDirProblem as e:
-            fail(str(e))
+        sys.argv[1:] = adopt_config_dirs(sys.argv[1:])
         for arg in sys.argv[1:]:
             if problem := override_problem(arg):
                 fail(problem)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 
 from launcher import configs
-from launcher.cli import compose, fail
+from launcher.cli import adopt_config_dirs, compose, fail
 from launcher.plan import make_plan
 from launcher.plan.limitations import refusals
 from launcher.plan.memory import GIB
@@ -43,10 +43,7 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    try:
-        sys.argv[1:] = configs.adopt(sys.argv[1:])
-    except configs.ConfigDirProblem as e:
-        fail(str(e))
+    sys.argv[1:] = adopt_config_dirs(sys.argv[1:])
     if sys.argv[1:]:
         fail(f"{' '.join(sys.argv[1:])}: launcher.plan.recipes takes only --config-dir DIR")
     sys.stdout.write(markdown())
