@@ -148,7 +148,8 @@ def doc_files() -> list[Path]:
 
 def environment() -> dict[str, str]:
     env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    if not entered():  # no venv to enter: this Python's directory first
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     env["REPO"] = str(ROOT)
     env["PYTHONUNBUFFERED"] = "1"
     for name in ("COLUMNS", "LINES", "FORCE_COLOR"):
@@ -171,8 +172,15 @@ def wrap(line: str) -> str:
     return "\n".join([*out, current])
 
 
+def entered() -> list[str]:
+    """The README's own set-up line, as a user types it: a block runs after
+    `. .venv/bin/activate` of the environment running the docs (when that is a venv)."""
+    activate = Path(sys.prefix) / "bin" / "activate"
+    return [f". {shlex.quote(str(activate))}"] if activate.exists() else []
+
+
 def script_text(block: Block) -> str:
-    lines = ["set -u", f"source {shlex.quote(str(EXAMPLES / 'lib.sh'))}", "exec 2>&1"]
+    lines = [*entered(), "set -u", f"source {shlex.quote(str(EXAMPLES / 'lib.sh'))}", "exec 2>&1"]
     if block.script:
         lines.append(f"source {shlex.quote(str(EXAMPLES / (block.script + '.sh')))}")
     for cmd in block.commands:

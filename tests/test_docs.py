@@ -203,3 +203,39 @@ def test_only_a_generated_python_module_block_runs_in_this_process():
     limits = ["python -m launcher.plan.limitations"]
     table = docs.Block(docs.ROOT / "README.md", "generated", limits)
     assert docs.in_process(table).startswith("| limitation |")
+
+
+def plain_blocks(path: Path) -> list[tuple[int, str]]:
+    """The fenced blocks of `path` that no command generates: (line, text)."""
+    text = path.read_text()
+    found = []
+    for m in re.finditer(r"^```[^\n]*\n(.*?)^```", text, re.M | re.S):
+        if not text[: m.start()].rstrip("\n").endswith("-->"):
+            found.append((text[: m.start()].count("\n") + 1, m.group(1)))
+    return found
+
+
+def test_the_readmes_set_up_lines_come_before_its_commands_and_its_layouts_plan():
+    """The README's command lines as a user copies them: its set-up block (`. .venv/bin/activate`)
+    is what every generated block runs after (docs.entered), and each `python -m
+    launcher.train ...` line of its plain blocks (the layouts, a preset, a sweep) is accepted
+    as written by launcher.plan, which takes the same overrides and accepts only what
+    launcher.train runs; the generated blocks run their own commands as shown."""
+    readme = docs.ROOT / "README.md"
+    blocks = plain_blocks(readme)
+    assert [b for _, b in blocks if b.strip() == ". .venv/bin/activate"], "no set-up block"
+    setup_line = next(n for n, b in blocks if b.strip() == ". .venv/bin/activate")
+    lines = [
+        line.split("  #")[0].strip()
+        for n, b in blocks
+        for line in b.splitlines()
+        if line.startswith("python -m ")
+    ]
+    first_command = min(n for n, b in blocks if "python -m " in b)
+    assert setup_line < first_command and len(lines) >= 5, (setup_line, first_command, lines)
+    assert all(line.startswith("python -m launcher.train ") for line in lines), lines
+    planned = [line.replace("launcher.train", "launcher.plan", 1) for line in lines]
+    # The printed command shows `$((40 + 2))`; only a refusal prints 42.
+    checks = [f'{cmd} > /dev/null || echo "$((40 + 2)) refused it"' for cmd in planned]
+    out, _ = docs.run(docs.Block(readme, "output", checks))
+    assert docs.entered() and "42 refused it" not in out, out

@@ -50,25 +50,28 @@ def test_non_finite_values_are_written_as_null():
 METRICS = {"lr": 0.1, "grad_norm": 1.0, "tokens_per_s": 100.0, "mfu": 0.1}
 
 
+def new_logger(tmp_path, total: int, start: int = 0, mode="disabled", **logging) -> MetricsLogger:
+    """The logger of rank 0 of a run in `tmp_path`; wandb `mode`, other logging.* fields."""
+    from launcher.config import LoggingConfig, WandbConfig, WandbMode
+
+    return MetricsLogger(
+        str(tmp_path),
+        enabled=True,
+        total_steps=total,
+        logging=LoggingConfig(wandb=WandbConfig(mode=WandbMode(mode)), **logging),
+        config={},
+        run_name=tmp_path.name,
+        start_step=start,
+    )
+
+
 def test_tensorboard_events_hold_each_step_once_across_a_resume(tmp_path):
     """logging.tensorboard: the scalars of every step, read back with TensorBoard's own event
     reader; a resume from step 2 hides the steps 3-4 logged before the interruption."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from launcher.config import LoggingConfig, WandbConfig, WandbMode
-
     def logger(start: int) -> MetricsLogger:
-        return MetricsLogger(
-            str(tmp_path),
-            enabled=True,
-            total_steps=5,
-            logging=LoggingConfig(
-                wandb=WandbConfig(mode=WandbMode.disabled), log_interval=100, tensorboard=True
-            ),
-            config={},
-            run_name="tb",
-            start_step=start,
-        )
+        return new_logger(tmp_path, 5, start, log_interval=100, tensorboard=True)
 
     first = logger(0)
     for step in range(1, 5):
@@ -89,17 +92,8 @@ def progress_lines(tmp_path, monkeypatch, capsys, tty: bool) -> list[str]:
     """What 200 steps (evaluated at 50 and 150) print, with the default log_interval."""
     import sys
 
-    from launcher.config import LoggingConfig, WandbConfig, WandbMode
-
     monkeypatch.setattr(sys.stdout, "isatty", lambda: tty)
-    log = MetricsLogger(
-        str(tmp_path),
-        enabled=True,
-        total_steps=200,
-        logging=LoggingConfig(wandb=WandbConfig(mode=WandbMode.disabled)),
-        config={},
-        run_name="progress",
-    )
+    log = new_logger(tmp_path, 200)
     for step in range(1, 201):
         evaluated = {"eval_loss": 1.0} if step in (50, 150) else {}
         log.log(step, {**METRICS, "loss": 2.0, **evaluated})
@@ -129,3 +123,57 @@ def test_a_terminal_gets_one_line_rewritten_every_step(tmp_path, monkeypatch, ca
     assert [int(x.split()[1].split("/")[0]) for x in kept] == [
         20, 40, 50, 60, 80, 100, 120, 140, 150, 160, 180, 200
     ]  # fmt: skip
+
+
+def wandb_logger(tmp_path, start: int = 0) -> MetricsLogger:
+    return new_logger(tmp_path, 6, start, mode="offline")
+
+
+def test_wandb_starts_beside_the_steps_and_gets_every_row_in_order(tmp_path, monkeypatch):
+    """wandb.init runs on a thread of its own while the first steps go on: rows logged
+    before it is up are sent once it is, in order, and a resumed run sends only the steps
+    after those its wandb run already holds."""
+    import threading
+
+    import wandb
+    from wandb_log import history
+
+    up = threading.Event()
+    real_init = wandb.init
+
+    def slow_init(**kwargs):
+        assert up.wait(60)  # held until the rows below are logged
+        return real_init(**kwargs)
+
+    monkeypatch.setattr(wandb, "init", slow_init)
+    log = wandb_logger(tmp_path)
+    for step in range(1, 5):
+        log.log(step, {**METRICS, "loss": float(step)})
+    assert log.wandb_run is None  # still starting: nothing was waited for
+    up.set()
+    log.close()
+    assert log.wandb_where and "offline" in log.wandb_where
+    again = wandb_logger(tmp_path, start=2)  # resumed at step 2: steps 3-4 were sent already
+    for step in range(3, 7):
+        again.log(step, {**METRICS, "loss": float(step)})
+    again.close()
+    files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
+    sent = [(r["_step"], r["loss"]) for f in files for r in history(str(f)) if "loss" in r]
+    assert sent == [(s, float(s)) for s in range(1, 7)]
+
+
+def test_a_wandb_that_cannot_start_leaves_the_run_going(tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def refused(**kwargs):
+        raise wandb.errors.CommError("wandb.example: connection refused")
+
+    monkeypatch.setattr(wandb, "init", refused)
+    log = wandb_logger(tmp_path)
+    for step in range(1, 4):
+        log.log(step, {**METRICS, "loss": float(step)})
+    log.close()
+    err = capsys.readouterr().err
+    assert "warning: wandb could not start (CommError: wandb.example: connection refused)" in err
+    assert "metrics.jsonl only" in err and log.wandb_run is None
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 3

@@ -12,8 +12,10 @@
   (launcher/bench/integrity_cost.py). Goal: at most 1.05.
 - Prepare: `launcher.prepare --workers 2` against the tokenizers library's own batch encoding
   of the same documents on 2 threads (launcher/bench/prepare_speed.py). Goal: at least 0.8.
-- Start: time to first step and each rank's peak memory before it, for a ~1 GB (fp32) model
-  on 1, 2, 4 and 8 processes (launcher/bench/start.py).
+- Start: `make train` from a fresh clone (its set-up's time and size, seconds to the default
+  run's first step, warm, and to a finished run's "nothing left to train";
+  launcher/bench/fresh_start.py), then the time to first step and each rank's peak memory
+  before it, for a ~1 GB (fp32) model on 1, 2, 4 and 8 processes (launcher/bench/start.py).
 - The planner: plans per second, the 405B search; and one CPU thread's fp32 matmul rate (the
   cpu preset's peak_tflops).
 
@@ -31,6 +33,7 @@ from rich.table import Table
 
 from launcher.bench import parser as bench_parser
 from launcher.bench import refusing_bad_config
+from launcher.bench.fresh_start import fresh_clone
 from launcher.bench.integrity_cost import save_cost
 from launcher.bench.peers import bare, engine, hugging_face
 from launcher.bench.planner import matmul_tflops, plans_per_second, search_405b
@@ -172,6 +175,29 @@ def prepare_table(console: Console) -> Table:
     return table
 
 
+def fresh_start_table(console: Console) -> Table:
+    with console.status("") as status:
+        r = fresh_clone(progress=status.update)
+    table = Table(
+        title=(
+            f"start: `make train` on a fresh clone of {r['revision']} (the default run, 2 CPU "
+            f"ranks; median of {r['runs']} warm runs)"
+        ),
+        title_justify="left",
+    )
+    for col in ("make setup", ".venv", "to first step", "whole 2-step command",
+                "nothing left to train"):  # fmt: skip
+        table.add_column(col, justify="right")
+    table.add_row(
+        f"{r['setup_s']:.0f} s",
+        f"{r['venv_mb']:,.0f} MB",
+        f"{r['first_step_s']:.1f} s",
+        f"{r['command_s']:.1f} s",
+        f"{r['nothing_left_s']:.1f} s",
+    )
+    return table
+
+
 def start_table(console: Console) -> Table:
 
     with console.status("") as status:
@@ -226,6 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     for overrides in ([*args.overrides], [*args.overrides, *LARGER]):
         console.print(checkpoint_table(console, overrides))
     console.print(prepare_table(console))
+    console.print(fresh_start_table(console))
     console.print(start_table(console))
     if not args.no_planner:
         console.print(planner_table(console))

@@ -126,6 +126,7 @@ class MetricsLogger:
         self.start, self.start_step = time.perf_counter(), start_step
         self.file = None
         self.wandb_run = None
+        self._wandb_start: threading.Thread | None = None  # wandb.init, beside the first steps
         self.wandb_where: str | None = None  # the wandb run's page, or its local directory
         self.wandb_done = 0  # steps up to this one are in the wandb run already
         self.tensorboard = None
@@ -137,9 +138,12 @@ class MetricsLogger:
         self.file = open(path, "a")  # noqa: SIM115 (closed in close())
         mode = wandb_mode(logging.wandb.mode)
         if mode != "disabled":
-            import wandb
-
-            self.wandb_run = wandb.init(
+            # wandb starts beside the first steps, not before them: its import and its service
+            # process took about 4 s of a 2-rank toy run's start (docs/speed.md). The rows
+            # logged meanwhile are sent once it is up, in order.
+            self._wandb_rows: list[tuple[dict, int]] | None = []
+            self._wandb_lock = threading.Lock()
+            settings = dict(
                 project=logging.wandb.project,
                 entity=logging.wandb.entity,
                 mode=mode,
@@ -148,18 +152,11 @@ class MetricsLogger:
                 id=wandb_run_id(Path(run_dir)),
                 resume="allow",
                 config=config,
-                # Silent: its three lines a run (offline mode, where the files are, `wandb
-                # leet`) become one of the run's last lines (wandb_line).
-                settings=wandb.Settings(console="off", quiet=True, silent=True),
             )
-            self.wandb_where = (
-                self.wandb_run.url
-                if mode == "online"
-                else f"{Path(self.wandb_run.dir).parent} ({mode}: `wandb sync` it to upload)"
+            self._wandb_start = threading.Thread(
+                target=self._start_wandb, args=(settings,), name="wandb-start", daemon=True
             )
-            # A rank whose launcher dies exits at once (failures.watch_parent): the steps
-            # wandb holds in its queue go to its files first.
-            ON_ORPHANED.append(self._orphaned)
+            self._wandb_start.start()
         if logging.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -171,6 +168,46 @@ class MetricsLogger:
             self.tensorboard = SummaryWriter(
                 str(Path(run_dir) / "tensorboard"), purge_step=start_step + 1
             )
+
+    def _start_wandb(self, settings: dict) -> None:
+        try:
+            import wandb
+
+            # Silent: its three lines a run (offline mode, where the files are, `wandb leet`)
+            # become one of the run's last lines (wandb_line).
+            quiet = wandb.Settings(console="off", quiet=True, silent=True)
+            run = wandb.init(**settings, settings=quiet)
+        except Exception as e:  # the run goes on: metrics.jsonl holds every row
+            with self._wandb_lock:
+                self._wandb_rows = None
+            print(
+                f"warning: wandb could not start ({type(e).__name__}: {e}); this run's metrics "
+                "go to metrics.jsonl only (logging.wandb.mode=disabled: no wandb at all)",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        with self._wandb_lock:
+            for metrics, step in self._wandb_rows:
+                run.log(metrics, step=step)
+            self._wandb_rows.clear()
+            mode = settings["mode"]
+            self.wandb_where = (
+                run.url
+                if mode == "online"
+                else f"{Path(run.dir).parent} ({mode}: `wandb sync` it to upload)"
+            )
+            self.wandb_run = run
+            # A rank whose launcher dies exits at once (failures.watch_parent): the steps
+            # wandb holds in its queue go to its files first.
+            ON_ORPHANED.append(self._orphaned)
+
+    def _to_wandb(self, metrics: dict, step: int) -> None:
+        with self._wandb_lock:
+            if self.wandb_run is not None:
+                self.wandb_run.log(metrics, step=step)
+            elif self._wandb_rows is not None:  # still starting
+                self._wandb_rows.append((metrics, step))
 
     def log(self, step: int, metrics: dict) -> None:
         """One JSON object per step; a progress line every log_interval steps, at each evaluation
@@ -192,8 +229,8 @@ class MetricsLogger:
     def _write(self, step: int, record: dict, metrics: dict) -> None:
         self.file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self.file.flush()
-        if self.wandb_run is not None and step > self.wandb_done:
-            self.wandb_run.log(metrics, step=step)
+        if self._wandb_start is not None and step > self.wandb_done:
+            self._to_wandb(metrics, step)
         if self.tensorboard is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -235,6 +272,8 @@ class MetricsLogger:
             self.wandb_run.finish(exit_code=1)
 
     def close(self, ok: bool = True) -> None:
+        if self._wandb_start is not None:
+            self._wandb_start.join()  # a run shorter than wandb's start: its rows go there too
         if self._orphaned in ON_ORPHANED:
             ON_ORPHANED.remove(self._orphaned)
         if self.file is not None:

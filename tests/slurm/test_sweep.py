@@ -50,19 +50,42 @@ def summary(sweep_dir) -> dict[str, dict]:
     return {r["job"]: r for r in rows}
 
 
+# A team's own directory (tests/e2e/test_user_configs.py has the fuller one): a model that
+# extends a built-in one, a cluster preset that shadows one by name, a data preset and a recipe
+# that uses all three; same figures as the built-in ones, so the jobs train like LOCAL's runs.
+USER_CONFIGS = {
+    "model/my_llama.yaml": "defaults:\n  - llama3_debug\n  - _self_\nname: my_llama\n",
+    "data/my_corpus.yaml": "# the embedded corpus, named by the team\npath: null\n",
+    "recipe/my_sweep.yaml": (
+        "# @package _global_\ndefaults:\n  - override /model: my_llama\n"
+        "  - override /hardware: cpu\n  - override /data: my_corpus\n"
+    ),
+}
+
+
 @pytest.mark.jobs(*LOCAL.values())
 def test_invalid_point_never_queued_and_the_rest_match_local_runs(slurm_cluster, group, tmp_path):
-    """The sweep names a configuration directory of the user's (tests/e2e/test_user_configs.py)
-    whose hardware/cpu.yaml shadows the built-in one with the same figures: each job, on its
-    SLURM node, reads its hardware from there (the directory travels with the job)."""
+    """The sweep names a configuration directory of the user's, whose recipe takes its model,
+    data and cluster preset (hardware/cpu.yaml, shadowing the built-in one with the same
+    figures) from there: each job, on its SLURM node, reads them from there (the directory
+    travels with the job) and names each file in its plan.json."""
     sweep_dir, conf = tmp_path / "sweep", tmp_path / "conf"
     (conf / "hardware").mkdir(parents=True)
     shadow = conf / "hardware" / "cpu.yaml"
     shadow.write_text((BUILTIN / "hardware" / "cpu.yaml").read_text())
+    for rel, text in USER_CONFIGS.items():
+        (conf / rel).parent.mkdir(parents=True, exist_ok=True)
+        (conf / rel).write_text(text)
     result = slurm_sweep(
-        slurm_cluster, sweep_dir, "--config-dir", str(conf), "parallel.tp=1,2,3", *RUN
+        slurm_cluster,
+        sweep_dir,
+        "--config-dir",
+        str(conf),
+        "recipe=my_sweep",
+        "parallel.tp=1,2,3",
+        *RUN,
     )
-    assert "rejected: parallel.tp=3" in result.stderr
+    assert "rejected: recipe=my_sweep parallel.tp=3 " in result.stderr
     rows = summary(sweep_dir)
     assert {k: r["status"] for k, r in rows.items()} == {
         "0": "completed",
@@ -83,7 +106,14 @@ def test_invalid_point_never_queued_and_the_rest_match_local_runs(slurm_cluster,
         got = [r["loss"] for r in read_metrics(sweep_dir / n)]
         assert got == pytest.approx(want, rel=1e-6), (n, got, want)
         plan = json.loads((sweep_dir / n / "plan.json").read_text())
-        assert plan["config_files"] == {"hardware=cpu": str(shadow)}, plan["config_files"]
+        assert plan["model"] == "my_llama", plan["model"]
+        assert plan["config_files"] == {
+            "hardware=cpu": str(shadow),
+            **{
+                f"{rel.split('/')[0]}={rel.split('/')[1][:-5]}": str(conf / rel)
+                for rel in USER_CONFIGS
+            },
+        }, plan["config_files"]
     assert "measured / planned" in result.stdout
 
 
@@ -116,7 +146,7 @@ def test_every_point_rejected_submits_nothing_and_exits_2(tmp_path):
     )
     assert result.returncode == 2, result.stderr[-3000:]
     assert "every point of the sweep was rejected; nothing was submitted" in result.stderr
-    assert "rejected: parallel.tp=3" in result.stderr and "rejected: parallel.tp=5" in result.stderr
+    assert "rejected: recipe=my_sweep parallel.tp=3 " in result.stderr and "rejected: parallel.tp=5" in result.stderr
     assert not (tmp_path / ".submitit").exists()
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["0", "1"]
 
