@@ -33,7 +33,7 @@ from rich.table import Table
 
 from launcher.bench import parser as bench_parser
 from launcher.bench import refusing_bad_config
-from launcher.bench.fresh_start import fresh_clone
+from launcher.bench.fresh_start import fresh_clones
 from launcher.bench.integrity_cost import save_cost
 from launcher.bench.peers import bare, engine, hugging_face
 from launcher.bench.planner import matmul_tflops, plans_per_second, search_405b
@@ -177,7 +177,7 @@ def prepare_table(console: Console) -> Table:
 
 def fresh_start_table(console: Console) -> Table:
     with console.status("") as status:
-        r = fresh_clone(progress=status.update)
+        (r,) = fresh_clones(progress=status.update)
     table = Table(
         title=(
             f"start: `make train` on a fresh clone of {r['revision']} (the default run, 2 CPU "

@@ -1,6 +1,6 @@
 """`make bench`'s first table of the start: `make train` as a new user meets it, on a fresh clone.
 
-The checkout's committed tree (or `--revision REV`) is cloned into a temporary directory, and
+The checkout's committed tree (or each commit named) is cloned into a temporary directory, and
 there `make setup` (what `make train` runs first) is timed and its `.venv` weighed: the runtime
 environment. pip's download cache is this machine's: the time is an install, not a download.
 The base Python is the one the checkout's own venv was made from, so a machine whose Python
@@ -11,8 +11,8 @@ untimed run (files in the page cache: warm), then `runs` timed ones, each from t
 start to the first row of its metrics.jsonl (its first step, done); and the same command again
 on a finished run, to its answer that nothing is left to train. Each figure is the median.
 
-`python -m launcher.bench.fresh_start --revision REV` measures another commit the same way:
-docs/speed.md's before and after come from this command at both commits.
+`python -m launcher.bench.fresh_start REV [REV ...]` measures other commits the same way, their
+runs taking turns: docs/speed.md's before and after come from this command at both commits.
 """
 
 from __future__ import annotations
@@ -62,44 +62,64 @@ def to_first_row(python: Path, cwd: Path, run_dir: Path) -> tuple[float, float]:
     return (end if first is None else first), end
 
 
-def fresh_clone(revision: str = "HEAD", runs: int = 3, progress=print) -> dict:
-    """Set-up time and size of a fresh clone at `revision`, and its default run's start."""
+def set_up(revision: str, where: Path, progress) -> dict:
+    """A fresh clone of `revision` in `where`, set up by `make setup`: its time and size."""
     sha = subprocess.run(["git", "-C", str(REPOSITORY), "rev-parse", "--short", revision],
                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    clone = where / sha
+    progress(f"cloning {sha}")
+    subprocess.run(["git", "clone", "-q", str(REPOSITORY), str(clone)], check=True)
+    subprocess.run(["git", "-C", str(clone), "checkout", "-q", sha], check=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    progress(f"make setup in a fresh clone of {sha}")
+    began = time.perf_counter()
+    setup = subprocess.run(["make", "-s", "setup", f"PY={base_python()}"], cwd=clone, env=env,
+                           capture_output=True, text=True)  # fmt: skip
+    if setup.returncode != 0:
+        raise RuntimeError(f"make setup failed:\n{setup.stderr[-2000:]}")
+    return {
+        "revision": sha,
+        "clone": clone,
+        "setup_s": time.perf_counter() - began,
+        "venv_mb": size_mb(clone / ".venv"),
+    }
+
+
+def fresh_clones(revisions=("HEAD",), runs: int = 3, progress=print) -> list[dict]:
+    """Each revision's set-up, and its default run's start; with several, their runs take
+    turns (the order rotated each round), so that a slower minute of this shared machine
+    falls on all of them."""
     with tempfile.TemporaryDirectory(prefix="fresh-start-") as tmp:
-        clone, runs_dir = Path(tmp) / "clone", Path(tmp) / "runs"
-        progress(f"cloning {sha}")
-        subprocess.run(["git", "clone", "-q", str(REPOSITORY), str(clone)], check=True)
-        subprocess.run(["git", "-C", str(clone), "checkout", "-q", sha], check=True)
-        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
-        progress(f"make setup in a fresh clone of {sha}")
-        began = time.perf_counter()
-        setup = subprocess.run(["make", "-s", "setup", f"PY={base_python()}"], cwd=clone,
-                               env=env, capture_output=True, text=True)  # fmt: skip
-        setup_s = time.perf_counter() - began
-        if setup.returncode != 0:
-            raise RuntimeError(f"make setup failed:\n{setup.stderr[-2000:]}")
-        python = clone / ".venv" / "bin" / "python"
-        first, whole = [], []
+        clones = [set_up(r, Path(tmp), progress) for r in revisions]
+        first = {c["revision"]: [] for c in clones}
+        whole = {c["revision"]: [] for c in clones}
+        done = {c["revision"]: [] for c in clones}
         for i in range(runs + 1):
-            progress(f"the default run of {sha}, {i} of {runs}")
-            f, w = to_first_row(python, clone, runs_dir / str(i))
-            if i:  # the first is the warm-up
-                first.append(f)
-                whole.append(w)
-        done = []
+            for c in clones[i % len(clones) :] + clones[: i % len(clones)]:
+                sha, python = c["revision"], c["clone"] / ".venv" / "bin" / "python"
+                progress(f"the default run of {sha}, {i} of {runs}")
+                f, w = to_first_row(python, c["clone"], Path(tmp) / "runs" / sha / str(i))
+                if i:  # the first is the warm-up
+                    first[sha].append(f)
+                    whole[sha].append(w)
         for i in range(runs):
-            progress(f"nothing left to train, {i + 1} of {runs}")
-            done.append(to_first_row(python, clone, runs_dir / str(runs))[1])
-        return {
-            "revision": sha,
-            "setup_s": setup_s,
-            "venv_mb": size_mb(clone / ".venv"),
-            "first_step_s": statistics.median(first),
-            "command_s": statistics.median(whole),
-            "nothing_left_s": statistics.median(done),
-            "runs": runs,
-        }
+            for c in clones:
+                sha, python = c["revision"], c["clone"] / ".venv" / "bin" / "python"
+                progress(f"nothing left to train ({sha}), {i + 1} of {runs}")
+                finished = Path(tmp) / "runs" / sha / str(runs)
+                done[sha].append(to_first_row(python, c["clone"], finished)[1])
+        return [
+            {
+                "revision": c["revision"],
+                "setup_s": c["setup_s"],
+                "venv_mb": c["venv_mb"],
+                "first_step_s": statistics.median(first[c["revision"]]),
+                "command_s": statistics.median(whole[c["revision"]]),
+                "nothing_left_s": statistics.median(done[c["revision"]]),
+                "runs": runs,
+            }
+            for c in clones
+        ]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -108,10 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--revision", default="HEAD", help="the commit to clone (HEAD)")
+    parser.add_argument("revisions", nargs="*", default=["HEAD"],
+                        help="the commits to clone (HEAD); several take turns")  # fmt: skip
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each (3)")
     args = parser.parse_args(argv)
-    print(json.dumps(fresh_clone(args.revision, args.runs, progress=lambda m: print(
+    print(json.dumps(fresh_clones(args.revisions, args.runs, progress=lambda m: print(
         m, file=sys.stderr, flush=True)), indent=1))  # fmt: skip
 
 
