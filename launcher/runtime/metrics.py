@@ -138,11 +138,11 @@ class MetricsLogger:
         self.file = open(path, "a")  # noqa: SIM115 (closed in close())
         mode = wandb_mode(logging.wandb.mode)
         if mode != "disabled":
-            # wandb starts beside the first steps, not before them: its import and its service
-            # process took about 4 s of a 2-rank toy run's start (docs/speed.md). The rows
-            # logged meanwhile are sent once it is up, in order.
-            self._wandb_rows: list[tuple[dict, int]] | None = []
-            self._wandb_lock = threading.Lock()
+            # wandb starts beside the first step, not before it: its import and its service
+            # process took seconds of a 2-rank toy run's start (docs/speed.md). The first row
+            # waits for it (log), so that a row is in metrics.jsonl only once wandb holds it
+            # too: a resumed run sends wandb the steps after metrics.jsonl's last row, and a
+            # run killed before wandb was up must not have rows there that wandb never got.
             settings = dict(
                 project=logging.wandb.project,
                 entity=logging.wandb.entity,
@@ -178,8 +178,6 @@ class MetricsLogger:
             quiet = wandb.Settings(console="off", quiet=True, silent=True)
             run = wandb.init(**settings, settings=quiet)
         except Exception as e:  # the run goes on: metrics.jsonl holds every row
-            with self._wandb_lock:
-                self._wandb_rows = None
             print(
                 f"warning: wandb could not start ({type(e).__name__}: {e}); this run's metrics "
                 "go to metrics.jsonl only (logging.wandb.mode=disabled: no wandb at all)",
@@ -187,33 +185,24 @@ class MetricsLogger:
                 flush=True,
             )
             return
-        with self._wandb_lock:
-            for metrics, step in self._wandb_rows:
-                run.log(metrics, step=step)
-            self._wandb_rows.clear()
-            mode = settings["mode"]
-            self.wandb_where = (
-                run.url
-                if mode == "online"
-                else f"{Path(run.dir).parent} ({mode}: `wandb sync` it to upload)"
-            )
-            self.wandb_run = run
-            # A rank whose launcher dies exits at once (failures.watch_parent): the steps
-            # wandb holds in its queue go to its files first.
-            ON_ORPHANED.append(self._orphaned)
-
-    def _to_wandb(self, metrics: dict, step: int) -> None:
-        with self._wandb_lock:
-            if self.wandb_run is not None:
-                self.wandb_run.log(metrics, step=step)
-            elif self._wandb_rows is not None:  # still starting
-                self._wandb_rows.append((metrics, step))
+        mode = settings["mode"]
+        self.wandb_where = (
+            run.url
+            if mode == "online"
+            else f"{Path(run.dir).parent} ({mode}: `wandb sync` it to upload)"
+        )
+        self.wandb_run = run
+        # A rank whose launcher dies exits at once (failures.watch_parent): the steps wandb
+        # holds in its queue go to its files first.
+        ON_ORPHANED.append(self._orphaned)
 
     def log(self, step: int, metrics: dict) -> None:
         """One JSON object per step; a progress line every log_interval steps, at each evaluation
         and at the end (on a terminal also a line rewritten every step)."""
         if not self.enabled:
             return
+        if self._wandb_start is not None:
+            self._wandb_start.join()  # the first row: wandb is up (or said it cannot start)
         record = {"step": step, **metrics, "layout": self.layout}
         self.last = record
         if metrics.get("eval_loss") is not None:
@@ -229,8 +218,8 @@ class MetricsLogger:
     def _write(self, step: int, record: dict, metrics: dict) -> None:
         self.file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self.file.flush()
-        if self._wandb_start is not None and step > self.wandb_done:
-            self._to_wandb(metrics, step)
+        if self.wandb_run is not None and step > self.wandb_done:
+            self.wandb_run.log(metrics, step=step)
         if self.tensorboard is not None:
             for key, value in metrics.items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -273,7 +262,7 @@ class MetricsLogger:
 
     def close(self, ok: bool = True) -> None:
         if self._wandb_start is not None:
-            self._wandb_start.join()  # a run shorter than wandb's start: its rows go there too
+            self._wandb_start.join()  # stopped before its first row: wandb ends, not starting
         if self._orphaned in ON_ORPHANED:
             ON_ORPHANED.remove(self._orphaned)
         if self.file is not None:
