@@ -223,8 +223,8 @@ def test_the_readmes_set_up_lines_come_before_its_commands_and_its_layouts_plan(
     launcher.train runs; the generated blocks run their own commands as shown."""
     readme = docs.ROOT / "README.md"
     blocks = plain_blocks(readme)
-    assert [b for _, b in blocks if b.strip() == ". .venv/bin/activate"], "no set-up block"
-    setup_line = next(n for n, b in blocks if b.strip() == ". .venv/bin/activate")
+    setup_line = next((n for n, b in blocks if b.strip() == ". .venv/bin/activate"), None)
+    assert setup_line is not None, "no set-up block"
     lines = [
         line.split("  #")[0].strip()
         for n, b in blocks

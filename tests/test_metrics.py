@@ -125,10 +125,6 @@ def test_a_terminal_gets_one_line_rewritten_every_step(tmp_path, monkeypatch, ca
     ]  # fmt: skip
 
 
-def wandb_logger(tmp_path, start: int = 0) -> MetricsLogger:
-    return new_logger(tmp_path, 6, start, mode="offline")
-
-
 def test_wandb_starts_beside_the_first_step_and_gets_every_row(tmp_path, monkeypatch):
     """wandb.init runs on a thread of its own: the logger returns at once, and the first row
     waits for wandb (a row in metrics.jsonl is one wandb holds too); every row reaches it."""
@@ -145,7 +141,7 @@ def test_wandb_starts_beside_the_first_step_and_gets_every_row(tmp_path, monkeyp
         return real_init(**kwargs)
 
     monkeypatch.setattr(wandb, "init", slow_init)
-    log = wandb_logger(tmp_path)
+    log = new_logger(tmp_path, 6, mode="offline")
     assert log.wandb_run is None and log._wandb_start.is_alive()  # nothing was waited for
     assert not (tmp_path / "metrics.jsonl").read_text()
     up.set()
@@ -165,7 +161,7 @@ def test_a_wandb_that_cannot_start_leaves_the_run_going(tmp_path, monkeypatch, c
         raise wandb.errors.CommError("wandb.example: connection refused")
 
     monkeypatch.setattr(wandb, "init", refused)
-    log = wandb_logger(tmp_path)
+    log = new_logger(tmp_path, 6, mode="offline")
     for step in range(1, 4):
         log.log(step, {**METRICS, "loss": float(step)})
     log.close()

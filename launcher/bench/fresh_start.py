@@ -46,19 +46,21 @@ def base_python() -> str:
 def to_first_row(python: Path, cwd: Path, run_dir: Path) -> tuple[float, float]:
     """Seconds from the default run's start to its first metrics row, and to its end."""
     metrics = run_dir / "metrics.jsonl"
-    began = time.perf_counter()
-    proc = subprocess.Popen(
-        [str(python), "-m", "launcher.train", *FIRST_STEPS, f"hydra.run.dir={run_dir}"],
-        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    first = None
-    while proc.poll() is None:
-        if first is None and metrics.exists() and metrics.stat().st_size > 0:
-            first = time.perf_counter() - began
-        time.sleep(0.01)
-    end = time.perf_counter() - began
-    if proc.returncode != 0:
-        raise RuntimeError(f"the default run failed:\n{proc.stderr.read()[-2000:]}")
+    with tempfile.TemporaryFile("w+") as err:  # a file: a pipe nobody reads could fill
+        began = time.perf_counter()
+        proc = subprocess.Popen(
+            [str(python), "-m", "launcher.train", *FIRST_STEPS, f"hydra.run.dir={run_dir}"],
+            cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, text=True,
+        )  # fmt: skip
+        first = None
+        while proc.poll() is None:
+            if first is None and metrics.exists() and metrics.stat().st_size > 0:
+                first = time.perf_counter() - began
+            time.sleep(0.01)
+        end = time.perf_counter() - began
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"the default run failed:\n{err.read()[-2000:]}")
     return (end if first is None else first), end
 
 
@@ -80,6 +82,7 @@ def set_up(revision: str, where: Path, progress) -> dict:
     return {
         "revision": sha,
         "clone": clone,
+        "python": clone / ".venv" / "bin" / "python",
         "setup_s": time.perf_counter() - began,
         "venv_mb": size_mb(clone / ".venv"),
     }
@@ -91,23 +94,24 @@ def fresh_clones(revisions=("HEAD",), runs: int = 3, progress=print) -> list[dic
     falls on all of them."""
     with tempfile.TemporaryDirectory(prefix="fresh-start-") as tmp:
         clones = [set_up(r, Path(tmp), progress) for r in revisions]
+        runs_of = {c["revision"]: Path(tmp) / "runs" / c["revision"] for c in clones}
         first = {c["revision"]: [] for c in clones}
         whole = {c["revision"]: [] for c in clones}
         done = {c["revision"]: [] for c in clones}
         for i in range(runs + 1):
             for c in clones[i % len(clones) :] + clones[: i % len(clones)]:
-                sha, python = c["revision"], c["clone"] / ".venv" / "bin" / "python"
+                sha = c["revision"]
                 progress(f"the default run of {sha}, {i} of {runs}")
-                f, w = to_first_row(python, c["clone"], Path(tmp) / "runs" / sha / str(i))
+                f, w = to_first_row(c["python"], c["clone"], runs_of[sha] / str(i))
                 if i:  # the first is the warm-up
                     first[sha].append(f)
                     whole[sha].append(w)
         for i in range(runs):
             for c in clones:
-                sha, python = c["revision"], c["clone"] / ".venv" / "bin" / "python"
+                sha = c["revision"]
                 progress(f"nothing left to train ({sha}), {i + 1} of {runs}")
-                finished = Path(tmp) / "runs" / sha / str(runs)
-                done[sha].append(to_first_row(python, c["clone"], finished)[1])
+                finished = runs_of[sha] / str(runs)  # the last timed run
+                done[sha].append(to_first_row(c["python"], c["clone"], finished)[1])
         return [
             {
                 "revision": c["revision"],

@@ -196,13 +196,17 @@ class MetricsLogger:
         # holds in its queue go to its files first.
         ON_ORPHANED.append(self._orphaned)
 
+    def _wandb_started(self) -> None:
+        if self._wandb_start is not None:
+            self._wandb_start.join()
+            self._wandb_start = None
+
     def log(self, step: int, metrics: dict) -> None:
         """One JSON object per step; a progress line every log_interval steps, at each evaluation
         and at the end (on a terminal also a line rewritten every step)."""
         if not self.enabled:
             return
-        if self._wandb_start is not None:
-            self._wandb_start.join()  # the first row: wandb is up (or said it cannot start)
+        self._wandb_started()  # the first row: wandb is up (or said it cannot start)
         record = {"step": step, **metrics, "layout": self.layout}
         self.last = record
         if metrics.get("eval_loss") is not None:
@@ -261,8 +265,7 @@ class MetricsLogger:
             self.wandb_run.finish(exit_code=1)
 
     def close(self, ok: bool = True) -> None:
-        if self._wandb_start is not None:
-            self._wandb_start.join()  # stopped before its first row: wandb ends, not starting
+        self._wandb_started()  # stopped before its first row: wandb ends, not starting
         if self._orphaned in ON_ORPHANED:
             ON_ORPHANED.remove(self._orphaned)
         if self.file is not None:
