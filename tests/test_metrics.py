@@ -148,6 +148,9 @@ def test_wandb_starts_beside_the_first_step_and_gets_every_row(tmp_path, monkeyp
     for step in range(1, 5):
         log.log(step, {**METRICS, "loss": float(step)})
     log.close()
+    # A rank's exit ends wandb's service, which writes out its run file; finish() alone does
+    # not wait for that (the rows were missing from the file under load, in CI).
+    wandb.teardown()
     assert log.wandb_where and "offline" in log.wandb_where
     files = sorted(tmp_path.glob("wandb/offline-run-*/run-*.wandb"))
     sent = [(r["_step"], r["loss"]) for f in files for r in history(str(f)) if "loss" in r]
