@@ -38,17 +38,12 @@ from pathlib import Path
 from launcher.checkpoint.store import (
     META,
     PARTIAL,
-    SUMS,
     CheckpointError,
     Entry,
-    crc32,
-    file_sizes,
     newest_complete,
     open_checkpoint,
-    publish,
-    rank_files,
     resolve_checkpoint_dir,
-    write_meta,
+    seal,
 )
 from launcher.cli import USAGE_ERROR, fail
 from launcher.config import ModelConfig
@@ -243,17 +238,14 @@ def from_hf_command(hf_dir: Path, out: Path) -> int:
         dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
         model = {**asdict(ModelConfig()), "name": _name(hf_dir), **fields}
         # The model only: a run started from it begins at step 1 with fresh optimizer states.
-        names = rank_files(partial, 0)
-        write_meta(
-            partial,
-            {"step": 0, "samples": 0, "weights_only": True, "source": str(hf_dir),
-             "layout": {}, "config": {"model": model}, "files": file_sizes(partial, names)},
-        )  # fmt: skip
-        # What proves it whole (checkpoint/reader.py), written before OUT appears: a convert
+        # What proves it whole (checkpoint/reader.py) is written before OUT appears: a convert
         # killed at any moment leaves either no OUT or a whole one.
-        sums = {name: crc32(partial / name) for name in names}
-        (partial / SUMS.format(rank=0)).write_text(json.dumps(sums))
-        publish(partial, out)
+        seal(
+            partial,
+            out,
+            {"step": 0, "samples": 0, "weights_only": True, "source": str(hf_dir),
+             "layout": {}, "config": {"model": model}},
+        )  # fmt: skip
     n = sum(t.numel() for t in state.values())
     print(
         f"wrote {out}: {len(state)} tensors, {n:,} parameters ({fields['family']}); start a "

@@ -7,7 +7,9 @@ Two kinds of block, each announced by an HTML comment the rendered page does not
     <!-- output                       a fenced block right below: what the commands print
     $ python -m launcher.plan ...     run in one bash, in a fresh directory, each shown as typed
     script: tour                      or docs/examples/tour.sh, which shows its own commands
-    cwd: /tmp/own                     optional: where they run (emptied first)
+    cwd: /tmp/own                     optional: where they run, a directory of the temporary
+                                      directory's own (emptied first: one this command made)
+    timeout: 600                      optional: seconds before the block is killed (600)
     keep: REGEX                       optional: show only the lines that match (and the commands),
                                       each run of lines left out shown as "..."
     hide: plan                        optional: each plan table shown as "..."
@@ -39,6 +41,7 @@ import importlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -94,6 +97,7 @@ class Block:
     hide: str = ""
     ignore: list[str] = field(default_factory=list)
     tier: str = ""
+    timeout: float = 0.0  # seconds; 0: OUTPUT_TIMEOUT_S, GENERATED_TIMEOUT_S
     body: str = ""
 
     @property
@@ -115,16 +119,24 @@ def parse_spec(path: Path, spec: str, body: str) -> Block:
             "hide",
             "ignore",
             "tier",
+            "timeout",
         ):
             key, value = (s.strip() for s in line.split(":", 1))
             if key in ("keep", "ignore"):
                 getattr(block, key).append(value)
+            elif key == "timeout":
+                block.timeout = float(value)
             else:
                 setattr(block, key, value)
         else:
             raise ValueError(f"{path}: cannot read {line!r} in an output block's comment")
     if not block.commands and not block.script:
         raise ValueError(f"{path}: an output block names neither a command nor a script")
+    if block.cwd and Path(block.cwd).parent != Path(tempfile.gettempdir()):
+        raise ValueError(
+            f"{path}: cwd: {block.cwd} must be a directory right under {tempfile.gettempdir()} "
+            "(it is emptied before the block runs)"
+        )
     return block
 
 
@@ -206,27 +218,51 @@ def in_process(block: Block) -> str | None:
     return None
 
 
+OUTPUT_TIMEOUT_S, GENERATED_TIMEOUT_S = 600.0, 1800.0  # `make bench` is a generated block
+MADE = ".launcher-docs"  # in a cwd: made by this command, so it may empty it
+
+
+def working_dir(block: Block, scratch: str) -> Path:
+    """Where the block runs: a fresh temporary directory, or its `cwd` emptied (only one this
+    command made: it holds MADE)."""
+    if not block.cwd:
+        return Path(scratch)
+    cwd = Path(block.cwd)
+    if (cwd.exists() or cwd.is_symlink()) and not (cwd / MADE).is_file():
+        raise ValueError(
+            f"{block.path}: cwd: {cwd} exists and was not made by launcher.docs (no {MADE} in "
+            "it): move it aside, it is not emptied"
+        )
+    subprocess.run(["rm", "-rf", str(cwd)], check=True)
+    cwd.mkdir(parents=True)
+    (cwd / MADE).touch()
+    return cwd
+
+
 def run(block: Block) -> tuple[str, float]:
-    """What the block's commands print now, and how long they took."""
+    """What the block's commands print now, and how long they took; a block still running
+    after its timeout is killed (with every process it started), what it printed kept."""
     start = time.monotonic()
     text = in_process(block)
     if text is not None:
         return text, time.monotonic() - start
+    limit = block.timeout or (OUTPUT_TIMEOUT_S if block.kind == "output" else GENERATED_TIMEOUT_S)
     with tempfile.TemporaryDirectory(prefix="docs-") as scratch:
-        cwd = Path(block.cwd or scratch)
-        if block.cwd:
-            subprocess.run(["rm", "-rf", str(cwd)], check=True)
-            cwd.mkdir(parents=True)
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             ["bash", "-c", script_text(block)],
-            cwd=cwd,
+            cwd=working_dir(block, scratch),
             env=environment(),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            check=False,
+            start_new_session=True,
         )
-    out = proc.stdout
+        try:
+            out, _ = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            out += f"launcher.docs: the block was killed after its timeout, {limit:g} s\n"
     if block.kind == "output":
         lines = out.splitlines()
         if block.hide == "plan":

@@ -359,11 +359,6 @@ class Layout:
         return self.zero_stage == 1 and self.dp_shard_cp > 1
 
     @property
-    def seq_len_divisor(self) -> int:
-        """What train.seq_len must be a multiple of: tp with sequence parallelism, 2 cp chunks."""
-        return (self.tp if self.sequence_parallel else 1) * (2 * self.cp if self.cp > 1 else 1)
-
-    @property
     def n_stages(self) -> int:
         return self.pp * self.stages_per_rank
 

@@ -353,6 +353,7 @@ def prepare(args: argparse.Namespace) -> str:
 
     sources = [str(f) for f in args.files]
     base = token_file_base(args.out)
+    restore_replaced(base)
     if problem := out_problem(base, args.shard_tokens is not None):
         raise InputError(problem)
     if base.parent.is_dir():
@@ -539,7 +540,8 @@ def write_shards(
 ) -> tuple[dict, int]:
     """DIR/NAME/NAME-00000.bin (+ .json), ...: the ids cut into shards between documents. All
     of them are written under DIR/NAME.partial/ first, which replaces DIR/NAME only when
-    complete. Returns the header of the whole and the number of shards."""
+    complete (the old one renamed aside first: a kill between the renames leaves it, put back
+    by the next prepare). Returns the header of the whole and the number of shards."""
     staging = base.with_name(base.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
@@ -552,10 +554,28 @@ def write_shards(
         del ids
         for name in ("whole.bin", "whole.json"):
             (staging / name).unlink()
+        replaced = base.with_name(base.name + REPLACED)
         if base.exists():
-            shutil.rmtree(base)
+            base.rename(replaced)
         staging.rename(base)
+        shutil.rmtree(replaced, ignore_errors=True)
     return whole, len(bounds)
+
+
+REPLACED = ".replaced"  # a sharded output renamed aside while its new one takes its name
+
+
+def restore_replaced(base: Path) -> None:
+    """A sharded output renamed aside by a prepare killed before its new one took the name:
+    put back (or, the new one in place, removed)."""
+    replaced = base.with_name(base.name + REPLACED)
+    if not replaced.is_dir():
+        return
+    if base.exists():
+        shutil.rmtree(replaced, ignore_errors=True)
+    else:
+        replaced.rename(base)
+        print(f"{base}: put back (a prepare replacing it was stopped)", file=sys.stderr)
 
 
 @command("no token file was written, and nothing half-written is left")

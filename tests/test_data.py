@@ -300,6 +300,35 @@ def test_a_failed_prepare_keeps_the_earlier_token_file(tmp_path):
     assert {p.name: p.read_bytes() for p in tmp_path.glob("t.*")} == before
 
 
+def test_sharded_output_replaced_by_renames_and_put_back_after_a_kill_between(
+    tmp_path, monkeypatch
+):
+    """A sharded --out is replaced by renaming the old one aside, not deleting it first: a
+    prepare killed between the two renames leaves it, and the next prepare puts it back."""
+    from pathlib import Path
+
+    (tmp_path / "a.txt").write_text("hello " * 50)
+    out = tmp_path / "shards"
+    assert prepare("--shard-tokens", 100, "--out", out, tmp_path / "a.txt")[0] == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    real = Path.rename
+
+    def killed_between(self, target):
+        if self.name.endswith(".partial"):
+            raise SystemExit(137)  # as a SIGKILL there: nothing after it runs
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", killed_between)
+    with pytest.raises(SystemExit):
+        prepare("--shard-tokens", 50, "--out", out, tmp_path / "a.txt")
+    monkeypatch.undo()
+    assert not out.exists() and (tmp_path / "shards.replaced").is_dir()
+    (tmp_path / "bad.jsonl").write_text("{}\n")  # the next prepare fails, after the put-back
+    status, said = prepare("--shard-tokens", 50, "--out", out, tmp_path / "bad.jsonl")
+    assert status == 2 and said.startswith(f"{out}: put back (a prepare replacing it was stopped)")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
 def test_write_tokens_writes_the_header_after_the_tokens(tmp_path):
     def chunks():
         yield np.array([1, 2, 3])

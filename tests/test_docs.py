@@ -239,3 +239,37 @@ def test_the_readmes_set_up_lines_come_before_its_commands_and_its_layouts_plan(
     checks = [f'{cmd} > /dev/null || echo "$((40 + 2)) refused it"' for cmd in planned]
     out, _ = docs.run(docs.Block(readme, "output", checks))
     assert docs.entered() and "42 refused it" not in out, out
+
+
+def test_a_blocks_directory_is_one_of_the_temporary_directorys_own_and_made_by_it(tmp_path):
+    """`cwd:` is emptied before a block runs: only a directory right under the temporary
+    directory, and only one that launcher.docs made (a user's own is refused, untouched)."""
+    with pytest.raises(ValueError, match=r"cwd: /home/me/work must be a directory right under"):
+        docs.parse_spec(docs.ROOT / "x.md", "$ true\ncwd: /home/me/work", "")
+    theirs = Path(docs.tempfile.mkdtemp())
+    (theirs / "notes.txt").write_text("mine")
+    block = docs.parse_spec(docs.ROOT / "x.md", f"$ ls -A\ncwd: {theirs}", "")
+    with pytest.raises(ValueError, match="exists and was not made by launcher.docs"):
+        docs.run(block)
+    assert (theirs / "notes.txt").read_text() == "mine"
+    (theirs / "notes.txt").unlink()
+    theirs.rmdir()
+    assert docs.run(block)[0] == f"$ ls -A\n{docs.MADE}\n"  # made now: emptied and reused
+    assert docs.run(block)[0] == f"$ ls -A\n{docs.MADE}\n"
+
+
+def read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:  # gone meanwhile
+        return b""
+
+
+def test_a_block_past_its_timeout_is_killed_with_what_it_started():
+    """A hung example ends at its timeout, its processes with it; what it printed stays."""
+    block = docs.parse_spec(docs.ROOT / "x.md", "$ echo begun; sleep 3017 & wait\ntimeout: 2", "")
+    out, seconds = docs.run(block)
+    assert seconds < 30 and "begun" in out
+    assert "killed after its timeout, 2 s" in out
+    left = [p for p in Path("/proc").glob("[0-9]*/cmdline") if b"sleep\x003017" in read(p)]
+    assert not left

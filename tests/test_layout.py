@@ -65,7 +65,6 @@ def test_derived_groups():
     )  # fmt: skip
     assert (lay.dp, lay.dp_shard_cp, lay.dp_cp, lay.world) == (8, 8, 16, 64)
     assert lay.fsdp_enabled and not lay.zero1_enabled
-    assert lay.seq_len_divisor == 2 * 2 * 2  # tp (sequence parallel) x 2 cp chunks
     assert lay.mesh_shape == (2, 2, 4, 2, 2)
     assert stage_starts(split_layers(10, lay.n_stages)) == [0, 5]
 

@@ -51,6 +51,22 @@ def test_store_started_here_is_shared_and_leaves_with_the_last_member(tmp_path):
     assert "every launcher has left" in log.read_text()
 
 
+def test_a_store_that_cannot_start_here_says_why_at_once(tmp_path):
+    """A port held by a program that does not listen (bound only): the store started here
+    cannot bind it; the launcher says so with the store's reason, not after the whole wait as
+    if the store were to come from another machine."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        endpoint = f"127.0.0.1:{held.getsockname()[1]}"
+        begun = time.monotonic()
+        with pytest.raises(rendezvous.RendezvousProblem) as problem:
+            rendezvous.ensure(endpoint, tmp_path / "rendezvous.log", wait_s=120)
+    assert time.monotonic() - begun < 60
+    said = str(problem.value)
+    assert said.startswith(f"launch.rendezvous={endpoint}: the store could not start on this")
+    assert "address already in use" in said.lower() and str(tmp_path / "rendezvous.log") in said
+
+
 def test_a_host_that_does_not_resolve_is_refused_at_once(tmp_path):
     begun = time.monotonic()
     with pytest.raises(rendezvous.RendezvousProblem, match="no such host no-such-host.invalid"):

@@ -157,3 +157,27 @@ def test_a_run_whose_files_lead_to_a_device_is_listed_not_read_without_end(tmp_p
     (run / runs.PLAN).symlink_to("/dev/zero")
     (summary,) = [runs.summary(p) for p in runs.find([tmp_path])]
     assert (summary["step"], summary["steps"], summary["status"]) == (0, None, "failed")
+
+
+def test_a_second_ctrl_c_ends_the_run_as_stopped_with_130(tmp_path):
+    """The second Ctrl-C kills the ranks without a checkpoint of their step: the launcher
+    exits 130 (as a shell reports SIGINT), not -9's 247, and the runs table says stopped."""
+    import signal
+    import sys
+    import threading
+
+    from launcher.runtime.launch import supervise
+
+    ranks = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
+    begun = time.monotonic()
+
+    def press_ctrl_c_twice():
+        time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGINT)  # the first: the ranks are to save and stop
+        time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGINT)  # the second: stop now
+
+    threading.Thread(target=press_ctrl_c_twice, daemon=True).start()
+    status = supervise([sys.executable, "-c", ranks], dict(os.environ), tmp_path, 600)
+    assert status == 130 and time.monotonic() - begun < 30
+    assert runs.summary(tmp_path)["status"] == "stopped"

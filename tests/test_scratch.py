@@ -72,6 +72,38 @@ def test_a_stop_signal_ends_a_command_with_one_line_and_its_status(sig, tmp_path
     assert signal.getsignal(sig) is before  # the command's handlers are gone with it
 
 
+def test_a_second_stop_signal_does_not_cut_the_removal_of_the_partial(
+    tmp_path, monkeypatch, capsys
+):
+    """A user's second Ctrl-C lands while the partial output of the first is being removed:
+    the removal goes on to the end (it was cut short, and the guard told to forget it)."""
+    import shutil
+
+    part = tmp_path / "out.partial"
+    real = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # the second one, as the removal starts
+        time.sleep(0.2)
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+
+    @command("OUT was not written")
+    def main(argv):
+        with scratch(part):
+            part.mkdir()
+            for i in range(50):
+                (part / f"{i}.bin").write_bytes(b"x")
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)  # the first arrives here
+        return 0
+
+    assert main([]) == 128 + signal.SIGINT
+    assert capsys.readouterr().err == "stopped by SIGINT: OUT was not written\n"
+    assert not part.exists()
+
+
 def test_a_stop_inside_an_uninterrupted_block_ends_the_command_at_the_blocks_end(capsys):
     """(launcher.prepare starts its workers in one: a worker whose start-up data was cut
     short by the stop printed a traceback, EOFError, after the command's line.)"""

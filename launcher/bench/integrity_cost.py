@@ -2,10 +2,10 @@
 
 A save with checksums against the same save without (write_sums switched off), taking turns
 as the training steps do (launcher/bench/timing.py). The figure is the time a save blocks
-training: the sums of one save are computed in the background afterwards (each rank's
-sums.RANK.json), so each timed save starts once the previous one's sums are written, as they
-are by the next save of a run. Goal: at most 1.05. The background summing's own time is
-reported beside it (it shares the CPU with training steps meanwhile). The checkpoints go to
+training: the sums of one save are computed in the background after its write, before it is
+published (each rank's sums.RANK.json), so each timed save starts once the previous one is
+published, as it is by the next save of a run. Goal: at most 1.05. The background summing's own
+time is reported beside it (it shares the CPU with training steps meanwhile). The checkpoints go to
 /dev/shm where it has room: on a disk, write-back moves a save's time by +-20% at random.
 """
 
@@ -57,22 +57,26 @@ def save_cost(overrides: list[str], rounds: int = 6, progress=print) -> dict:
 
     def timed_sums(*args):
         start = time.perf_counter()
-        store.write_sums(*args)
+        sizes = store.write_sums(*args)
         summing.append(time.perf_counter() - start)
+        return sizes
+
+    def unsummed(directory, rank, names):
+        return store.file_sizes(directory, names)
 
     try:
         for r in range(rounds):
             order = list(times) if r % 2 == 0 else list(reversed(times))
             for name in order:
                 progress(f"checkpoint save: round {r + 1}/{rounds}, {name}")
-                saver.write_sums = timed_sums if name == "with checksums" else (lambda *a: None)
+                saver.write_sums = timed_sums if name == "with checksums" else unsummed
                 ck = saver.Checkpointer(
                     root / name.replace(" ", "_"), 1, False, 0, lambda step: {"step": step}
                 )
                 start = time.perf_counter()
                 ck.save(r + 1, state)
                 times[name].append(time.perf_counter() - start)
-                ck.wait()  # the sums are written before the next timed save
+                ck.wait()  # published (its sums written) before the next timed save
         size = sum(f.stat().st_size for f in (root / "with_checksums").rglob("*") if f.is_file())
     finally:
         saver.write_sums = store.write_sums

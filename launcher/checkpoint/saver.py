@@ -13,9 +13,8 @@ reaches its first step without it.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
+import sys
 import threading
 import time
 import warnings
@@ -31,17 +30,15 @@ from launcher.checkpoint import reader
 from launcher.checkpoint.store import (
     PARTIAL,
     Entry,
-    file_sizes,
     newest_complete,
     prune,
     publish,
     rank_files,
     step_dir,
-    sums_room,
     write_meta,
     write_sums,
 )
-from launcher.runtime.failures import RunEnded, fault
+from launcher.runtime.failures import RunEnded
 from launcher.runtime.rundir import write_failure
 
 # One process (no process group) is a supported way to save and load, not a mistake.
@@ -117,13 +114,15 @@ class SaveFailed(RunEnded):
 
 
 class Checkpointer:
-    """Saves into DIR/step_N.partial, then global rank 0 writes meta.json and renames it to
-    DIR/step_N once DCP has every rank's shards: complete or invisible.
+    """Saves into DIR/step_N.partial; then each rank sums the files it wrote, and global rank 0
+    writes meta.json and renames the directory to DIR/step_N once every rank's shards and sums
+    are there: complete and provable, or invisible. Older checkpoints are pruned only after.
 
-    With async_save, DCP copies the state to memory and writes it in a background thread over
-    a gloo group of its own (training collectives on the default group must not interleave
-    with the save's: tests/checkpoint/test_resume.py's async save row); the next save, a stop
-    and the end of the run wait for it.
+    The write blocks training (with async_save, only DCP's copy of the state to memory: the
+    write goes on in a background thread); the sums and the publish always run in the
+    background, over a gloo group of their own (training collectives on the default group must
+    not interleave with them: tests/checkpoint/test_resume.py's async save row). The next save,
+    a stop and the end of the run wait for them.
     """
 
     def __init__(
@@ -136,16 +135,14 @@ class Checkpointer:
     ):
         self.directory, self.keep, self.async_save = Path(directory), keep, async_save
         self.rank, self.meta = rank, meta
-        self.pending: tuple[Future, threading.Event] | None = None
-        self.summing: threading.Thread | None = None  # write_sums of the last save
+        self.pending: tuple[Future | None, threading.Event] | None = None
         self.refused: SaveFailed | None = None  # a save written but not published (_finish)
         self.group = None
-        if async_save and dist.is_initialized():
+        if dist.is_initialized():
             self.group = dist.new_group(backend="gloo")
 
     def save(self, step: int, state: dict, wait: bool = False) -> None:
-        """Save `state` as step `step`; with wait=True return only once it is complete and
-        its sums are written."""
+        """Save `state` as step `step`; with wait=True return only once it is published."""
         import torch.distributed.checkpoint as dcp
 
         self.wait()  # one save in flight at a time
@@ -160,20 +157,20 @@ class Checkpointer:
         meta = {}
         if self.rank == 0:
             meta = {**self.meta(step), "saved_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+        done = threading.Event()
+        self.pending_step, self.pending_partial = step, partial
+
+        def finish(f: Future | None) -> None:
+            try:
+                self._finish(f, step, partial, final, meta)
+            finally:
+                done.set()
+
         if self.async_save:
             future = dcp.async_save(state, checkpoint_id=str(partial), process_group=self.group)
-            done = threading.Event()
-
-            def finish(f: Future) -> None:
-                try:
-                    self._finish(f, step, partial, final, meta)
-                finally:
-                    done.set()
-
             # Future.result() may return before callbacks ran: wait() waits for `done` too.
             future.add_done_callback(finish)
             self.pending = (future, done)
-            self.pending_step, self.pending_partial = step, partial
         else:
             from torch.distributed.checkpoint.api import CheckpointException
 
@@ -181,9 +178,9 @@ class Checkpointer:
                 dcp.save(state, checkpoint_id=str(partial), no_dist=not dist.is_initialized())
             except (CheckpointException, OSError) as e:  # DCP raises it on every rank
                 raise self.failed(step, partial, e) from None
-            self._finish(None, step, partial, final, meta)
-            self.raise_refused()
-        if wait:  # complete, and its sums written (a run's last save, a stop)
+            threading.Thread(target=finish, args=(None,), name="checkpoint", daemon=True).start()
+            self.pending = (None, done)
+        if wait:  # published (a run's last save, a stop)
             self.wait()
 
     def failed(self, step: int, partial: Path, error: BaseException | str) -> SaveFailed:
@@ -199,18 +196,18 @@ class Checkpointer:
         return SaveFailed(step, why, str(newest.path) if newest else None)
 
     def _finish(self, future: Future | None, step: int, partial: Path, final: Path, meta: dict):
-        """On every rank once its save returned; on rank 0 DCP has by then written .metadata,
-        which it does only after gathering every rank's write results. Rank 0 gathers the
-        sizes of the files each rank wrote into meta.json (a collective: on the save's own
-        group when asynchronous); then every rank sums its files in the background."""
+        """On every rank once its write returned; on rank 0 DCP has by then written .metadata,
+        which it does only after gathering every rank's write results. Each rank sums its
+        files into the partial directory; rank 0 gathers the sizes of every rank's files into
+        meta.json (a collective on the save's own group), publishes and prunes."""
         failed = future is not None and future.exception() is not None  # wait() reports it
-        if fault(self.rank, step) == "kill_in_save":
-            os.kill(os.getpid(), signal.SIGKILL)
-        names = [] if failed else rank_files(partial, self.rank)
-        # Each rank's file sizes, or why it has no room for its sums (None: its save failed).
-        mine = (
-            None if failed else (sums_room(partial, self.rank, names) or file_sizes(partial, names))
-        )
+        # Each rank's file sizes, or why it could not write its sums (None: its save failed).
+        mine = None
+        if not failed:
+            try:
+                mine = write_sums(partial, self.rank, rank_files(partial, self.rank))
+            except OSError as e:
+                mine = f"{e.strerror or e} ({e.filename})"
         gathered = [mine]
         if dist.is_initialized():
             gathered = [None] * dist.get_world_size()
@@ -218,39 +215,35 @@ class Checkpointer:
         if all(isinstance(g, dict) for g in gathered):
             if self.rank == 0:
                 files = {name: s for g in gathered for name, s in g.items()}
-                write_meta(partial, {**meta, "files": files})
-                publish(partial, final)
-                prune(self.directory, self.keep)
-            self.summing = threading.Thread(
-                target=write_sums, args=(partial, final, self.rank, names), daemon=True
-            )
-            self.summing.start()
+                try:
+                    write_meta(partial, {**meta, "files": files})
+                    publish(partial, final)
+                except OSError as e:  # a disk that filled, a mount gone read-only
+                    self.refused = self.failed(step, partial, e)
+                    return
+                try:
+                    prune(self.directory, self.keep)
+                except OSError as e:  # the new checkpoint stands; older ones stay
+                    print(f"warning: older checkpoints were not pruned: {e}", file=sys.stderr)
         elif why := next((g for g in gathered if isinstance(g, str)), None):
             self.refused = self.failed(step, partial, why)  # raised by wait()
 
     def wait(self) -> None:
-        """Block until the save in flight (if any) is complete, its sums included."""
+        """Block until the save in flight (if any) is published, or raise why it was not."""
         if self.pending is not None:
             future, done = self.pending
             self.pending = None
-            try:
-                future.result()
-            except BaseException as e:  # DCP's CheckpointException is a BaseException
-                if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                    raise
-                done.wait()
-                raise self.failed(self.pending_step, self.pending_partial, e) from None
+            if future is not None:
+                try:
+                    future.result()
+                except BaseException as e:  # DCP's CheckpointException is a BaseException
+                    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                        raise
+                    done.wait()
+                    raise self.failed(self.pending_step, self.pending_partial, e) from None
             done.wait()
-            self.raise_refused()
-        if self.summing is not None:
-            self.summing.join()
-            self.summing = None
-
-    def raise_refused(self) -> None:
-        """The save just finished was written but not published (a rank had no room left for
-        its sums): the run stops as for a save that failed."""
         if (refused := self.refused) is not None:
-            self.refused = None
+            self.refused = None  # a rank had no room left for its sums: as a failed save
             raise refused
 
     def load(self, entry: Entry, state: dict) -> None:

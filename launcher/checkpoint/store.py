@@ -6,21 +6,27 @@ step_00000120.partial/ and becomes step_00000120/ by one atomic rename, done by 
 once DCP has reported every rank's shards written and meta.json is on disk. A crash mid-save
 leaves a `.partial` directory, which resuming skips and loading by path refuses.
 
-meta.json's `files` records every file's size; each rank then adds sums.RANK.json, the CRC-32
-of the files it wrote, in the background (write_sums). `damage` finds a missing, truncated or
-changed file, and resuming falls back past a damaged checkpoint to the newest intact one. What
-is whole is proven by what the checkpoint holds, not by a list that can lose entries: DCP's
-.metadata names every file and the bytes read from it, and each of those files must have its
-saved checksum (launcher/checkpoint/reader.py, checkpoint_damage).
+Before rank 0 publishes a save, each rank sums the files it wrote (sums.RANK.json, the CRC-32
+of each) and meta.json's `files` records every file's size: a checkpoint is never visible
+without what proves it whole. `damage` finds a missing, truncated or changed file, and
+resuming falls back past a damaged checkpoint to the newest intact one. What is whole is proven
+by what the checkpoint holds, not by a list that can lose entries: DCP's .metadata names every
+file and the bytes read from it, and each of those files must have its saved checksum
+(launcher/checkpoint/reader.py, checkpoint_damage).
+
+Nothing leaves the complete set half-deleted: a checkpoint is renamed out of it
+(step_N.deleting, invisible like a partial) before its files are removed, by pruning and by a
+publish that replaces a checkpoint of the same step. So at every instant of a save the newest
+checkpoint that can be proven whole is there: the new one once published, else the ones before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
-import time
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +38,7 @@ from models import families
 FORMAT = "llm-launcher-checkpoint"
 META = "meta.json"
 PARTIAL = ".partial"
+DELETING = ".deleting"  # renamed out of the complete set, being removed
 NAME = re.compile(r"^step_(\d{8})(\.partial)?$")
 # Model fields that decide the shapes (and names) of the parameters a checkpoint holds.
 SHAPE_FIELDS = (
@@ -130,60 +137,21 @@ def rank_files(directory: Path, rank: int) -> list[str]:
     return names + ([METADATA] if rank == 0 and (directory / METADATA).is_file() else [])
 
 
-def sums_room(partial: Path, rank: int, names: list[str]) -> str | None:
-    """Take the room this rank's sums.RANK.json will need, in the checkpoint before it is
-    published: a disk that fills while the sums are computed in the background must not
-    leave a published checkpoint without them (one that cannot be proven whole). None, or
-    why there is no room (then the checkpoint is not published)."""
-    tmp = partial / (SUMS.format(rank=rank) + ".tmp")
+def write_sums(directory: Path, rank: int, names: list[str]) -> dict[str, dict]:
+    """Sum the files this rank wrote into a save's directory before it is published: their
+    CRC-32 into sums.RANK.json (flushed to disk); returns their sizes, for meta.json. An
+    OSError (a disk that filled) leaves no sums file: the save is then not published."""
+    sums = {name: crc32(directory / name) for name in names}
+    path = directory / SUMS.format(rank=rank)
     try:
-        tmp.write_text(" " * len(json.dumps({n: "0" * 8 for n in names})))  # CRCs: 8 hex
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        return f"{e.strerror or e} ({tmp})"
-    return None
-
-
-def there(partial: Path, final: Path) -> bool:
-    """Whether the save is still there, as `partial` or (renamed by rank 0 meanwhile) as
-    `final`. `partial` is asked first: asked the other way round, a rename between the two
-    questions answers that neither exists."""
-    return partial.exists() or final.exists()
-
-
-def write_sums(partial: Path, final: Path, rank: int, names: list[str], wait_s: float = 60):
-    """Sum the files this rank wrote and add sums.RANK.json to the checkpoint once it is
-    complete. Runs in the background after a save (training goes on): the save itself costs
-    what it did before checksums. Rank 0 renames `partial` to `final` meanwhile, first
-    deleting a `final` of the same step left from before a restart: until `partial` is gone,
-    `final` may be that old one, so the files are read under `partial` while it exists (a
-    file open stays open across the rename) and the sums are written only once it is gone. A
-    checkpoint pruned before the sums are written simply gets none."""
-    sums = {}
-    for name in names:
-        for _ in range(100):
-            try:
-                sums[name] = crc32(partial / name if partial.exists() else final / name)
-                break
-            except FileNotFoundError:  # renamed between the check and the open: again
-                if not there(partial, final):
-                    return  # pruned
-                time.sleep(0.01)
-        else:
-            return
-    deadline = time.monotonic() + wait_s
-    while partial.exists() or not (final / META).is_file():  # published by rank 0
-        if time.monotonic() > deadline or not there(partial, final):
-            return
-        time.sleep(0.05)
-    tmp = final / (SUMS.format(rank=rank) + ".tmp")
-    try:
-        # Over the room sums_room took (the same length): no new block of a disk that filled.
-        with open(tmp, "r+" if tmp.is_file() else "w") as f:
+        with open(path, "w") as f:
             f.write(json.dumps(sums))
-        os.replace(tmp, final / SUMS.format(rank=rank))
-    except OSError:  # pruned meanwhile
-        tmp.unlink(missing_ok=True)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError:
+        path.unlink(missing_ok=True)
+        raise
+    return file_sizes(directory, names)
 
 
 def recorded_sums(entry: Entry) -> dict[str, str]:
@@ -368,27 +336,68 @@ def write_meta(directory: Path, meta: dict) -> None:
         os.fsync(f.fileno())
 
 
-def publish(partial: Path, final: Path) -> None:
-    """Make a finished save visible: one atomic rename (same filesystem)."""
-    if final.exists():  # a checkpoint of the same step, e.g. from before a restart
-        shutil.rmtree(final)
-    os.rename(partial, final)
-    dir_fd = os.open(final.parent, os.O_RDONLY)
+def seal(partial: Path, final: Path, meta: dict) -> None:
+    """Finish a one-process save as the Checkpointer finishes a run's: its sums, meta.json with
+    every file's size, then the rename to `final`."""
+    files = write_sums(partial, 0, rank_files(partial, 0))
+    write_meta(partial, {**meta, "files": files})
+    publish(partial, final)
+
+
+def delete(path: Path) -> None:
+    """Remove a directory, or only the link where it is a symbolic link (to itself, or to
+    something the launcher did not make)."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint directory: first renamed out of the complete set in one step (a
+    kill while its files go leaves nothing that looks like a checkpoint), then removed."""
+    aside = path.with_name(path.name + DELETING)
+    delete(aside)  # left by a removal that was killed
+    with contextlib.suppress(FileNotFoundError):
+        os.rename(path, aside)
+    delete(aside)
+
+
+def sync_dir(directory: Path) -> None:
+    """Flush a directory's entries (a rename) to disk."""
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 
 
+def publish(partial: Path, final: Path) -> None:
+    """Make a finished save visible: one atomic rename (same filesystem). Whatever holds the
+    name already (a checkpoint of the same step from before a restart that resumed from an
+    older one, a stray link) is renamed aside first and removed after: at no instant is
+    there neither."""
+    aside = final.with_name(final.name + DELETING)
+    if final.exists() or final.is_symlink():
+        delete(aside)
+        os.rename(final, aside)
+    os.rename(partial, final)
+    sync_dir(final.parent)
+    delete(aside)
+
+
 def prune(directory: str | Path, keep: int) -> list[Path]:
-    """Delete all but the newest `keep` complete checkpoints (0 keeps all), and any partial
-    one older than the newest complete one; returns what was deleted."""
+    """Delete all but the newest `keep` complete checkpoints (0 keeps all), any partial one
+    older than the newest complete one, and what a killed removal left; returns what was
+    deleted."""
     entries = list_checkpoints(directory)
     complete = [e for e in entries if e.complete]
+    for left in Path(directory).glob(f"step_*{DELETING}"):
+        delete(left)
     if not complete:
         return []
     doomed = complete[:-keep] if keep > 0 else []
     doomed += [e for e in entries if not e.complete and e.step < complete[-1].step]
     for e in doomed:
-        shutil.rmtree(e.path, ignore_errors=True)
+        remove(e.path)
     return [e.path for e in doomed]

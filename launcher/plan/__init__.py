@@ -60,11 +60,6 @@ class Plan:
         return self.degrees["dp_replicate"] * self.degrees["dp_shard"]
 
     @property
-    def grad_accum(self) -> int:
-        t = self.cfg.train
-        return max(1, t.global_batch_size // max(1, t.micro_batch_size * self.dp))
-
-    @property
     def flops_per_token(self) -> float:
         return self.context.model_flops_per_token if self.context else 0.0
 

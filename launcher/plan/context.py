@@ -83,10 +83,6 @@ class Context:
         self.attn_core_flops = (
             3 * self.seq * s.n_heads * (s.d_qk + s.d_v) * (1 if self.flash else 2)
         )
-        self.dense_layer_flops = 6 * (s.attn_params + s.dense_mlp_params)
-        routed = m.top_k * 3 * m.dim * m.moe_ffn_dim if self.moe else 0
-        self.moe_layer_flops = 6 * (s.attn_params + routed + s.moe_shared_params)
-        self.head_flops = 6 * m.vocab_size * m.dim
         self.dense_mlp_saved = (3 if families.of(m).gated_mlp else 2) * m.ffn_dim
         self.shared_mlp_saved = 3 * m.n_shared_experts * m.moe_ffn_dim
         # Each routed copy: its input row, its expert's 3 SwiGLU tensors and output row (kept for

@@ -179,13 +179,6 @@ def numeric_keys(schema: type = Config, prefix: str = "") -> dict[str, type]:
     return out
 
 
-def value_of(cfg: Config, key: str):
-    node = cfg
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node
-
-
 # (key, group, field, range) of every setting, split once: every numeric setting sits one
 # group deep.
 _CHECKS = [(key, *key.split("."), rng) for key, rng in RANGES.items()]

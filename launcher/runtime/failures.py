@@ -10,11 +10,10 @@
   doing (`timed`).
 - LAUNCHER_FAULT_INJECT="RANK:STEP[:KIND]" makes one rank fail at one step, on the first
   attempt only (a torchrun restart runs clean): KIND raise (default), kill (SIGKILL itself),
-  hang (sleep forever), kill_in_save (SIGKILL after writing its shards of that step's
-  checkpoint, before the checkpoint is complete), nan (a NaN in that rank's gradients after
-  its backward), stop (SIGTERM to itself and to the `python -m launcher.train` above it, as a
-  user's kill that lands in that step: the docs' examples stop at a step they can name). Tests
-  use it; users never need it.
+  hang (sleep forever), nan (a NaN in that rank's gradients after its backward), stop
+  (SIGTERM to itself and to the `python -m launcher.train` above it, as a user's kill that
+  lands in that step: the docs' examples stop at a step they can name). Tests use it; users
+  never need it. (A kill inside a save: tests/checkpoint/save_window.py.)
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from launcher.runtime.failures import (
     STOPPED_FILE,
     parent_of,
     stopped_message,
+    write_record,
 )
 
 # Set by relaunch() in the children, so that they do not print the plan a second time.
@@ -235,9 +236,16 @@ def supervise(cmd: list[str], env: dict, run_dir: Path, stop_timeout_s: float) -
         print(message, file=sys.stderr)
         return EXIT_STOPPED
     if received and status:  # status 0: the ranks finished the run (a stop on its last step)
-        name = signal.Signals(received[0][0]).name
-        print(f"stopped by {name} before a checkpoint was complete", file=sys.stderr)
-        return status
+        # Killed before a checkpoint of this step (a second Ctrl-C, ranks past the stop's
+        # timeout): a stop all the same, ended as a shell reports one, 128 + the signal.
+        signum = received[0][0]
+        print(
+            f"stopped by {signal.Signals(signum).name} before a checkpoint of this step was "
+            "complete: the same command resumes from the newest checkpoint",
+            file=sys.stderr,
+        )
+        write_record(run_dir, STOPPED_FILE, {"signal": signum, "step": None, "checkpoint": None})
+        return 128 + signum
     if status < 0:  # torchrun itself was killed; its ranks exit on their own (watch_parent)
         name = signal.Signals(-status).name
         print(f"torchrun (PID {proc.pid}) was killed by {name}: its ranks exit", file=sys.stderr)

@@ -83,6 +83,11 @@ def is_local(host: str) -> bool:
     return False
 
 
+def last_line(log: Path) -> str:
+    lines = log.read_text(errors="replace").strip().splitlines() if log.is_file() else []
+    return lines[-1] if lines else "it said nothing"
+
+
 def ensure(endpoint: str, log: Path, wait_s: float) -> None:
     """Return once a store listens at `endpoint`, starting it when HOST is this machine; a host
     that does not resolve, or a listener that is not a store, ends it at once."""
@@ -92,7 +97,7 @@ def ensure(endpoint: str, log: Path, wait_s: float) -> None:
             f"launch.rendezvous={endpoint}: no such host {host} (it does not resolve): check "
             "the address"
         )
-    begun, started, said = time.monotonic(), False, False
+    begun, store, said = time.monotonic(), None, False
     while not listening(host, port):
         if not said and time.monotonic() - begun > 5:
             print(
@@ -101,16 +106,22 @@ def ensure(endpoint: str, log: Path, wait_s: float) -> None:
                 flush=True,
             )
             said = True
-        if not started and is_local(host):
+        if store is None and is_local(host):
             with open(log, "ab") as out:
-                subprocess.Popen(
+                store = subprocess.Popen(
                     [sys.executable, "-m", "launcher.runtime.rendezvous", host, str(port)],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # neither a Ctrl-C nor this launcher's end stops it
                 )
-            started = True
+        elif store is not None and store.poll() is not None and not listening(host, port):
+            # The store started here ended without listening: another launcher's won the
+            # port only if something listens there now; else the port or address failed.
+            raise RendezvousProblem(
+                f"launch.rendezvous={endpoint}: the store could not start on this machine: "
+                f"{last_line(log)} (the whole log: {log})"
+            )
         if time.monotonic() - begun > wait_s:
             raise RendezvousProblem(
                 f"nothing listens at launch.rendezvous={endpoint} after {wait_s:g} s: start the "
@@ -156,8 +167,9 @@ def serve(host: str, port: int) -> None:
 
     try:
         store = dist.TCPStore(host, port, is_master=True, wait_for_workers=False)
-    except Exception as e:  # another launcher's store bound the port first
-        print(f"rendezvous store on port {port} not started: {e}", flush=True)
+    except Exception as e:  # the port taken (by another launcher's store, or not), the address
+        why = " ".join(str(e).split())
+        print(f"rendezvous store on {host}:{port} not started: {why}", flush=True)
         return
     print(f"rendezvous store listening on port {port}", flush=True)
     joined, beats, heard = False, -1, time.monotonic()

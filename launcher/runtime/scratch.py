@@ -134,7 +134,9 @@ def scratch(path: Path) -> Iterator[Path]:
     try:
         yield path
     except BaseException:
-        remove(path)
+        # A second stop signal does not cut the removal short (the command is ending already).
+        with contextlib.suppress(Stopped), uninterrupted():
+            remove(path)
         raise
     finally:
         _tell_guard("-", path)

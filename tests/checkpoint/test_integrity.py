@@ -15,13 +15,9 @@ import torch.distributed.checkpoint as dcp
 from launcher.checkpoint.reader import checkpoint_damage
 from launcher.checkpoint.store import (
     CheckpointError,
-    file_sizes,
     open_checkpoint,
-    publish,
-    rank_files,
+    seal,
     step_dir,
-    write_meta,
-    write_sums,
 )
 
 
@@ -33,10 +29,7 @@ def saved(tmp_path_factory):
     partial = final.with_name(final.name + ".partial")
     state = {"w": torch.arange(4096, dtype=torch.float32), "step": torch.tensor(3)}
     dcp.save(state, storage_writer=dcp.FileSystemWriter(str(partial)), no_dist=True)
-    names = rank_files(partial, 0)
-    write_meta(partial, {"step": 3, "files": file_sizes(partial, names)})
-    publish(partial, final)
-    write_sums(partial, final, 0, names)
+    seal(partial, final, {"step": 3})
     assert checkpoint_damage(open_checkpoint(final)) == []
     return final
 

@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shutil
 import subprocess
-import threading
-import time
+from pathlib import Path
 
 import pytest
 from torch.distributed.checkpoint.api import CheckpointException
 
-from launcher.checkpoint.saver import Checkpointer
+from launcher.checkpoint.saver import Checkpointer, SaveFailed
 from launcher.checkpoint.store import (
     CheckpointError,
-    crc32,
     damage,
-    file_sizes,
     finished,
     list_checkpoints,
     newest_complete,
@@ -29,7 +28,6 @@ from launcher.checkpoint.store import (
     shape_mismatches,
     start_problems,
     step_dir,
-    sums_room,
     write_meta,
     write_sums,
 )
@@ -127,28 +125,23 @@ def test_meta_is_plain_json(tmp_path):
 
 
 def saved_with_sums(directory, step: int):
-    """A save as the Checkpointer makes one: sizes in meta.json, then each rank's sums added
-    in the background while rank 0 publishes."""
+    """A save of two ranks as the Checkpointer makes one: each rank's sums, then sizes in
+    meta.json and the rename."""
     final = step_dir(directory, step)
     partial = final.with_name(final.name + ".partial")
     partial.mkdir(parents=True)
     for rank in (0, 1):
         (partial / f"__{rank}_0.distcp").write_bytes(bytes(range(256)) * (rank + 1))
     (partial / ".metadata").write_bytes(b"index")
-    names = {rank: rank_files(partial, rank) for rank in (0, 1)}
-    assert all(sums_room(partial, r, names[r]) is None for r in (0, 1))
-    sums = [threading.Thread(target=write_sums, args=(partial, final, r, names[r])) for r in (0, 1)]
-    for t in sums:
-        t.start()
-    files = {n: s for r in (0, 1) for n, s in file_sizes(partial, names[r]).items()}
+    files = {}
+    for rank in (0, 1):
+        files.update(write_sums(partial, rank, rank_files(partial, rank)))
     write_meta(partial, {"step": step, "files": files})
     publish(partial, final)
-    for t in sums:
-        t.join(timeout=30)
     return open_checkpoint(final)
 
 
-def test_sums_are_added_after_the_rename_and_find_each_kind_of_damage(tmp_path):
+def test_sums_are_in_the_checkpoint_when_it_appears_and_find_each_kind_of_damage(tmp_path):
     entry = saved_with_sums(tmp_path, 4)
     assert sorted(p.name for p in entry.path.glob("sums.*.json")) == [
         "sums.0.json",
@@ -189,38 +182,6 @@ def test_only_a_checkpoint_proven_whole_at_the_last_step_answers_nothing_left(tm
     assert finished(tmp_path / "unsummed", "auto", 4) is None
 
 
-def test_sums_of_a_checkpoint_pruned_meanwhile_give_up_at_once(tmp_path):
-    partial, final = tmp_path / "step_00000002.partial", tmp_path / "step_00000002"
-    start = time.monotonic()
-    write_sums(partial, final, 0, ["__0_0.distcp"])
-    assert time.monotonic() - start < 1 and not final.exists()
-
-
-@pytest.mark.parametrize("k", range(1, 7))
-def test_sums_are_written_whenever_rank_0_publishes_between_the_threads_questions(tmp_path, k):
-    """Rank 0's rename lands after the summing thread's k-th question (partial or final
-    there?), for each k: each time it is a publish, not a prune, and the sums are written."""
-    final = make(tmp_path, 2)
-    partial = final.with_name(final.name + ".partial")
-    final.rename(partial)
-    (partial / "meta.json").rename(partial / "meta.later")
-    asked = []
-
-    class Publishing(type(final)):
-        def exists(self, *args, **kwargs):
-            found = super().exists(*args, **kwargs)
-            asked.append(self.name)
-            if len(asked) == k:  # rank 0 publishes now
-                (partial / "meta.later").rename(partial / "meta.json")
-                publish(partial, final)
-            return found
-
-    assert sums_room(partial, 0, ["__0_0.distcp"]) is None
-    write_sums(Publishing(partial), Publishing(final), 0, ["__0_0.distcp"], wait_s=5)
-    assert len(asked) > k and final.is_dir(), asked
-    assert sorted(recorded_sums(open_checkpoint(final))) == ["__0_0.distcp"], asked
-
-
 def test_a_meta_json_that_is_not_an_object_is_not_complete(tmp_path):
     final = make(tmp_path, 2)
     (final / "meta.json").write_text("[1, 2]")
@@ -229,15 +190,67 @@ def test_a_meta_json_that_is_not_an_object_is_not_complete(tmp_path):
         open_checkpoint(final)
 
 
-def test_sums_of_a_step_saved_again_are_of_the_new_files_in_the_new_directory(tmp_path):
-    """A resume that fell back past step 4 saves step 4 again: rank 0 deletes the old one
-    when it publishes; the sums must not be read from, or written into, the old one."""
+def test_a_step_saved_again_replaces_the_old_one_whole(tmp_path):
+    """A resume that fell back past step 4 saves step 4 again: the old one is renamed aside
+    before the new one takes its name, so no instant has neither, and nothing of it stays."""
     old = make(tmp_path, 4)
     (old / "__1_0.distcp").write_bytes(b"old shard")
+    renames = []
+    real = os.rename
+
+    def rename(src, dst):
+        renames.append((Path(src).name, Path(dst).name, sorted(p.name for p in tmp_path.iterdir())))
+        real(src, dst)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(os, "rename", rename)
+        entry = saved_with_sums(tmp_path, 4)
+    assert [(s, d) for s, d, _ in renames] == [
+        ("step_00000004", "step_00000004.deleting"),
+        ("step_00000004.partial", "step_00000004"),
+    ]
+    assert entry.path == old and damage(entry) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004"]
+    assert (old / "__1_0.distcp").read_bytes() == bytes(range(256)) * 2
+
+
+def test_a_step_name_held_by_a_link_to_itself_is_replaced_by_the_save(tmp_path):
+    """A stray symbolic link in a checkpoint's place (here to itself) is not a checkpoint;
+    the save of that step replaces the link, and pruning removes links, never their target."""
+    make(tmp_path, 2)
+    (tmp_path / "step_00000004").symlink_to("step_00000004")
     entry = saved_with_sums(tmp_path, 4)
-    assert entry.path == old and not (old / "sums.9.json").exists()
-    assert damage(entry) == []
-    assert "__1_0.distcp" in recorded_sums(entry)
+    assert entry.path.is_dir() and not entry.path.is_symlink() and damage(entry) == []
+    elsewhere = make(tmp_path / "elsewhere", 1)
+    (tmp_path / "step_00000001").symlink_to(elsewhere)
+    assert [p.name for p in prune(tmp_path, keep=1)] == ["step_00000001", "step_00000002"]
+    assert (elsewhere / "meta.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["elsewhere", "step_00000004"]
+
+
+def test_prune_renames_a_checkpoint_out_before_deleting_its_files(tmp_path):
+    """A kill while pruning leaves no half-deleted checkpoint that still looks complete: each
+    is renamed out of the set first; what a killed removal left goes at the next prune."""
+    for step in (2, 4):
+        make(tmp_path, step)
+    seen = []
+    real = shutil.rmtree
+
+    def rmtree(path, *args, **kwargs):
+        if Path(path).exists():  # what is listed while files are deleted
+            seen.append([(e.step, e.complete) for e in list_checkpoints(tmp_path)])
+        real(path, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(shutil, "rmtree", rmtree)
+        assert [p.name for p in prune(tmp_path, keep=1)] == ["step_00000002"]
+    assert seen and all(s == [(4, True)] for s in seen)
+    left = tmp_path / "step_00000006.deleting"  # a removal killed half way
+    left.mkdir()
+    (left / "meta.json").write_text("{}")
+    assert [e.step for e in list_checkpoints(tmp_path)] == [4]
+    prune(tmp_path, keep=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000004"]
 
 
 @contextlib.contextmanager
@@ -266,29 +279,26 @@ def fill(directory) -> None:
             f.flush()
 
 
-def test_sums_land_when_the_disk_fills_after_the_save(tiny_disk):
-    """The sums are written in the background after the checkpoint is published: a disk that
-    fills meanwhile must not leave it without them (it could not be proven whole, and the
-    resume would fall back past it). Their room is taken before publishing; with no room
-    then, the save is refused, nothing left behind."""
-    final = tiny_disk / "step_00000002"
-    partial = final.with_name(final.name + ".partial")
-    later = tiny_disk / "step_00000004.partial"
-    for directory in (partial, later):
-        directory.mkdir()
-        (directory / "__0_0.distcp").write_bytes(bytes(range(256)) * 4)
-        (directory / ".metadata").write_bytes(b"index")
-    names = rank_files(partial, 0)
-    assert sums_room(partial, 0, names) is None
-    write_meta(partial, {"step": 2, "files": file_sizes(partial, names)})
-    publish(partial, final)
+def test_a_save_with_no_room_for_its_sums_is_not_published(tiny_disk):
+    """Sums are written before the checkpoint appears: with no room left for them the save
+    is refused (one line naming the file), its partial removed, the previous one named."""
+    previous = make(tiny_disk, 2)
+    partial = tiny_disk / "step_00000004.partial"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(bytes(range(256)) * 4)
+    (partial / ".metadata").write_bytes(b"index")
     fill(tiny_disk)
-    write_sums(partial, final, 0, names)
-    entry = open_checkpoint(final)
-    assert recorded_sums(entry) == {n: crc32(final / n) for n in names}
-    assert damage(entry) == []
-    assert "No space left on device" in sums_room(later, 0, names)
-    assert sorted(p.name for p in later.iterdir()) == sorted(names)
+    with pytest.raises(OSError):
+        write_sums(partial, 0, rank_files(partial, 0))
+    assert not (partial / "sums.0.json").exists()
+    saver = Checkpointer(tiny_disk, keep=1, async_save=False, rank=0, meta=dict)
+    saver._finish(None, 4, partial, step_dir(tiny_disk, 4), {})
+    with pytest.raises(SaveFailed) as failed:
+        saver.wait()
+    assert (
+        "No space left on device" in failed.value.message and str(previous) in failed.value.message
+    )
+    assert not partial.exists() and [e.step for e in list_checkpoints(tiny_disk)] == [2]
 
 
 def test_a_save_that_fills_the_disk_says_so_when_torch_hides_the_os_error(tmp_path):

@@ -20,14 +20,7 @@ import torch
 from conftest import cli_env, compose_config
 from safetensors import safe_open
 
-from launcher.checkpoint.store import (
-    file_sizes,
-    publish,
-    rank_files,
-    step_dir,
-    write_meta,
-    write_sums,
-)
+from launcher.checkpoint.store import seal, step_dir
 from launcher.hf.names import sources
 from launcher.hf.weights import to_hf
 from launcher.training.trainer import build_model
@@ -59,11 +52,8 @@ def saved_checkpoint(directory: Path) -> tuple[Path, dict, dict]:
     final = step_dir(directory, 0)
     partial = final.with_name(final.name + ".partial")
     dcp.save({"model": state}, checkpoint_id=str(partial), no_dist=True)
-    names = rank_files(partial, 0)
     meta = {"step": 0, "samples": 0, "weights_only": True, "layout": {}}
-    write_meta(partial, {**meta, "config": {"model": model}, "files": file_sizes(partial, names)})
-    publish(partial, final)
-    write_sums(partial, final, 0, names)
+    seal(partial, final, {**meta, "config": {"model": model}})
     return final, state, model
 
 

@@ -152,26 +152,6 @@ def test_a_stop_during_start_up_ends_like_any_stop(devices, tmp_path):
         )
 
 
-@pytest.mark.jobs(REFERENCE)
-def test_kill_during_a_save_leaves_the_previous_checkpoint(reference, tmp_path):
-    """Rank 0 is SIGKILLed after writing its shards of step 4, before the checkpoint is
-    complete: step 4 stays partial, is listed as incomplete and refused by path; the rerun
-    resumes from step 2."""
-    result = train(tmp_path, env={"LAUNCHER_FAULT_INJECT": "0:4:kill_in_save"})
-    assert result.returncode not in (0, 2)
-    listed = run_cli("launcher.checkpoint", "list", str(tmp_path))
-    assert "step_00000004.partial" in listed.stdout and "incomplete" in listed.stdout
-    refused = train(
-        tmp_path / "other",
-        f"checkpoint.initial_load_path={tmp_path / 'checkpoints' / 'step_00000004.partial'}",
-    )
-    assert refused.returncode == 2 and "incomplete: a save did not finish" in refused.stderr
-    again = train(tmp_path)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "starting from step 2 of" in again.stdout
-    assert losses(tmp_path) == reference
-
-
 def test_a_hung_rank_fails_the_run_within_the_timeout(tmp_path):
     """Rank 1 hangs at step 3: rank 0's collective gives up after train.timeout_s, naming
     itself and the step; torchrun ends the group and nothing is left running."""

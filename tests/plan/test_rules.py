@@ -43,7 +43,7 @@ def test_default_is_valid_and_fits():
 def test_degree_inference_and_accumulation(overrides, shard, accum):
     plan, _, _ = rules(overrides)
     assert plan.valid, plan.errors
-    assert plan.degrees["dp_shard"] == shard and plan.grad_accum == accum
+    assert plan.degrees["dp_shard"] == shard and plan.layout.microbatches == accum
 
 
 def test_world_size_mismatch_names_values():
