@@ -386,10 +386,13 @@ def hydra_app(task: Callable[[DictConfig], None]) -> Callable[[], None]:
         for arg in sys.argv[1:]:
             if problem := override_problem(arg):
                 fail(problem)
-        multirun = {"-m", "--multirun"} & set(sys.argv[1:])
+        multirun = [a for a in sys.argv[1:] if a in ("-m", "--multirun")]
         if not multirun and (swept := next(filter(is_sweep, sys.argv[1:]), None)):
             fail(f"{swept}: a sweep runs with -m (--multirun), each of its values a run")
-        sys.argv[1:] = [whole_dict(arg) for arg in sys.argv[1:]]
+        # -m first: written among the overrides, it would split them in two for Hydra's parser
+        # (which takes one run of them: "unrecognized arguments").
+        rest = [whole_dict(a) for a in sys.argv[1:] if a not in ("-m", "--multirun")]
+        sys.argv[1:] = multirun[:1] + rest
         try:
             main()
         except SystemExit as e:

@@ -248,9 +248,13 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"--out {args.out}: the file name must end in .png, .svg or .pdf")
         if not args.out.parent.is_dir():
             fail(f"--out {args.out}: no such directory {args.out.parent}")
+        # Drawn beside it, then renamed over it: a disk that fills keeps the old file whole.
+        partial = args.out.with_name(f".{args.out.stem}.partial{args.out.suffix}")
         try:
-            plot(args.runs, args.out)
+            plot(args.runs, partial)
+            os.replace(partial, args.out)
         except OSError as e:  # unwritable, a directory of that name, a full disk
+            partial.unlink(missing_ok=True)
             fail(f"--out {args.out}: {e.strerror or e}")
         print(f"wrote {args.out}: {len(args.runs)} run(s)")
         return

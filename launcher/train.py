@@ -23,7 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from launcher import configs, sweep
+from launcher import configs
 from launcher.checkpoint.store import (
     finished,
     newest_complete,
@@ -37,7 +37,7 @@ from launcher.data.sources import token_file_paths
 from launcher.plan import auto, engine_plan
 from launcher.plan.report import plan_json, print_plan, problems_message
 from launcher.plan.search import candidate_overrides, with_overrides
-from launcher.runtime import launch, rundir
+from launcher.runtime import launch, rundir, sweep_files
 
 
 def check_devices(device_type: str, devices_per_node: int) -> None:
@@ -72,7 +72,7 @@ def reject(problems: str, hc, run_dir: Path, first: bool) -> None:
         fail(problems)
     if first:
         print(f"rejected: {' '.join(hc.overrides.task)}\n{problems}", file=sys.stderr)
-        sweep.write_json(run_dir / sweep.REJECTED, {"problems": problems})
+        sweep_files.write_json(run_dir / sweep_files.REJECTED, {"problems": problems})
 
 
 def checkpoint_problems(cfg, run_dir: str) -> list[str]:
@@ -90,7 +90,6 @@ def checkpoint_problems(cfg, run_dir: str) -> list[str]:
 
 def task(dcfg: DictConfig) -> None:
     launch.slurm_env()  # a SLURM task learns its rank before anything asks for it
-    launch.keep_nice()  # a rank (a session of its own) keeps a `nice` launch's priority
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     if hc.mode == RunMode.RUN and not str(hc.run.dir).strip():
@@ -100,7 +99,7 @@ def task(dcfg: DictConfig) -> None:
         )
     first = launch.global_rank() == 0 and not launch.is_child()
     if first and hc.mode == RunMode.MULTIRUN:  # the sweep's summary reads these (sweep.py)
-        sweep.write_json(run_dir / sweep.OVERRIDES, list(hc.overrides.task))
+        sweep_files.write_json(run_dir / sweep_files.OVERRIDES, list(hc.overrides.task))
     cfg = to_config(dcfg)
     if cfg.parallel.auto:
         if cfg.plan.candidate >= 0:
@@ -161,7 +160,8 @@ def task(dcfg: DictConfig) -> None:
             "model": cfg.model.name,
             "overrides": list(hc.overrides.task),  # what launcher.runs tells runs apart by
         }
-        sweep.write_json(run_dir / sweep.PLAN, record)  # read by the sweep summary and runs
+        # Read by the sweep summary and by launcher.runs.
+        sweep_files.write_json(run_dir / sweep_files.PLAN, record)
     if first:
         print(f"run directory: {run_dir}", flush=True)
     if first and cfg.launch.rendezvous and plan.world_size == 1:

@@ -18,7 +18,6 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 from group import Group, Job  # noqa: E402
 from hypothesis import settings  # noqa: E402
-from lane import Lane  # noqa: E402
 
 from launcher.cli import compose  # noqa: E402
 from launcher.configs import BUILTIN  # noqa: E402
@@ -32,8 +31,6 @@ settings.register_profile("thorough", max_examples=400)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 # The session's multi-process jobs (tests/group.py): declared at collection, run by world size.
 GROUP = Group()
-# The session's work that runs beside its tests (tests/lane.py): declared at collection.
-LANE = Lane()
 # Recipes whose published layout launcher.train cannot run yet, with the limitation that refuses
 # them (issue 24 closes these; docs/planner.md's recipes table shows the same).
 REFUSED_RECIPES: dict[str, str] = {}
@@ -56,30 +53,16 @@ def declared_jobs(item) -> list[Job]:
 @pytest.hookimpl(trylast=True)  # after -m and -k have deselected what does not run
 def pytest_collection_modifyitems(config, items):
     """Declare the selected tests' jobs, and order the session around the groups, which run
-    them in the background from the first test on (`group`), one launch per world size: first
-    the tests that start no process of their own (one core beside the groups' processes), then
-    the other end-to-end and multi-process tests with those that read only the first launch's
-    jobs (done by then), then the tests that read later launches' jobs, in launch order, and
-    last those that read the lane's work (tests/lane.py), which starts once the groups are done.
-
-    The groups keep both cores busy; the tests after them run one at a time, which leaves a
-    core idle while a test waits or starts its processes. So what can run beside the groups
-    does (measured: the e2e tests that read a one-process reference ran after every group,
-    at 70% of the cores, for 13 minutes), and the lane runs beside the tests after them."""
+    them in the background from the first test on (`group`): first the tests that start no
+    process of their own (one core beside the groups' processes), then the other end-to-end
+    and multi-process tests, and last the tests that read jobs."""
     for item in items:
         for job in declared_jobs(item):
             GROUP.declare(job)
-        for marker in item.iter_markers("lane"):
-            LANE.declare(*marker.args)
-    launch = GROUP.launch_order()
-    last = 2 + max(launch.values(), default=0)
 
     def order(item) -> int:
-        if item.get_closest_marker("lane"):
-            return last
-        jobs = declared_jobs(item)
-        if jobs:
-            return 1 + max(launch[j.key] for j in jobs)
+        if declared_jobs(item):
+            return 2
         return 1 if item.get_closest_marker("dist") or item.get_closest_marker("e2e") else 0
 
     items.sort(key=order)  # stable: file order within each part
@@ -88,14 +71,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def group(tmp_path_factory) -> Group:
     """The jobs' groups: `group.result(job)` is the job's output directory. Set up with the
-    session's first test, which starts the groups in the background, and the lane
-    (`LANE.result(key)`) once they are done."""
+    session's first test, which starts the groups in the background."""
     if GROUP.root is None:
         GROUP.root = tmp_path_factory.mktemp("group")
-    GROUP.start(then=LANE.start)
+    GROUP.start()
     yield GROUP
     GROUP.stop()
-    LANE.stop()
 
 
 def pytest_terminal_summary(terminalreporter):
@@ -130,11 +111,10 @@ def run_cli(module: str, *args: str, env: dict | None = None, timeout: float = 6
     )
 
 
-def start_cli(module: str, *args: str, env: dict | None = None, nice: int = 0) -> subprocess.Popen:
-    """`python -m module args` started from the repo root (under `nice -n NICE`), its output
-    piped (text)."""
+def start_cli(module: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """`python -m module args` started from the repo root, its output piped (text)."""
     return subprocess.Popen(
-        [*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", module, *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env=cli_env(env),
         stdout=subprocess.PIPE,
@@ -152,15 +132,6 @@ def wait_for_step(proc: subprocess.Popen, run_dir: Path, step: int, timeout: flo
         assert time.monotonic() < deadline, f"training never reached step {step}"
         time.sleep(0.1)
     return done
-
-
-def autogroup_nice(pid: int) -> int | None:
-    """The nice value of the session `pid` is in, as Linux schedules it (autogroup; None
-    where the kernel has none, or for a process still in init's group: its file is empty)."""
-    try:
-        return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def newest_step(run_dir: Path) -> int:

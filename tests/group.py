@@ -34,7 +34,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -90,7 +89,6 @@ class Group:
         self._runner: threading.Thread | None = None
         self._proc: subprocess.Popen | None = None
         self._stopping = False
-        self._then: Callable[[], None] = lambda: None
         self.started = False  # `start` was called: every job is declared by then
 
     def declare(self, job: Job) -> None:
@@ -124,19 +122,14 @@ class Group:
             raise JobFailed(f"{job.label or job.target} {list(job.args)} never ended")
         return out
 
-    def start(self, then: Callable[[], None] = lambda: None) -> None:
+    def start(self) -> None:
         """Run every job declared so far, and every job declared while it runs, in a background
-        thread: one group per world size, smallest first; call `then` when they are done (at
-        once when there are none)."""
+        thread: one group per world size, smallest first."""
         with self._cv:
             self.started = True
-            self._then = then  # (the runner calls it when it ends, outside this lock)
             if self._runner is None and self.pending:
                 self._runner = threading.Thread(target=self._drain, name="groups", daemon=True)
                 self._runner.start()
-            if self._runner is not None:
-                return
-        then()
 
     def stop(self) -> None:
         """End the background runner and the group it runs (the session is over)."""
@@ -144,17 +137,6 @@ class Group:
         proc = self._proc
         if proc is not None and proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-
-    def launch_order(self) -> dict[str, int]:
-        """Per pending job, the index of the launch that will run it as `start` drains them
-        (a job whose needs never run: past the last)."""
-        pending, done, index = list(self.pending.values()), {}, 0
-        while (nproc := next_size(pending, done)) is not None:
-            for j in next_launch(pending, done, nproc):
-                done[j.key] = index
-                pending.remove(j)
-            index += 1
-        return {**done, **{j.key: index for j in pending}}
 
     def _drain(self) -> None:
         try:
@@ -169,8 +151,6 @@ class Group:
             with self._cv:
                 self._runner = None
                 self._cv.notify_all()
-            if not self._stopping:
-                self._then()
 
     def _ensure(self, job: Job) -> None:
         if job.key in self.dirs:

@@ -5,6 +5,7 @@ named there, and a module imports another inside a function only with its reason
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from conftest import ROOT
@@ -100,6 +101,51 @@ def test_the_packages_form_layers():
     for m, targets in GRAPH.items():
         units.setdefault(unit(m), set()).update(unit(t) for t in targets if unit(t) != unit(m))
     assert cycle(units) == []
+
+
+# docs/architecture.md's layers, from the top: the commands (1: every module of launcher/ not
+# named here, and each package's __main__), then the packages and modules below them.
+LAYERS = {
+    "training/": 2,
+    "plan/": 3, "checkpoint/": 3, "hf/": 3, "data/": 3,
+    "parallel/": 4,
+    "runtime/": 5,
+    "config.py": 6, "layout.py": 6, "cli.py": 6, "configs.py": 6, "models/": 6,
+}  # fmt: skip
+
+
+def layer(module: str) -> int:
+    if module.endswith(".__main__"):
+        return 1
+    parts = module.split(".")
+    name = "models" if parts[0] == "models" else (parts[1:2] or [""])[0]
+    return LAYERS.get(f"{name}/", LAYERS.get(f"{name}.py", 6 if name in ("", "__init__") else 1))
+
+
+def upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a layer above the importer's (a command's included)."""
+    return [
+        f"{m} (layer {layer(m)}) imports {t} (layer {layer(t)})"
+        for m, targets in sorted(graph.items())
+        for t in sorted(targets)
+        if unit(t) != unit(m) and layer(t) < layer(m)
+    ]
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    """As the page draws them: a library module that imports a command (plan/calibrate.py
+    read a sweep's files through the `sweep` command module) fails."""
+    assert upward(GRAPH) == []
+    items = re.findall(r"^(\d)\. (.*?)(?=^\d\. |^$)", ARCHITECTURE, re.M | re.S)
+    for name, number in LAYERS.items():
+        assert f"`{name}`" in dict(items)[str(number)], f"{name} is not in layer {number}"
+
+
+def test_an_import_of_a_layer_above_is_found():
+    assert upward({"launcher.plan.calibrate": {"launcher.sweep"}}) == [
+        "launcher.plan.calibrate (layer 3) imports launcher.sweep (layer 1)"
+    ]
+    assert upward({"launcher.runtime.launch": {"launcher.config"}}) == []
 
 
 def test_the_cycle_finder_finds_cycles():

@@ -6,28 +6,19 @@ from __future__ import annotations
 
 import os
 import re
-from functools import partial
 from pathlib import Path
 
 import pytest
-from conftest import LANE
 
 from launcher import docs
 
 BLOCKS = [b for path in docs.doc_files() for b in docs.blocks(path)]
 
 
-def beside(block: docs.Block) -> bool:
-    """Whether the block runs in the session's lane (tests/lane.py), beside its other tests: a
-    block of output, run in bash, that needs no SLURM cluster (none writes the repository:
-    test_no_script_works_in_the_repository)."""
-    return block.kind == "output" and block.tier != "slurm"
-
-
 def check(block: docs.Block) -> None:
     """The block's command run now: equal to the page (timings aside), or, under `make docs`,
     written into it."""
-    now, _ = LANE.result(block.name) if beside(block) else docs.run(block)
+    now, _ = docs.run(block)
     problems = docs.differences(block, now)
     if problems and os.environ.get("DOCS_UPDATE") == "1":
         docs.replace(block, now)
@@ -38,10 +29,7 @@ def check(block: docs.Block) -> None:
 
 
 def marks(block: docs.Block) -> list:
-    found = [pytest.mark.slow] if block.tier == "slow" else []
-    if beside(block):
-        found.append(pytest.mark.lane(block.name, partial(docs.run, block)))
-    return found
+    return [pytest.mark.slow] if block.tier == "slow" else []
 
 
 def params(tier: str) -> list:
@@ -60,8 +48,8 @@ def test_block_matches_what_its_command_prints(block):
 
 def test_no_script_works_in_the_repository():
     """No block's script works in the repository (`cd "$REPO"`, itself or in a script it
-    sources): in the lane, it would write conf/ while the session's tests read it; a user's
-    presets go into a config directory of their own (docs/config.md)."""
+    sources): it would write conf/ while the session's tests read it; a user's presets go into
+    a config directory of their own (docs/config.md)."""
 
     def text(name: str) -> str:
         own = (docs.EXAMPLES / f"{name}.sh").read_text()

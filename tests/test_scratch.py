@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -131,3 +132,38 @@ def test_a_command_that_ends_otherwise_is_untouched(capsys):
     with pytest.raises(ValueError, match="not a stop"):
         main([])
     assert capsys.readouterr().err == ""
+
+
+def loaded(pid: int, library: str) -> bool:
+    try:
+        return library in Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(
+    "args, library",
+    [
+        (("launcher.checkpoint", "export", "/nonexistent", "out.pt"), "libtorch_cpu"),
+        (("launcher.plan",), "_yaml"),
+    ],
+    ids=["checkpoint export, importing torch", "plan, importing Hydra's YAML"],
+)
+def test_a_stop_during_a_commands_imports_is_one_line_not_a_traceback(args, library, tmp_path):
+    """Ctrl-C lands while the command still imports (seconds: torch, Hydra): the command ends
+    with one line and 130, as a shell reports it (it was KeyboardInterrupt's traceback from
+    inside the import)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not loaded(proc.pid, library) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and err == "stopped by SIGINT\n", err[-2000:]

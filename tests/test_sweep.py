@@ -7,13 +7,14 @@ import json
 from rich.console import Console
 
 from launcher import sweep
+from launcher.runtime import sweep_files
 
 
 def job(root, n, overrides, rejected=None, steps=None, losses=(), status=None):
     d = root / str(n)
-    sweep.write_json(d / sweep.OVERRIDES, overrides)
+    sweep_files.write_json(d / sweep_files.OVERRIDES, overrides)
     if rejected:
-        sweep.write_json(d / sweep.REJECTED, {"problems": rejected})
+        sweep_files.write_json(d / sweep_files.REJECTED, {"problems": rejected})
     if steps is not None:
         plan = {
             "degrees": {"dp_replicate": 1, "dp_shard": 2, "tp": 2, "cp": 1, "pp": 2, "ep": 1},
@@ -28,15 +29,15 @@ def job(root, n, overrides, rejected=None, steps=None, losses=(), status=None):
             "memory_gib": {"total": 2.0},
             "train_steps": steps,
         }
-        sweep.write_json(d / sweep.PLAN, plan)
+        sweep_files.write_json(d / sweep_files.PLAN, plan)
     rows = [
         {"step": i + 1, "loss": loss, "tokens_per_s": 50.0 + i, "mfu": 0.1, "peak_memory_gib": 1}
         for i, loss in enumerate(losses)
     ]
     if rows:
-        (d / sweep.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / sweep_files.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     if status:
-        sweep.write_json(d / sweep.STATUS, status)
+        sweep_files.write_json(d / sweep_files.STATUS, status)
 
 
 def test_every_status_and_the_figures_beside_the_plans(tmp_path):
@@ -61,7 +62,7 @@ def test_every_status_and_the_figures_beside_the_plans(tmp_path):
         losses=[5.0, 4.0, 3.0],
         status={"status": "completed", "requeued": 1},
     )
-    rows = sweep.summarize(tmp_path)
+    rows = sweep_files.summarize(tmp_path)
     assert [r["job"] for r in rows] == ["0", "1", "2", "3", "10"]  # numeric order
     by = {r["job"]: r for r in rows}
     assert by["0"]["status"] == "completed" and by["0"]["loss"] == 3.5
@@ -74,7 +75,7 @@ def test_every_status_and_the_figures_beside_the_plans(tmp_path):
     assert by["2"]["status"] == "incomplete"
     assert by["10"]["status"] == "failed" and by["10"]["reason"] == "job 7 was killed"
     assert by["3"]["status"] == "completed" and by["3"]["requeued"] == 1
-    written = [json.loads(x) for x in (tmp_path / sweep.SUMMARY).read_text().splitlines()]
+    written = [json.loads(x) for x in (tmp_path / sweep_files.SUMMARY).read_text().splitlines()]
     assert written == rows
     console = Console(record=True, width=200)
     console.print(sweep.summary_table(rows, "sweep"))
@@ -91,13 +92,13 @@ def test_each_layout_a_point_ran_on_and_its_eval_loss(tmp_path):
     both, in order; the eval loss is the last one measured."""
     job(tmp_path, 0, ["train.steps=4"], steps=4, losses=[5.0, 4.0, 3.5, 3.0])
     job(tmp_path, 1, ["train.steps=4"], steps=4, losses=[5.0, 4.0, 3.5, 3.0])
-    metrics = tmp_path / "1" / sweep.METRICS
+    metrics = tmp_path / "1" / sweep_files.METRICS
     rows = [json.loads(x) for x in metrics.read_text().splitlines()]
     for r in rows:
         r["layout"] = "4 rank(s): dp_shard=4" if r["step"] <= 2 else "2 rank(s): dp_shard=2"
     rows[1]["eval_loss"], rows[3]["eval_loss"] = 4.25, None  # the last evaluation: step 2
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    by = {r["job"]: r for r in sweep.summarize(tmp_path)}
+    by = {r["job"]: r for r in sweep_files.summarize(tmp_path)}
     assert by["0"]["layouts"] == [] and by["0"]["eval_loss"] is None
     assert by["0"]["layout"].startswith("dp 1x2 tp 2")  # one layout: the plan's words
     assert by["1"]["layouts"] == ["4 rank(s): dp_shard=4", "2 rank(s): dp_shard=2"]

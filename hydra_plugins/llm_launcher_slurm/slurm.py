@@ -79,7 +79,7 @@ class PlannedSlurmLauncher(SlurmLauncher):
             raise
 
     def launch(self, job_overrides, initial_job_idx: int) -> list[JobReturn]:
-        from launcher import sweep
+        from launcher.runtime import sweep_files
 
         assert self.config is not None and self.hydra_context is not None
         sweep_dir = Path(str(self.config.hydra.sweep.dir))
@@ -93,11 +93,11 @@ class PlannedSlurmLauncher(SlurmLauncher):
         for i, overrides in enumerate(job_overrides):
             idx = initial_job_idx + i
             job_dir = sweep_dir / str(idx)
-            sweep.write_json(job_dir / sweep.OVERRIDES, list(overrides))
+            sweep_files.write_json(job_dir / sweep_files.OVERRIDES, list(overrides))
             problems, resources = self._plan(list(overrides))
             if problems:
                 print(f"rejected: {' '.join(overrides)}\n{problems}", file=sys.stderr, flush=True)
-                sweep.write_json(job_dir / sweep.REJECTED, {"problems": problems})
+                sweep_files.write_json(job_dir / sweep_files.REJECTED, {"problems": problems})
                 continue
             groups[resources].append((idx, list(overrides)))
         from launcher.cli import fail
@@ -175,7 +175,7 @@ class PlannedSlurmLauncher(SlurmLauncher):
         returns the completed ones (a failed one is recorded, not raised)."""
         import submitit
 
-        from launcher import sweep
+        from launcher.runtime import sweep_files
 
         executor = self._executor(resources)
         args = [
@@ -199,7 +199,7 @@ class PlannedSlurmLauncher(SlurmLauncher):
             status, ret = ends[job.job_id]
             if ret is not None:
                 out.append(ret)
-            sweep.write_json(sweep_dir / str(idx) / sweep.STATUS, status)
+            sweep_files.write_json(sweep_dir / str(idx) / sweep_files.STATUS, status)
         return out
 
 

@@ -44,6 +44,7 @@ import gc
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -55,6 +56,7 @@ from launcher.bench.peers import Step, Workload, engine, hugging_face
 from launcher.bench.timing import seconds_per_step
 from launcher.plan.memory import GIB, reserve_gib
 from launcher.plan.search import with_overrides
+from launcher.runtime.scratch import output_problem
 from models import families
 
 GPU_1B = [
@@ -328,6 +330,14 @@ def main(argv: list[str] | None = None) -> None:
         "its time by kind (matmul, attention, the rest) to FILE",
     )
     args = parser.parse_intermixed_args(argv)  # overrides before and after the options
+    if args.steps < 1:
+        parser.error(f"--steps={args.steps} must be at least 1 (timed steps)")
+    if args.warmup < 0:
+        parser.error(f"--warmup={args.warmup} must be 0 or more")
+    # The files written at the end, checked before minutes of benchmark rather than after.
+    for flag, path in (("--json", args.json), ("--profile", args.profile)):
+        if path and (problem := output_problem(Path(path), flag)):
+            parser.error(problem)
     peers = [p for p in args.peers.split(",") if p]
     unknown = [p for p in peers if p not in PEERS]
     if unknown:
@@ -346,11 +356,11 @@ def main(argv: list[str] | None = None) -> None:
         )
     console.print(table(result))
     if args.profile:
-        with open(args.profile, "w") as f:
-            f.write(result["profile"])
+        Path(args.profile).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.profile).write_text(result["profile"])
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -10,10 +10,13 @@ pipeline schedule of a pp > 1 plan.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig
 
@@ -108,18 +111,48 @@ def draw(plan, path: str):
     )
 
 
-app = hydra_app(task)
+_statuses: list[int] = []  # each point's exit status, in a -m sweep of plans
+
+
+def each_point(dcfg: DictConfig) -> None:
+    """One plan; in a -m sweep every point is planned (a plan ends with its exit status, which
+    would end the sweep at its first point), the command's status the worst of theirs."""
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
+        task(dcfg)
+        return
+    try:
+        task(dcfg)
+    except SystemExit as e:
+        _statuses.append(e.code if isinstance(e.code, int) else 1)
+
+
+app = hydra_app(each_point)
 
 
 def main() -> None:
-    """Plan without writing anything: no run directory under outputs/, no .hydra record
-    (unless the command line asks for them)."""
+    """Plan without writing anything: no run or sweep directory under outputs/ or multirun/,
+    no .hydra record (unless the command line asks for them)."""
     given = {a.lstrip("+~").split("=", 1)[0] for a in sys.argv[1:]}
-    defaults = (("hydra.run.dir", "."), ("hydra.output_subdir", "null"), ("hydra/help", "plan"))
+    # A -m sweep of plans: Hydra's sweeper writes its multirun.yaml into the sweep directory,
+    # so that is a temporary one, removed at the end; no sweep summary (nothing ran).
+    scratch = tempfile.mkdtemp(prefix="launcher-plan-")
+    defaults = (
+        ("hydra.run.dir", "."),
+        ("hydra.sweep.dir", scratch),
+        ("hydra.sweep.subdir", "."),
+        ("hydra.output_subdir", "null"),
+        ("hydra/help", "plan"),
+    )
     for key, value in defaults:
         if key not in given:
             sys.argv.append(f"{key}={value}")
-    app()
+    if {"-m", "--multirun"} & set(sys.argv[1:]):
+        sys.argv.append("~hydra.callbacks.sweep_summary")
+    try:
+        app()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    sys.exit(max(_statuses, default=0))
 
 
 if __name__ == "__main__":

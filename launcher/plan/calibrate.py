@@ -38,11 +38,11 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from launcher import sweep
 from launcher.cli import compose, fail
 from launcher.plan import kernels, make_plan
 from launcher.plan.published import FUSED, MEGATRON, MEGATRON_KERNELS, RUNS, STACKS, megatron_runs
 from launcher.plan.search import candidate_overrides, with_overrides
+from launcher.runtime import sweep_files
 
 
 def megatron_flops(cfg) -> float:
@@ -118,11 +118,22 @@ def measured_runs(sweep_dir: str) -> list[tuple[dict, object]]:
     every one-device benchmark (`launcher.bench.gpu --json`) in the directory."""
 
     out = []
-    rows = bench_rows(Path(sweep_dir)) or sweep.summarize(sweep_dir)
+    rows = bench_rows(Path(sweep_dir)) or sweep_files.summarize(sweep_dir)
     for row in rows:
-        if row["status"] != "completed" or not row.get("tokens_per_s"):
+        if row["status"] != "completed" or row.get("tokens_per_s") is None:
             continue
-        cfg = compose(row["overrides"])
+        speed, job = row["tokens_per_s"], f"{sweep_dir}: job {row['job']}"
+        if isinstance(speed, bool) or not (
+            isinstance(speed, (int, float)) and math.isfinite(speed) and speed > 0
+        ):
+            fail(f"{job}: tokens_per_s={speed!r} is not a positive, finite number of tokens/s")
+        overrides = row["overrides"]
+        if not (isinstance(overrides, list) and all(isinstance(o, str) for o in overrides)):
+            fail(f"{job}: its overrides {overrides!r} are not a list of overrides")
+        try:
+            cfg = compose(overrides)
+        except Exception as e:  # Hydra's own errors, and ours (ValueError): said in one line
+            fail(f"{job}: its overrides {' '.join(overrides)} do not compose: {e}")
         if cfg.plan.candidate >= 0:  # the layout that job trained
             cfg = compose(with_overrides(row["overrides"], candidate_overrides(cfg)[0]))
         out.append((row, cfg))

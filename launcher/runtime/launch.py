@@ -269,25 +269,6 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def keep_nice() -> None:
-    """In a process that leads a session (torchrun starts each rank in one): give the session
-    this process's nice value, where Linux schedules each session as one whole against the
-    others (autogroup, /proc/self/autogroup: a session's share of the cores is set by its own
-    nice value, not its processes'). A session starts at 0, so without this the ranks of a
-    launcher run under `nice` would take the cores as if it were not."""
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    if nice <= 0 or os.getsid(0) != os.getpid():
-        return
-    for _ in range(20):  # without CAP_SYS_ADMIN, one write per 100 ms on the whole machine
-        try:
-            Path("/proc/self/autogroup").write_text(str(nice))
-            return
-        except BlockingIOError:
-            time.sleep(0.1)
-        except OSError:  # no autogroup (a kernel option; not Linux)
-            return
-
-
 def kill_tree(pid: int) -> None:
     """SIGKILL a process and all its descendants (the ranks run in sessions of their own)."""
     for p in [pid, *descendants(pid)]:

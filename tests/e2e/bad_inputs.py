@@ -388,6 +388,25 @@ CHECKPOINTS = [
     export("meta_not_json", "meta.json is not an llm-launcher-checkpoint file"),
     export("step_00000001.partial", "is incomplete: a save did not finish"),
     export("no_such_step", "is not a directory"),
+    # An output onto one of the command's inputs, or onto a file it did not make.
+    Case(
+        "checkpoint export onto its own shard",
+        "checkpoint",
+        ("export", f"{CKPT}/step_00000002", f"{CKPT}/step_00000002/__0_0.distcp"),
+        "__0_0.distcp already exists; choose another path or remove it",
+    ),
+    Case(
+        "checkpoint export onto the run's metrics",
+        "checkpoint",
+        ("export", f"{CKPT}/step_00000002", "{W}/ckpt/metrics.jsonl"),
+        "metrics.jsonl already exists",
+    ),
+    Case(
+        "checkpoint export into the checkpoint",
+        "checkpoint",
+        ("export", f"{CKPT}/step_00000002", f"{CKPT}/step_00000002/model.pt"),
+        "is inside the checkpoint it exports",
+    ),
     Case(
         "convert to-hf crafted_metadata",
         "convert",
@@ -408,6 +427,9 @@ CHECKPOINTS = [
     load_path("missing_metadata", ".metadata is missing"),
     load_path("meta_list", "meta.json is not an llm-launcher-checkpoint file"),
     load_path("step_00000001.partial", "is incomplete: a save did not finish"),
+    # Emptied: what a resume refuses, an initial load refuses too.
+    load_path("empty_metadata", "empty_metadata/.metadata has 0 bytes"),
+    export("empty_metadata", "empty_metadata/.metadata has 0 bytes"),
     load_path("no_such_step", "is not a directory"),
     Case(
         "train another model shape",
@@ -577,8 +599,23 @@ SIDE = [
     Case("checkpoint list a symlink loop", "checkpoint", ("list", "{W}/loop"), "{W}/loop"),
     Case("checkpoint export a symlink loop", "checkpoint", ("export", "{W}/loop", "{W}/out/l.pt"),
          "{W}/loop"),
+    # The GPU benchmark's arguments, refused before minutes of benchmark (not after).
+    Case("bench.gpu --steps 0", "bench.gpu", ("--steps", "0"), "--steps=0 must be at least 1"),
+    Case("bench.gpu --warmup -1", "bench.gpu", ("--warmup", "-1"), "--warmup=-1 must be 0"),
+    Case("bench.gpu --json onto a directory", "bench.gpu", ("--json", "{W}/out"),
+         "--json {W}/out is a directory"),
+    # A sweep's files (calibrate --from refits the planner to them): impossible figures.
+    Case("calibrate --from a negative throughput", "calibrate", ("--from", "{W}/sweeps/negative"),
+         "job 0: tokens_per_s=-5.0 is not a positive, finite number"),
+    Case("calibrate --from a NaN throughput", "calibrate", ("--from", "{W}/sweeps/nan"),
+         "job 0: tokens_per_s=nan is not a positive, finite number"),
+    Case("calibrate --from damaged files", "calibrate", ("--from", "{W}/sweeps/damaged"),
+         "has no completed job with a measured speed"),
     Case("convert to-hf onto an existing dir", "convert",
          ("to-hf", f"{CKPT}/step_00000002", "{W}/out"), "already exists"),
+    Case("convert to-hf beside a user's own OUT.partial", "convert",
+         ("to-hf", f"{CKPT}/step_00000002", "{W}/out/mine"),
+         "mine.partial exists and was not made by launcher.convert"),
     Case("convert to-hf --max-shard-size abc", "convert",
          ("to-hf", f"{CKPT}/step_00000002", "{W}/out/s1", "--max-shard-size", "abc"), "abc"),
     Case("convert to-hf --max-shard-size 0", "convert",
@@ -637,6 +674,9 @@ DISKS = [
          f"--out {{W}}/ro/p.png: {RO}"),
     Case("disk runs plot full", "runs", ("plot", RUN, "--out", "{W}/full/p.png"),
          f"--out {{W}}/full/p.png: {FULL}"),
+    # Over an existing plot, on a disk that is full: the old one stays whole.
+    Case("disk runs plot over a plot, full", "runs", ("plot", RUN, "--out", "{W}/full/old.png"),
+         f"--out {{W}}/full/old.png: {FULL}"),
 ]  # fmt: skip
 DISKS += [
     *on_disks("prepare", "prepare", lambda d: ("--out", f"{d}/t", "{W}/in/big.txt"),
@@ -757,6 +797,16 @@ def build(w: Path) -> None:
     os.mkfifo(w / "in" / "fifo")
     (w / "loop").symlink_to(w / "loop")
     (w / "out" / "dir.png").mkdir()
+    for name, speed in (("negative", "-5.0"), ("nan", "NaN"), ("damaged", "2.0")):
+        job = w / "sweeps" / name / "0"
+        job.mkdir(parents=True)
+        (job / "overrides.json").write_text('["train.steps=3"]' if name != "damaged" else '["x"')
+        (job / "plan.json").write_text('{"train_steps": 3}' if name != "damaged" else "{oops")
+        (job / "metrics.jsonl").write_text(
+            "".join(f'{{"step": {s}, "tokens_per_s": {speed}}}\n' for s in (1, 2, 3))
+        )
+    (w / "out" / "mine.partial").mkdir()  # a user's own, which a convert to OUT=mine keeps
+    (w / "out" / "mine.partial" / "notes.txt").write_text("mine")
     junk = w / "junk_runs" / "r1"
     junk.mkdir(parents=True)
     (junk / "metrics.jsonl").write_bytes(b'\xff\xfe not json\n{"step": \n')
@@ -780,6 +830,8 @@ def mount_disks(w: Path) -> None:
             (w / "disks.json").write_text(json.dumps({"why": done.stderr.strip() or "no mount"}))
             return
         made.append(name)
+    if "full" in made:
+        (w / "full" / "old.png").write_bytes(b"an older plot")
     with contextlib.suppress(OSError), open(w / "full" / "filler", "wb") as f:
         while True:
             f.write(bytes(4096))
@@ -864,6 +916,7 @@ def build_checkpoints(w: Path) -> None:
     (copy("missing_metadata") / ".metadata").unlink()
     metadata = copy("metadata_not_pickle") / ".metadata"
     metadata.write_bytes(b"not a pickle at all" + b"\0" * (metadata.stat().st_size - 19))
+    (copy("empty_metadata") / ".metadata").write_bytes(b"")
     (copy("meta_list") / "meta.json").write_text("[1, 2]")
     (copy("meta_not_json") / "meta.json").write_text("{oops")
     shutil.copytree(good, ck / "step_00000001.partial")
@@ -927,6 +980,10 @@ def entry(command: str):
         from launcher.generate import main
     elif command == "runs":
         from launcher.runs import main
+    elif command == "calibrate":
+        from launcher.plan.calibrate import main
+    elif command == "bench.gpu":
+        from launcher.bench.gpu import main
     else:
         from launcher.convert import main
     return main, command in ("plan", "train")

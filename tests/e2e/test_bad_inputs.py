@@ -67,3 +67,19 @@ def test_no_checkpoint_ran_its_code(results):
     """The crafted .metadata would have touched WORK/pwned when unpickled."""
     _, rows, _ = results
     assert {"pwned": False} in rows
+
+
+def test_no_input_and_no_file_the_launcher_did_not_make_was_written_over(results):
+    """Outputs named onto a checkpoint's own files, the run's metrics or a user's own
+    OUT.partial were refused: those are as they were."""
+    from launcher.checkpoint.reader import checkpoint_damage
+    from launcher.checkpoint.store import open_checkpoint
+
+    _, _, work = results
+    assert (work / "out" / "mine.partial" / "notes.txt").read_text() == "mine"
+    checkpoint = work / "ckpt" / "checkpoints" / "step_00000002"
+    assert checkpoint_damage(open_checkpoint(checkpoint)) == []
+    assert not (checkpoint / "model.pt").exists()
+    assert (work / "ckpt" / "metrics.jsonl").read_text().startswith('{"step": 1')
+    if (work / "full" / "old.png").exists():  # the disks were mounted (root)
+        assert (work / "full" / "old.png").read_bytes() == b"an older plot"

@@ -66,3 +66,6 @@ def test_experts_run_grouped_with_a_bounded_number_of_stack_copies(name, group):
         micro = 4 // (2 * job.nproc)  # global batch 4, micro-batch 2, dp = the processes
         bound = stacks * (4 * micro + 4)  # 4 per stack and micro-batch, 4 for the step's update
         assert copies <= bound, f"rank {rank}: {copies} stack-sized allocations, over {bound}"
+        # And the count is of what it says: every stack's gradient at least is one of them (a
+        # profile that recorded no allocation, or another size, would pass the bound).
+        assert copies >= stacks, f"rank {rank}: {copies} stack-sized allocations, under {stacks}"

@@ -109,3 +109,19 @@ def test_an_moe_with_a_per_micro_batch_balance_loss_keeps_its_micro_batch():
     free = compose_config(["model=mixtral_debug", "model.aux_loss_coef=0"])
     sizes = {choose(on_world(free, 1, n), {}).layout.micro_batch_size for n in (1, 2, 4)}
     assert sizes != {free.train.micro_batch_size}  # without it the choice is free
+
+
+def test_a_sweep_of_plans_plans_every_point_and_writes_nothing(tmp_path):
+    """`launcher.plan ... -m` (the flag after the overrides, as README's sweep line is often
+    copied): each point is planned, not only the first; the status is the worst point's (exit
+    2: tp=3 breaks the rules); nothing is written where it runs."""
+    out = subprocess.run(
+        [sys.executable, "-m", "launcher.plan", "parallel.tp=1,3", "-m"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "tp=1  pp=1" in out.stdout and "[tp_heads] tp=3 must divide n_heads=8" in out.stdout
+    assert "Traceback" not in out.stderr and list(tmp_path.iterdir()) == []

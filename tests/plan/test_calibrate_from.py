@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from launcher import sweep
 from launcher.cli import compose
 from launcher.plan import calibrate, kernels, make_plan
+from launcher.runtime import sweep_files
 
 POINTS = [
     ["hardware.devices_per_node=2", "parallel.tp=1"],
@@ -30,10 +30,10 @@ def fake_sweep(root, efficiency: float, noise=(1.0, 1.0, 1.0)) -> None:
 
 def write_job(d, overrides: list[str], speed: float) -> None:
     """One completed job of 3 steps at `speed` tokens/s per device."""
-    sweep.write_json(d / sweep.OVERRIDES, overrides)
-    sweep.write_json(d / sweep.PLAN, {"train_steps": 3})
+    sweep_files.write_json(d / sweep_files.OVERRIDES, overrides)
+    sweep_files.write_json(d / sweep_files.PLAN, {"train_steps": 3})
     rows = [{"step": s, "loss": 1.0, "tokens_per_s": speed} for s in (1, 2, 3)]
-    (d / sweep.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / sweep_files.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
 def residuals(out: str) -> tuple[float, float]:
