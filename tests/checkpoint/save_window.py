@@ -52,28 +52,25 @@ def kill_group() -> None:
 
 
 def arm(point: str) -> None:
-    """Make this rank kill its run's process group at `point` of the save of step KILL_AT."""
+    """Make this rank kill its run's process group at `point` of the save of step KILL_AT.
+    Each point asks the path it works on which save it is: the sums, the publish and the
+    prune of one save run in the background, and may still run when the next save begins."""
     import torch.distributed.checkpoint.filesystem as fs
 
     from launcher.checkpoint import saver, store
 
-    saving = [0]
-    real_save = saver.Checkpointer.save
+    ours = store.step_dir("", KILL_AT).name  # step_0000000K, and its .partial
 
-    def save(self, step, state, wait=False):
-        saving[0] = step
-        return real_save(self, step, state, wait)
-
-    saver.Checkpointer.save = save
-    now = lambda: saving[0] == KILL_AT  # noqa: E731
+    def of_ours(path) -> bool:
+        return any(part.split(".")[0] == ours for part in Path(path).parts)
 
     if point == "write":
         real, items = fs._write_item, [0]
 
         def write_item(transforms, stream, *args, **kwargs):
             result = real(transforms, stream, *args, **kwargs)
-            items[0] += now()
-            if items[0] == 3:
+            items[0] += of_ours(stream.name)
+            if items[0] == 3:  # part of this rank's shard written
                 stream.flush()
                 kill_group()
             return result
@@ -82,10 +79,10 @@ def arm(point: str) -> None:
     elif point == "written":
         real_sums = saver.write_sums
 
-        def write_sums(*args):
-            if now():
+        def write_sums(directory, *args):
+            if of_ours(directory):
                 kill_group()
-            return real_sums(*args)
+            return real_sums(directory, *args)
 
         saver.write_sums = write_sums
     elif point == "summing":
@@ -93,7 +90,7 @@ def arm(point: str) -> None:
 
         def crc32(path):
             value = real_crc(path)
-            if now():
+            if of_ours(path):  # one file summed, its sums not written
                 kill_group()
             return value
 
@@ -103,21 +100,29 @@ def arm(point: str) -> None:
 
         def publish(partial, final):
             real_publish(partial, final)
-            if now():
+            if of_ours(final):
                 kill_group()
 
         saver.publish = publish
     elif point == "pruning":
-        real_rmtree = store.shutil.rmtree
+        real_prune = saver.prune
 
-        def rmtree(path, *args, **kwargs):
-            path = Path(path)
-            if now() and path.name.endswith(store.DELETING) and path.is_dir():
-                next(f for f in path.iterdir() if f.is_file()).unlink()
-                kill_group()
-            return real_rmtree(path, *args, **kwargs)
+        def prune(directory, keep):
+            if not (Path(directory) / ours).is_dir():  # another save's prune
+                return real_prune(directory, keep)
+            real_rmtree = store.shutil.rmtree
 
-        store.shutil.rmtree = rmtree
+            def rmtree(path, *args, **kwargs):
+                path = Path(path)
+                if path.name.endswith(store.DELETING) and path.is_dir():
+                    next(f for f in path.iterdir() if f.is_file()).unlink()
+                    kill_group()  # one file of the checkpoint renamed out is gone
+                return real_rmtree(path, *args, **kwargs)
+
+            store.shutil.rmtree = rmtree
+            return real_prune(directory, keep)
+
+        saver.prune = prune
 
 
 def rank_main(out: Path, rank: int, world: int, port: int, args: list[str], point: str | None):
