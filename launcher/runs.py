@@ -15,6 +15,7 @@ exit.json (how it ended). Nothing is imported from torch: the table is instant.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -254,7 +255,8 @@ def main(argv: list[str] | None = None) -> None:
             plot(args.runs, partial)
             os.replace(partial, args.out)
         except OSError as e:  # unwritable, a directory of that name, a full disk
-            partial.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # never made, or a read-only disk
+                partial.unlink()
             fail(f"--out {args.out}: {e.strerror or e}")
         print(f"wrote {args.out}: {len(args.runs)} run(s)")
         return

@@ -67,14 +67,14 @@ def list_command(path: Path) -> int:
 
 
 def export_command(path: Path, out: Path) -> int:
+    if problem := output_problem(out, "OUT"):
+        fail(problem)
     # Nothing is written over: not a file of the checkpoint read, nor one the launcher did not
     # make (the run's metrics.jsonl, an earlier export a user keeps).
     if out.exists() or out.is_symlink():
         fail(f"OUT {out} already exists; choose another path or remove it")
     if out.absolute().is_relative_to(path.absolute()):
         fail(f"OUT {out} is inside the checkpoint it exports ({path}); choose a path outside it")
-    if problem := output_problem(out, "OUT"):
-        fail(problem)
     try:
         entry = open_checkpoint(path)
     except CheckpointError as e:
