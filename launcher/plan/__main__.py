@@ -132,6 +132,7 @@ app = hydra_app(each_point)
 def main() -> None:
     """Plan without writing anything: no run or sweep directory under outputs/ or multirun/,
     no .hydra record (unless the command line asks for them)."""
+    _statuses.clear()  # (a process may run the command more than once: the tests)
     given = {a.lstrip("+~").split("=", 1)[0] for a in sys.argv[1:]}
     # A -m sweep of plans: Hydra's sweeper writes its multirun.yaml into the sweep directory,
     # so that is a temporary one, removed at the end; no sweep summary (nothing ran).
