@@ -362,6 +362,14 @@ def export(name: str, expect: str) -> Case:
     )
 
 
+STEP2 = f"{CKPT}/step_00000002"
+
+
+def export_onto(what: str, out: str, expect: str) -> Case:
+    """An export of step 2 whose OUT is one of its inputs, or a file the launcher did not make."""
+    return Case(f"checkpoint export {what}", "checkpoint", ("export", STEP2, out), expect)
+
+
 def load_path(name: str, expect: str) -> Case:
     path = f"{CKPT}/{name}"
     return Case(
@@ -389,24 +397,13 @@ CHECKPOINTS = [
     export("step_00000001.partial", "is incomplete: a save did not finish"),
     export("no_such_step", "is not a directory"),
     # An output onto one of the command's inputs, or onto a file it did not make.
-    Case(
-        "checkpoint export onto its own shard",
-        "checkpoint",
-        ("export", f"{CKPT}/step_00000002", f"{CKPT}/step_00000002/__0_0.distcp"),
+    export_onto(
+        "onto its own shard",
+        f"{STEP2}/__0_0.distcp",
         "__0_0.distcp already exists; choose another path or remove it",
     ),
-    Case(
-        "checkpoint export onto the run's metrics",
-        "checkpoint",
-        ("export", f"{CKPT}/step_00000002", "{W}/ckpt/metrics.jsonl"),
-        "metrics.jsonl already exists",
-    ),
-    Case(
-        "checkpoint export into the checkpoint",
-        "checkpoint",
-        ("export", f"{CKPT}/step_00000002", f"{CKPT}/step_00000002/model.pt"),
-        "is inside the checkpoint it exports",
-    ),
+    export_onto("onto the run's metrics", "{W}/ckpt/metrics.jsonl", "metrics.jsonl already exists"),
+    export_onto("into the checkpoint", f"{STEP2}/model.pt", "is inside the checkpoint it exports"),
     Case(
         "convert to-hf crafted_metadata",
         "convert",
@@ -640,7 +637,6 @@ SIDE = [
 ]  # fmt: skip
 
 # -- read-only and full disks (tmpfs mounts made by `build`: root only) ----------------------
-STEP2 = f"{CKPT}/step_00000002"
 RO, FULL, NEARLY = "Read-only file system", "No space left on device", "{W}/nearly"
 
 
