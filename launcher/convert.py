@@ -37,7 +37,6 @@ from pathlib import Path
 
 from launcher.checkpoint.store import (
     META,
-    PARTIAL,
     CheckpointError,
     Entry,
     newest_complete,
@@ -119,38 +118,16 @@ def refuse_existing(out: Path) -> None:
         fail(problem)
 
 
-MADE = ".launcher-convert"  # in OUT.partial while a convert writes it (taken out at the end)
-
-
 @contextlib.contextmanager
 def fresh(out: Path) -> Iterator[Path]:
-    """OUT.partial to write into, renamed to OUT once complete inside the block (OUT checked by
-    the caller, MADE taken out before the rename: `finished`); removed however the block ends
-    otherwise (runtime/scratch.py). One left by a convert killed with its guard is removed
-    first; a directory of that name the launcher did not make is refused, untouched."""
-    partial = out.with_name(out.name + PARTIAL)
-    if partial.exists() or partial.is_symlink():
-        if not (partial / MADE).is_file():
-            fail(
-                f"{partial} exists and was not made by launcher.convert (no {MADE} in it): move "
-                "it aside (OUT is written there before it is renamed)"
-            )
-        shutil.rmtree(partial, ignore_errors=True)
-    # Made inside the block, once the guard knows it: a stop or a kill at any moment after
-    # the directory appears removes it.
-    with writing(out, partial):
+    """A directory to write OUT into, renamed to OUT once complete inside the block (OUT checked
+    by the caller); removed however the block ends otherwise (runtime/scratch.py)."""
+    with writing(out) as partial:
         try:
             partial.mkdir(parents=True)
-            (partial / MADE).touch()
         except OSError as e:  # a read-only or full disk
             fail(f"OUT {out} cannot be written: {e.strerror or e} ({e.filename})")
         yield partial
-
-
-def finished(partial: Path) -> Path:
-    """OUT.partial whole: its marker out, to be renamed to OUT."""
-    (partial / MADE).unlink()
-    return partial
 
 
 def parse_size(text: str) -> int:
@@ -221,7 +198,7 @@ def to_hf_command(
             config["eos_token_id"] = tok[1]
             note = f"; {', '.join(copy_tokenizer(tok[0], partial))} from {tok[0].parent}"
         (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        finished(partial).rename(out)
+        partial.rename(out)
     print(
         f"wrote {out}: {config['architectures'][0]}, {len(weight_map)} tensors in "
         f"{len(groups)} file(s), {total / 1e6:,.1f} MB {config['torch_dtype']}, from step "
@@ -259,7 +236,7 @@ def from_hf_command(hf_dir: Path, out: Path) -> int:
         # What proves it whole (checkpoint/reader.py) is written before OUT appears: a convert
         # killed at any moment leaves either no OUT or a whole one.
         seal(
-            finished(partial),
+            partial,
             out,
             {"step": 0, "samples": 0, "weights_only": True, "source": str(hf_dir),
              "layout": {}, "config": {"model": model}},

@@ -60,7 +60,13 @@ from tokenizers import Tokenizer
 
 from launcher.data.batches import ByteTokenizer, token_file_base, write_tokens
 from launcher.runtime.rundir import write_failure
-from launcher.runtime.scratch import command, output_problem, scratch, uninterrupted
+from launcher.runtime.scratch import (
+    clear_leftovers,
+    command,
+    output_problem,
+    staged,
+    uninterrupted,
+)
 
 # End-of-document tokens of well-known tokenizers: Llama 3, GPT-2 / Qwen, Llama 2 / Mistral /
 # Mixtral, DeepSeek V2 / V3, Gemma. The first one in the vocabulary is the EOS.
@@ -356,8 +362,8 @@ def prepare(args: argparse.Namespace) -> str:
     restore_replaced(base)
     if problem := out_problem(base, args.shard_tokens is not None):
         raise InputError(problem)
-    if base.parent.is_dir():
-        remove_stale_scratch(base)
+    for out in (base, ids_of(base), base.with_name(base.name + ".bin")):
+        clear_leftovers(out)  # of a prepare SIGKILLed with its guard
     with progress:
         task = progress.add_task("", total=sum(f.stat().st_size for f in args.files), docs=0)
         if args.workers > 1 and len(args.files) > 1:
@@ -440,26 +446,9 @@ def _worker_start(parent: int) -> None:
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
-SCRATCH = ".{name}.prepare-{pid}-"  # beside the output; the PID of the prepare that made it
-
-
-def remove_stale_scratch(base: Path) -> None:
-    """Scratch directories of this output left by a prepare that is gone (SIGKILLed)."""
-    for path in base.parent.glob(f".{base.name}.prepare-*"):
-        pid = path.name.removeprefix(f".{base.name}.prepare-").split("-")[0]
-        if not pid.isdigit() or pid_alive(int(pid)):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process
-        return True
-    return True
+def ids_of(base: Path) -> Path:
+    """The scratch directory of the workers' ids (staged: beside the output, hidden)."""
+    return base.with_name(base.name + ".ids")
 
 
 def parallel_chunks(args: argparse.Namespace, read, base: Path) -> Iterator[np.ndarray]:
@@ -468,19 +457,17 @@ def parallel_chunks(args: argparse.Namespace, read, base: Path) -> Iterator[np.n
     fork); each file's ids wait in a scratch file beside the output until their turn."""
     import concurrent.futures as cf
     import multiprocessing as mp
-    import tempfile
 
     base.parent.mkdir(parents=True, exist_ok=True)
-    prefix = SCRATCH.format(name=base.name, pid=os.getpid())
-    ids_dir = Path(tempfile.mkdtemp(prefix=prefix, dir=base.parent))  # removed however it ends
     pool = cf.ProcessPoolExecutor(
         args.workers,
         mp_context=mp.get_context("spawn"),
         initializer=_worker_start,
         initargs=(os.getpid(),),
     )
-    with scratch(ids_dir):
+    with staged(ids_of(base)) as ids_dir:  # removed however it ends
         try:
+            ids_dir.mkdir()
             with uninterrupted():  # submit spawns the workers: each starts whole
                 futures = [
                     pool.submit(
@@ -539,13 +526,12 @@ def write_shards(
     base: Path, chunks: Iterable[np.ndarray], tokenizer: dict, sources: list[str], limit: int
 ) -> tuple[dict, int]:
     """DIR/NAME/NAME-00000.bin (+ .json), ...: the ids cut into shards between documents. All
-    of them are written under DIR/NAME.partial/ first, which replaces DIR/NAME only when
-    complete (the old one renamed aside first: a kill between the renames leaves it, put back
-    by the next prepare). Returns the header of the whole and the number of shards."""
-    staging = base.with_name(base.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    with scratch(staging):
+    of them are written under a partial directory beside it first (runtime/scratch.py), which
+    replaces DIR/NAME only when complete (the old one renamed aside first: a kill between the
+    renames leaves it, put back by the next prepare). Returns the header of the whole and the
+    number of shards."""
+    with staged(base) as staging:
+        staging.mkdir(parents=True)
         whole = write_tokens(str(staging / "whole"), chunks, tokenizer, sources)
         ids = np.memmap(staging / "whole.bin", dtype=whole["dtype"], mode="r")
         bounds = shard_bounds(ids, tokenizer["eos_id"], limit)

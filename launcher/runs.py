@@ -15,7 +15,6 @@ exit.json (how it ended). Nothing is imported from torch: the table is instant.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import socket
@@ -28,6 +27,7 @@ import yaml
 from launcher.checkpoint.store import newest_complete
 from launcher.runtime.failures import EXIT_FILE, STOPPED_FILE
 from launcher.runtime.rundir import LOCK, record_of
+from launcher.runtime.scratch import output_problem, writing
 
 METRICS, PLAN = "metrics.jsonl", "plan.json"
 ROOTS = ("outputs", "multirun")
@@ -197,8 +197,8 @@ def table(runs: list[dict]):
     return t
 
 
-def plot(run_dirs: list[Path], out: Path) -> None:
-    """PANELS against step, one line per run, to `out` (its suffix picks the format)."""
+def plot(run_dirs: list[Path], out: Path, fmt: str) -> None:
+    """PANELS against step, one line per run, to `out` in format `fmt` (png, svg, pdf)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -219,7 +219,7 @@ def plot(run_dirs: list[Path], out: Path) -> None:
         axes[0].legend(fontsize=8)
     axes[-1].set_xlabel("step")
     fig.tight_layout()
-    fig.savefig(out)
+    fig.savefig(out, format=fmt)
     plt.close(fig)
 
 
@@ -249,15 +249,12 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"--out {args.out}: the file name must end in .png, .svg or .pdf")
         if not args.out.parent.is_dir():
             fail(f"--out {args.out}: no such directory {args.out.parent}")
+        if problem := output_problem(args.out, "--out"):
+            fail(problem)
         # Drawn beside it, then renamed over it: a disk that fills keeps the old file whole.
-        partial = args.out.with_name(f".{args.out.stem}.partial{args.out.suffix}")
-        try:
-            plot(args.runs, partial)
+        with writing(args.out, f"--out {args.out}") as partial:
+            plot(args.runs, partial, args.out.suffix[1:].lower())
             os.replace(partial, args.out)
-        except OSError as e:  # unwritable, a directory of that name, a full disk
-            with contextlib.suppress(OSError):  # never made, or a read-only disk
-                partial.unlink()
-            fail(f"--out {args.out}: {e.strerror or e}")
         print(f"wrote {args.out}: {len(args.runs)} run(s)")
         return
     parser = argparse.ArgumentParser(

@@ -524,7 +524,7 @@ def test_a_bad_file_in_a_worker_exits_2_naming_it(tmp_path):
         "--workers", 2, "--out", tmp_path / "x", tmp_path / "a.txt", tmp_path / "b.jsonl"
     )
     assert status == 2 and "b.jsonl:1: no field 'text'" in msg, msg
-    assert not list(tmp_path.glob(".x.prepare-*")) and not (tmp_path / "x.bin").exists()
+    assert not list(tmp_path.glob(".x*")) and not (tmp_path / "x.bin").exists()
 
 
 @pytest.mark.parametrize(("flag", "value"), [("--workers", 0), ("--shard-tokens", 0)])

@@ -126,7 +126,10 @@ def test_the_table_and_the_plot_on_the_command_line(tmp_path):
     (tmp_path / "taken.png").mkdir()  # a directory where the file would go
     bad = run_cli("launcher.runs", "plot", str(a), "--out", str(tmp_path / "taken.png"))
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
-    assert bad.stderr.startswith(f"error: --out {tmp_path / 'taken.png'}: ")
+    assert (
+        bad.stderr
+        == f"error: --out {tmp_path / 'taken.png'} is a directory; name the file to write\n"
+    )
 
 
 def test_runs_of_one_model_show_what_sets_each_apart(tmp_path):

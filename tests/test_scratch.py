@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from launcher.runtime.scratch import command, scratch, uninterrupted
+from launcher.runtime.scratch import command, partial_of, scratch, staged, uninterrupted
 
 WRITER = """
 import os, sys, time
@@ -52,6 +52,31 @@ def test_a_failure_removes_the_partial_and_a_rename_inside_keeps_the_output(tmp_
         part.write_text("whole")
         part.rename(out)
     assert out.read_text() == "whole" and sorted(p.name for p in tmp_path.iterdir()) == ["a"]
+
+
+def test_a_partial_left_by_a_process_gone_with_its_guard_is_removed_by_the_next_writer(
+    tmp_path,
+):
+    """A SIGKILL to a whole process group takes the guard too: the next command writing the
+    same OUT removes that partial, and only it: not a live process's, not one of another host
+    sharing the disk, not a user's own file named like a partial."""
+    out = tmp_path / "out"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = out.with_name(partial_of(out).name.replace(f"-{os.getpid()}.", f"-{gone.pid}."))
+    dead.mkdir()
+    (dead / "half").write_text("x")
+    alive = out.with_name(partial_of(out).name.replace(f"-{os.getpid()}.", f"-{os.getppid()}."))
+    alive.write_text("another writer's")
+    elsewhere = tmp_path / f".out.otherhost-{gone.pid}.partial"
+    elsewhere.write_text("another host's")
+    (tmp_path / "out.partial").write_text("mine")
+    with staged(out) as part:
+        assert part.parent == tmp_path and part.name.startswith(".out.")
+        part.write_text("whole")
+        part.rename(out)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(["out", alive.name, elsewhere.name, "out.partial"])
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])

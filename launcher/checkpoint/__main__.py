@@ -90,10 +90,9 @@ def export_command(path: Path, out: Path) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:  # a read-only or full disk
         fail(f"OUT {out} cannot be written: {e.strerror or e} ({e.filename})")
-    partial = out.with_name(f".{out.name}.partial")
     # One tensor in memory at a time (launcher/checkpoint/stream.py), written under a
     # temporary name, removed however the export ends: OUT appears whole or not at all.
-    with writing(out, partial):
+    with writing(out) as partial:
         stream.save_streamed(
             partial,
             shapes,

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from launcher.runtime.scratch import scratch
+from launcher.runtime.scratch import staged
 
 FORMAT = "llm-launcher-tokens"
 VERSIONS = (1, 2)  # header versions read; write_tokens writes the last
@@ -155,8 +155,8 @@ def write_tokens(
     """Stream chunks of token ids (EOS already in place) into NAME.bin, then write NAME.json.
 
     `tokenizer` holds the header's vocab_size, eos_id, eos_token, tokenizer, tokenizer_path and
-    tokenizer_sha256. The ids go to NAME.bin.partial first (removed however the write ends, a
-    SIGKILL included: runtime/scratch.py): a failed or interrupted write leaves
+    tokenizer_sha256. The ids go to a partial file beside NAME.bin first (removed however the
+    write ends, a SIGKILL included: runtime/scratch.py): a failed or interrupted write leaves
     any earlier NAME.bin and NAME.json as they were, and NAME.json never describes a .bin it
     was not written for. Returns the header.
     """
@@ -164,10 +164,9 @@ def write_tokens(
     dtype = "uint16" if vocab_size <= 2**16 else "uint32"
     base = token_file_base(path)
     bin_path, header_path = (base.with_name(base.name + s) for s in (".bin", ".json"))
-    partial = base.with_name(base.name + ".bin.partial")
     os.makedirs(base.parent, exist_ok=True)
     n_tokens = 0
-    with scratch(partial):
+    with staged(bin_path) as partial:
         with open(partial, "wb") as f:
             for ids in chunks:
                 if ids.size and int(ids.max()) >= vocab_size:

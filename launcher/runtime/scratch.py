@@ -1,12 +1,17 @@
-"""What a side command (prepare, convert, checkpoint export) writes before it is whole, and how
-the command ends on a stop signal: nothing half-written stays, however the command ends.
+"""What a side command (prepare, convert, checkpoint export, runs plot) writes before it is
+whole, and how the command ends on a stop signal: nothing half-written stays, however the
+command ends. One mechanism for every such output (a checkpoint's `step_N.partial` is the
+store's own protocol: launcher/checkpoint/store.py).
 
-`scratch(path)` wraps the writing of a file or directory that is renamed into place once
-whole. On an exception or a stop signal it is removed in the process. A SIGKILL runs no code in
-the process, so the first scratch path also starts the guard: a small process that reads the
-registered paths from a pipe and, when the pipe closes (the command has exited, whatever the
-way), removes those still registered. It ignores the terminal's signals, so a Ctrl-C that
-reaches the whole process group still leaves it to clean up.
+`staged(out)` is where OUT is written until whole: `.OUT.HOST-PID.partial` beside it (the same
+disk: renaming it to OUT, inside the block, is atomic), so it is never a file the launcher did
+not make and never another command's. On an exception or a stop signal it is removed in the
+process. A SIGKILL runs no code in the process, so the first scratch path also starts the
+guard: a small process that reads the registered paths from a pipe and, when the pipe closes
+(the command has exited, whatever the way), removes those still registered. It ignores the
+terminal's signals, so a Ctrl-C that reaches the whole process group still leaves it to clean
+up; a SIGKILL to the whole group (scancel, the OOM killer's group kill) takes the guard too, and
+the next command writing the same OUT removes what a process of this host that is gone left.
 
 `command(what)` decorates a command's main: a stop signal (SIGINT, SIGTERM, SIGHUP) raises
 `Stopped` in it, unwinding through the scratch paths, and ends the command with one line saying
@@ -19,8 +24,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -95,11 +103,52 @@ def output_problem(out: Path, what: str) -> str | None:
     return None
 
 
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "_", socket.gethostname().split(".")[0]) or "host"
+
+
+def partial_of(out: Path) -> Path:
+    """Where this process writes OUT until it is whole (staged)."""
+    return out.with_name(f".{out.name}.{_host()}-{os.getpid()}.partial")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def clear_leftovers(out: Path) -> list[Path]:
+    """Partials of OUT left by processes of this host that are gone (SIGKILLed with their
+    guard), removed; those of a live process, or of another host sharing the disk, stay."""
+    name = re.compile(rf"\.{re.escape(out.name)}\.{re.escape(_host())}-(\d+)\.partial")
+    removed = []
+    with contextlib.suppress(OSError):  # no directory yet: nothing was left
+        for path in out.parent.iterdir():
+            if (m := name.fullmatch(path.name)) and not _alive(int(m.group(1))):
+                remove(path)
+                removed.append(path)
+    return removed
+
+
 @contextlib.contextmanager
-def writing(out: Path, partial: Path) -> Iterator[Path]:
-    """scratch(partial) for a command writing OUT: a failure the disk caused (full, read-only)
-    ends the command with one line, exit 1, nothing of OUT left."""
-    with scratch(partial):
+def staged(out: Path) -> Iterator[Path]:
+    """OUT's partial path (partial_of), the command's until the block ends (scratch): the block
+    writes it and renames it to OUT once whole. Leftovers of OUT are removed first."""
+    clear_leftovers(out)
+    with scratch(partial_of(out)) as partial:
+        yield partial
+
+
+@contextlib.contextmanager
+def writing(out: Path, what: str | None = None) -> Iterator[Path]:
+    """staged(OUT) for a command writing OUT (named `what` in its line): a failure the disk
+    caused (full, read-only) ends the command with one line, exit 1, nothing of OUT left."""
+    with staged(out) as partial:
         try:
             yield partial
         except BaseException as e:  # DCP's CheckpointException is one
@@ -107,7 +156,7 @@ def writing(out: Path, partial: Path) -> Iterator[Path]:
             why = None if stop else write_failure(e, partial.parent)
             if why is None:
                 raise
-            print(f"error: {out} was not written: {why}", file=sys.stderr)
+            print(f"error: {what or out} was not written: {why}", file=sys.stderr)
             sys.exit(1)
 
 

@@ -610,9 +610,14 @@ SIDE = [
          "has no completed job with a measured speed"),
     Case("convert to-hf onto an existing dir", "convert",
          ("to-hf", f"{CKPT}/step_00000002", "{W}/out"), "already exists"),
+    # A user's own directories named like a partial output (the launcher's are hidden and
+    # carry its host and PID): left as they are, OUT written.
     Case("convert to-hf beside a user's own OUT.partial", "convert",
          ("to-hf", f"{CKPT}/step_00000002", "{W}/out/mine"),
-         "mine.partial exists and was not made by launcher.convert"),
+         ACCEPTED + "the user's mine.partial is not the launcher's: kept, OUT written"),
+    Case("prepare shards beside a user's own NAME.partial", "prepare",
+         ("--shard-tokens", "9", "--out", "{W}/out/mine", "{W}/in/ok.txt"),
+         ACCEPTED + "the user's mine.partial is not the launcher's: kept, the shards written"),
     Case("convert to-hf --max-shard-size abc", "convert",
          ("to-hf", f"{CKPT}/step_00000002", "{W}/out/s1", "--max-shard-size", "abc"), "abc"),
     Case("convert to-hf --max-shard-size 0", "convert",
@@ -667,12 +672,12 @@ DISKS = [
          ("--shard-tokens", "9", "--out", "{W}/ro/s", "{W}/in/ok.txt"),
          f"{{W}}/ro is not writable: {RO}"),
     Case("disk runs plot read-only", "runs", ("plot", RUN, "--out", "{W}/ro/p.png"),
-         f"--out {{W}}/ro/p.png: {RO}"),
+         f"--out {{W}}/ro/p.png: {{W}}/ro is not writable: {RO}"),
     Case("disk runs plot full", "runs", ("plot", RUN, "--out", "{W}/full/p.png"),
-         f"--out {{W}}/full/p.png: {FULL}"),
+         f"--out {{W}}/full/p.png: {{W}}/full is not writable: {FULL}"),
     # Over an existing plot, on a disk that is full: the old one stays whole.
     Case("disk runs plot over a plot, full", "runs", ("plot", RUN, "--out", "{W}/full/old.png"),
-         f"--out {{W}}/full/old.png: {FULL}"),
+         f"--out {{W}}/full/old.png: {{W}}/full is not writable: {FULL}"),
 ]  # fmt: skip
 DISKS += [
     *on_disks("prepare", "prepare", lambda d: ("--out", f"{d}/t", "{W}/in/big.txt"),
@@ -801,7 +806,7 @@ def build(w: Path) -> None:
         (job / "metrics.jsonl").write_text(
             "".join(f'{{"step": {s}, "tokens_per_s": {speed}}}\n' for s in (1, 2, 3))
         )
-    (w / "out" / "mine.partial").mkdir()  # a user's own, which a convert to OUT=mine keeps
+    (w / "out" / "mine.partial").mkdir()  # a user's own, which convert and prepare keep
     (w / "out" / "mine.partial" / "notes.txt").write_text("mine")
     junk = w / "junk_runs" / "r1"
     junk.mkdir(parents=True)

@@ -70,8 +70,8 @@ def test_no_checkpoint_ran_its_code(results):
 
 
 def test_no_input_and_no_file_the_launcher_did_not_make_was_written_over(results):
-    """Outputs named onto a checkpoint's own files, the run's metrics or a user's own
-    OUT.partial were refused: those are as they were."""
+    """Outputs named onto a checkpoint's own files or the run's metrics were refused, and a
+    user's own OUT.partial was not touched: those are as they were."""
     from launcher.checkpoint.reader import checkpoint_damage
     from launcher.checkpoint.store import open_checkpoint
 

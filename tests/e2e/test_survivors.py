@@ -127,7 +127,7 @@ def test_a_killed_prepare_leaves_no_worker_and_no_scratch(how, texts, tmp_path):
     if not group:
         assert leftovers(tmp_path / "data", "corpus.bin") == []
         return
-    assert list((tmp_path / "data").glob(".corpus.prepare-*")), "the killed one left none"
+    assert list((tmp_path / "data").glob(".corpus.*.partial")), "the killed one left none"
     again = run_cli("launcher.prepare", "--out", str(out), str(texts[0]))
     assert again.returncode == 0, again.stderr
     assert leftovers(tmp_path / "data", "corpus.bin") == ["corpus.json"]
