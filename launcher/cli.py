@@ -71,6 +71,18 @@ def fail(message: str) -> None:
     sys.exit(USAGE_ERROR)
 
 
+def print_table(module: str, markdown: Callable[[], str], doc: str | None, args: list[str]) -> int:
+    """`python -m MODULE ARGS`, a command that prints one generated table: `-h` shows what it
+    is, any other argument is refused (exit 2) rather than ignored."""
+    if args in (["-h"], ["--help"]):
+        print(f"usage: python -m {module}\n\n{(doc or '').strip()}")
+        return 0
+    if args:
+        fail(f"{' '.join(args)}: python -m {module} takes no arguments (it prints a table)")
+    sys.stdout.write(markdown())
+    return 0
+
+
 def quick_exit(status: int = 0) -> None:
     """End a command that has finished, as Python would but without tearing its modules
     down: with torch's distributed packages imported, that teardown (module dicts cleared,

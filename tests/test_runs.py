@@ -8,7 +8,7 @@ import socket
 import time
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, survivors
 
 from launcher import runs
 from launcher.runtime import rundir
@@ -171,7 +171,12 @@ def test_a_second_ctrl_c_ends_the_run_as_stopped_with_130(tmp_path):
 
     from launcher.runtime.launch import supervise
 
-    ranks = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
+    # A torchrun whose rank ignores the first Ctrl-C (it would save and stop).
+    rank = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
+    ranks = (
+        "import signal, subprocess, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        f"subprocess.run([sys.executable, '-c', {rank!r}])"
+    )
     begun = time.monotonic()
 
     def press_ctrl_c_twice():
@@ -184,3 +189,36 @@ def test_a_second_ctrl_c_ends_the_run_as_stopped_with_130(tmp_path):
     status = supervise([sys.executable, "-c", ranks], dict(os.environ), tmp_path, 600)
     assert status == 130 and time.monotonic() - begun < 30
     assert runs.summary(tmp_path)["status"] == "stopped"
+
+
+def test_a_stop_while_torchrun_starts_ends_the_run_in_one_line(tmp_path, capfd):
+    """A Ctrl-C in the hand-over, torchrun started but no rank yet (it imports torch for
+    seconds): torchrun is ended before it prints KeyboardInterrupt's traceback, no process
+    stays, the launcher says so in one line and exits 130, and the run is stopped."""
+    import signal
+    import sys
+    import threading
+
+    from launcher.runtime.launch import supervise
+
+    marker = tmp_path / "torchrun started"
+    starting = (  # a torchrun still importing: Python's own Ctrl-C handling, no child yet
+        f"import pathlib, time; pathlib.Path({str(marker)!r}).touch(); time.sleep(60)"
+    )
+
+    def press_ctrl_c():
+        while not marker.exists():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c, daemon=True).start()
+    begun = time.monotonic()
+    status = supervise([sys.executable, "-c", starting], dict(os.environ), tmp_path, 600)
+    err = capfd.readouterr().err
+    assert status == 130 and time.monotonic() - begun < 30
+    assert err == (
+        "stopped by SIGINT before the ranks started, nothing trained: the same command resumes "
+        "from the newest checkpoint\n"
+    ), err
+    assert runs.summary(tmp_path)["status"] == "stopped"
+    assert not survivors(tmp_path), "torchrun outlived the stop"

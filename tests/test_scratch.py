@@ -171,8 +171,13 @@ def loaded(pid: int, library: str) -> bool:
     [
         (("launcher.checkpoint", "export", "/nonexistent", "out.pt"), "libtorch_cpu"),
         (("launcher.plan",), "_yaml"),
+        (("launcher.plan.calibrate", "--from", "/nonexistent"), "_yaml"),
     ],
-    ids=["checkpoint export, importing torch", "plan, importing Hydra's YAML"],
+    ids=[
+        "checkpoint export, importing torch",
+        "plan, importing Hydra's YAML",
+        "calibrate, importing Hydra's YAML",
+    ],
 )
 def test_a_stop_during_a_commands_imports_is_one_line_not_a_traceback(args, library, tmp_path):
     """Ctrl-C lands while the command still imports (seconds: torch, Hydra): the command ends

@@ -68,4 +68,6 @@ def markdown() -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(markdown())
+    from launcher.cli import print_table
+
+    sys.exit(print_table("launcher.plan.options", markdown, __doc__, sys.argv[1:]))

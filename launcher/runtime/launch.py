@@ -200,21 +200,37 @@ def supervise(cmd: list[str], env: dict, run_dir: Path, stop_timeout_s: float) -
     """Run torchrun's `cmd`, forwarding stop signals to the ranks; its status, or how the ranks
     said the run ended (EXIT_FILE, STOPPED_FILE)."""
     stopped, ended = run_dir / STOPPED_FILE, run_dir / EXIT_FILE
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
     received: list[tuple[int, float]] = []
+    started: list[subprocess.Popen] = []  # torchrun, once started
+    ranks_seen: list[bool] = [False]  # torchrun has started ranks (at some point)
+    status = 0
 
     def forward(signum: int, frame) -> None:
-        if received and signum == signal.SIGINT:
-            kill_tree(proc.pid)  # the second Ctrl-C: no checkpoint, stop now
-        else:
-            for pid in children(proc.pid) or [proc.pid]:
+        received.append((signum, time.monotonic()))
+        if not started:
+            return  # torchrun is not started: it will not be
+        ranks = children(started[0].pid)
+        if ranks and not (len(received) > 1 and signum == signal.SIGINT):
+            ranks_seen[0] = True
+            for pid in ranks:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signum)
-        received.append((signum, time.monotonic()))
+        else:  # the second Ctrl-C, or no rank yet: no checkpoint can be made, stop now
+            kill_tree(started[0].pid)  # (torchrun itself, starting, prints a traceback)
 
+    # Installed before torchrun starts: a stop at any instant of the hand-over is this one's.
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
-        while True:
+        if not received:
+            started.append(
+                subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
+            )
+        while started:
+            proc = started[0]
+            if not ranks_seen[0] and children(proc.pid):
+                ranks_seen[0] = True
+            if received and not ranks_seen[0]:
+                kill_tree(proc.pid)  # a stop between the check above and the start
             try:
                 status = proc.wait(timeout=0.5)
                 break
@@ -235,13 +251,18 @@ def supervise(cmd: list[str], env: dict, run_dir: Path, stop_timeout_s: float) -
         message = stopped_message(record["signal"], record["step"], record["checkpoint"])
         print(message, file=sys.stderr)
         return EXIT_STOPPED
-    if received and status:  # status 0: the ranks finished the run (a stop on its last step)
+    if received and (not started or status):  # 0: the ranks finished (a stop on the last step)
         # Killed before a checkpoint of this step (a second Ctrl-C, ranks past the stop's
-        # timeout): a stop all the same, ended as a shell reports one, 128 + the signal.
+        # timeout, none started yet): a stop all the same, ended as a shell reports one.
         signum = received[0][0]
+        when = (
+            "before a checkpoint of this step was complete"
+            if ranks_seen[0]
+            else "before the ranks started, nothing trained"
+        )
         print(
-            f"stopped by {signal.Signals(signum).name} before a checkpoint of this step was "
-            "complete: the same command resumes from the newest checkpoint",
+            f"stopped by {signal.Signals(signum).name} {when}: the same command resumes from "
+            "the newest checkpoint",
             file=sys.stderr,
         )
         write_record(run_dir, STOPPED_FILE, {"signal": signum, "step": None, "checkpoint": None})

@@ -15,6 +15,7 @@ leaves the case it was running without a line, which the test reports by name.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import pickle
@@ -641,6 +642,14 @@ SIDE = [
          ("model-config", "{W}/hf/no_config"), "config.json"),
 ]  # fmt: skip
 
+# The commands that print one table of the planner's (docs/architecture.md's tables).
+TABLES = ("options", "composes", "limitations")
+SIDE += [
+    Case(f"{table} with an argument", table, ("--rows",),
+         f"--rows: python -m launcher.plan.{table} takes no arguments")
+    for table in TABLES
+]  # fmt: skip
+
 # -- read-only and full disks (tmpfs mounts made by `build`: root only) ----------------------
 RO, FULL, NEARLY = "Read-only file system", "No space left on device", "{W}/nearly"
 
@@ -985,6 +994,12 @@ def entry(command: str):
         from launcher.plan.calibrate import main
     elif command == "bench.gpu":
         from launcher.bench.gpu import main
+    elif command in TABLES:
+        from launcher.cli import print_table
+
+        module = f"launcher.plan.{command}"
+        table = importlib.import_module(module)
+        return lambda args: print_table(module, table.markdown, table.__doc__, args), False
     else:
         from launcher.convert import main
     return main, command in ("plan", "train")
