@@ -617,8 +617,8 @@ SIDE = [
          ("to-hf", f"{CKPT}/step_00000002", "{W}/out/mine"),
          ACCEPTED + "the user's mine.partial is not the launcher's: kept, OUT written"),
     Case("prepare shards beside a user's own NAME.partial", "prepare",
-         ("--shard-tokens", "9", "--out", "{W}/out/mine", "{W}/in/ok.txt"),
-         ACCEPTED + "the user's mine.partial is not the launcher's: kept, the shards written"),
+         ("--shard-tokens", "9", "--out", "{W}/out/shards", "{W}/in/ok.txt"),
+         ACCEPTED + "the user's shards.partial is not the launcher's: kept, the shards written"),
     Case("convert to-hf --max-shard-size abc", "convert",
          ("to-hf", f"{CKPT}/step_00000002", "{W}/out/s1", "--max-shard-size", "abc"), "abc"),
     Case("convert to-hf --max-shard-size 0", "convert",
@@ -817,6 +817,8 @@ def build(w: Path) -> None:
         )
     (w / "out" / "mine.partial").mkdir()  # a user's own, which convert and prepare keep
     (w / "out" / "mine.partial" / "notes.txt").write_text("mine")
+    (w / "out" / "shards.partial").mkdir()  # and one a prepare to OUT=shards keeps
+    (w / "out" / "shards.partial" / "notes.txt").write_text("mine")
     junk = w / "junk_runs" / "r1"
     junk.mkdir(parents=True)
     (junk / "metrics.jsonl").write_bytes(b'\xff\xfe not json\n{"step": \n')
