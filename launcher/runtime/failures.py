@@ -145,17 +145,20 @@ def _hold(signum: int, frame) -> None:
     HELD.append(signum)
 
 
+def no_rank_ran(signum: int) -> str:
+    """The line of a run stopped before any rank started (it ends with EXIT_STOPPED)."""
+    return (
+        f"stopped by {signal.Signals(signum).name} before the run started: no rank ran; "
+        f"the same command starts it (exit status {EXIT_STOPPED})"
+    )
+
+
 def stop_before_start() -> None:
     """In a launcher that has started no rank yet (its rendezvous, torchrun's start): a stop
     signal, held or to come, ends it at once with its line and EXIT_STOPPED."""
 
     def end(signum: int, frame=None) -> None:
-        print(
-            f"stopped by {signal.Signals(signum).name} before the run started: no rank ran; "
-            f"the same command starts it (exit status {EXIT_STOPPED})",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(no_rank_ran(signum), file=sys.stderr, flush=True)
         sys.exit(EXIT_STOPPED)
 
     if HELD:

@@ -21,6 +21,7 @@ from launcher.runtime.failures import (
     EXIT_FILE,
     EXIT_STOPPED,
     STOPPED_FILE,
+    no_rank_ran,
     parent_of,
     stopped_message,
     write_record,
@@ -251,18 +252,16 @@ def supervise(cmd: list[str], env: dict, run_dir: Path, stop_timeout_s: float) -
         message = stopped_message(record["signal"], record["step"], record["checkpoint"])
         print(message, file=sys.stderr)
         return EXIT_STOPPED
-    if received and (not started or status):  # 0: the ranks finished (a stop on the last step)
+    if received and not ranks_seen[0]:  # torchrun ended while it started: as if never started
+        print(no_rank_ran(received[0][0]), file=sys.stderr)
+        return EXIT_STOPPED
+    if received and status:  # status 0: the ranks finished the run (a stop on its last step)
         # Killed before a checkpoint of this step (a second Ctrl-C, ranks past the stop's
-        # timeout, none started yet): a stop all the same, ended as a shell reports one.
+        # timeout): a stop all the same, ended as a shell reports one, 128 + the signal.
         signum = received[0][0]
-        when = (
-            "before a checkpoint of this step was complete"
-            if ranks_seen[0]
-            else "before the ranks started, nothing trained"
-        )
         print(
-            f"stopped by {signal.Signals(signum).name} {when}: the same command resumes from "
-            "the newest checkpoint",
+            f"stopped by {signal.Signals(signum).name} before a checkpoint of this step was "
+            "complete: the same command resumes from the newest checkpoint",
             file=sys.stderr,
         )
         write_record(run_dir, STOPPED_FILE, {"signal": signum, "step": None, "checkpoint": None})
