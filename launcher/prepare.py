@@ -540,7 +540,7 @@ def write_shards(
         del ids
         for name in ("whole.bin", "whole.json"):
             (staging / name).unlink()
-        replaced = base.with_name(base.name + REPLACED)
+        replaced = replaced_of(base)
         if base.exists():
             base.rename(replaced)
         staging.rename(base)
@@ -548,13 +548,16 @@ def write_shards(
     return whole, len(bounds)
 
 
-REPLACED = ".replaced"  # a sharded output renamed aside while its new one takes its name
+def replaced_of(base: Path) -> Path:
+    """Where a sharded output is renamed aside while its new one takes its name: hidden and
+    named for prepare, never a directory of the user's."""
+    return base.with_name(f".{base.name}.prepare-replaced")
 
 
 def restore_replaced(base: Path) -> None:
     """A sharded output renamed aside by a prepare killed before its new one took the name:
     put back (or, the new one in place, removed)."""
-    replaced = base.with_name(base.name + REPLACED)
+    replaced = replaced_of(base)
     if not replaced.is_dir():
         return
     if base.exists():

@@ -322,7 +322,7 @@ def test_sharded_output_replaced_by_renames_and_put_back_after_a_kill_between(
     with pytest.raises(SystemExit):
         prepare("--shard-tokens", 50, "--out", out, tmp_path / "a.txt")
     monkeypatch.undo()
-    assert not out.exists() and (tmp_path / "shards.replaced").is_dir()
+    assert not out.exists() and (tmp_path / ".shards.prepare-replaced").is_dir()
     (tmp_path / "bad.jsonl").write_text("{}\n")  # the next prepare fails, after the put-back
     status, said = prepare("--shard-tokens", 50, "--out", out, tmp_path / "bad.jsonl")
     assert status == 2 and said.startswith(f"{out}: put back (a prepare replacing it was stopped)")

@@ -619,6 +619,9 @@ SIDE = [
     Case("prepare shards beside a user's own NAME.partial", "prepare",
          ("--shard-tokens", "9", "--out", "{W}/out/shards", "{W}/in/ok.txt"),
          ACCEPTED + "the user's shards.partial is not the launcher's: kept, the shards written"),
+    Case("prepare shards again beside a user's own NAME.replaced", "prepare",
+         ("--shard-tokens", "9", "--out", "{W}/out/shards", "{W}/in/ok.txt"),
+         ACCEPTED + "the old shards are renamed aside under prepare's own name, not the user's"),
     Case("convert to-hf --max-shard-size abc", "convert",
          ("to-hf", f"{CKPT}/step_00000002", "{W}/out/s1", "--max-shard-size", "abc"), "abc"),
     Case("convert to-hf --max-shard-size 0", "convert",
@@ -819,6 +822,8 @@ def build(w: Path) -> None:
     (w / "out" / "mine.partial" / "notes.txt").write_text("mine")
     (w / "out" / "shards.partial").mkdir()  # and one a prepare to OUT=shards keeps
     (w / "out" / "shards.partial" / "notes.txt").write_text("mine")
+    (w / "out" / "shards.replaced").mkdir()  # and one a second prepare to OUT=shards keeps
+    (w / "out" / "shards.replaced" / "notes.txt").write_text("mine")
     junk = w / "junk_runs" / "r1"
     junk.mkdir(parents=True)
     (junk / "metrics.jsonl").write_bytes(b'\xff\xfe not json\n{"step": \n')

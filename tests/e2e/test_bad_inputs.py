@@ -76,7 +76,7 @@ def test_no_input_and_no_file_the_launcher_did_not_make_was_written_over(results
     from launcher.checkpoint.store import open_checkpoint
 
     _, _, work = results
-    for users in ("mine.partial", "shards.partial"):
+    for users in ("mine.partial", "shards.partial", "shards.replaced"):
         assert (work / "out" / users / "notes.txt").read_text() == "mine"
     checkpoint = work / "ckpt" / "checkpoints" / "step_00000002"
     assert checkpoint_damage(open_checkpoint(checkpoint)) == []
