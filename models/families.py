@@ -35,6 +35,9 @@ class Family:
     name: str
     model: str  # "module:Class", imported when a model is built
     args: str  # its args dataclass, "module:Class"
+    # Its debug preset (conf/model/), which the tests of "every family" run: a family is
+    # covered by every such test once it is registered here.
+    debug: str
     # Tensor parallelism. `tp_embedding`: the vocab-parallel token table. `tp_embedding_sum`:
     # the module adding learned positions to it (its output is cut along the sequence under
     # SP), or "" where the table's output is the residual stream. `tp_block`: module inside a
@@ -186,6 +189,7 @@ FAMILIES: dict[str, Family] = {
             "llama",
             "models.llama:Transformer",
             "models.llama:LlamaArgs",
+            debug="llama3_debug",
             tp_embedding="tok_embeddings",
             tp_block={**_GQA, **_SWIGLU},
             hf=(
@@ -200,6 +204,7 @@ FAMILIES: dict[str, Family] = {
             "qwen2",
             "models.qwen2:Qwen2",
             "models.qwen2:Qwen2Args",
+            debug="qwen2_debug",
             tp_embedding="tok_embeddings",
             tp_block={**_GQA, **_SWIGLU},
             qkv_bias=True,
@@ -214,6 +219,7 @@ FAMILIES: dict[str, Family] = {
             "gpt",
             "models.gpt:GPT",
             "models.gpt:GPTArgs",
+            debug="gpt_debug",
             tp_embedding="embed.tok",
             tp_embedding_sum="embed",
             tp_block={**_GQA, "feed_forward.fc1": COLUMN, "feed_forward.fc2": ROW},
@@ -226,6 +232,7 @@ FAMILIES: dict[str, Family] = {
             "mixtral",
             "models.mixtral:Mixtral",
             "models.mixtral:MixtralArgs",
+            debug="mixtral_debug",
             tp_embedding="tok_embeddings",
             tp_block=_GQA,  # every layer is an MoE one (tensor_parallel.moe_plan)
             moe=True,
@@ -249,6 +256,7 @@ FAMILIES: dict[str, Family] = {
             "deepseek",
             "models.deepseek:DeepSeek",
             "models.deepseek:DeepSeekArgs",
+            debug="deepseek_debug",
             tp_embedding="tok_embeddings",
             # MLA: the latent down-projections and their norms stay replicated (every rank
             # computes the small latents); the up-projections into heads split by head.

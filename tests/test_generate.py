@@ -11,6 +11,7 @@ import torch
 import models
 from launcher.cli import compose
 from launcher.generate import CachedCore, generate, sample, with_kv_cache
+from models.families import FAMILIES
 
 
 def tiny(model: str):
@@ -21,7 +22,7 @@ def tiny(model: str):
     return net.eval()
 
 
-@pytest.mark.parametrize("model", ["llama3_debug", "gpt_debug", "mixtral_debug", "deepseek_debug"])
+@pytest.mark.parametrize("model", [f.debug for f in FAMILIES.values()])
 def test_cached_decoding_equals_the_whole_sequence_run_again(model):
     """Greedy tokens from the KV cache, and the logits of every step, equal a plain forward of
     prompt + tokens so far at each step (fp32)."""

@@ -52,7 +52,7 @@ def _titan():
 
 
 # What torchtitan's Llama 3 has no way to express, by the family records' flags.
-INEXPRESSIBLE = ("biases", "learned_positions", "mla")
+INEXPRESSIBLE = ("biases", "qkv_bias", "learned_positions", "mla")
 
 
 def _config(m: dict, seq_len: int, common, llama3, config_utils, experts: bool = False):

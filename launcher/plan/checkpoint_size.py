@@ -57,10 +57,10 @@ def block_tensors(m: ModelConfig) -> tuple[int, int, int, int]:
     """Parameter tensors of (a dense block, an MoE block, the embedding, the head) as models/
     builds them: one per weight matrix and norm gain, experts stacked (one w1, w2 and w3 for
     all of them), and twice that for a family whose every projection and LayerNorm has a
-    bias (gpt)."""
+    bias (gpt); three more per block where q, k and v alone have one (qwen2)."""
     fam = families.of(m)
     bias = 2 if fam.biases else 1
-    attention = 4  # wq, wk, wv, wo
+    attention = 4 + (3 if fam.qkv_bias else 0)  # wq, wk, wv, wo (and q's, k's, v's biases)
     if m.kv_lora_rank:  # MLA: wq or (wq_a, q_norm, wq_b); wkv_a, kv_norm, wkv_b; wo
         attention = (3 if m.q_lora_rank else 1) + 4
     block = attention + 2  # the two block norms

@@ -10,6 +10,7 @@ from conftest import compose_config
 import models
 from launcher.bench import titan
 from launcher.bench.peers import Workload
+from models.families import FAMILIES
 
 try:
     titan._titan()
@@ -68,6 +69,21 @@ def test_three_steps_train():
     assert type(step.model).__name__ == "Llama3Model"
     losses = [float(step()) for _ in range(3)]
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_each_family_is_built_whole_or_refused_by_name(family):
+    """A family torchtitan's Llama 3 builds has our parameter count (qwen2's q, k and v biases
+    were dropped without a word: the peer trained a plain Llama); the others are refused."""
+    cfg = compose_config([f"model={FAMILIES[family].debug}", "train.seq_len=64"])
+    w = workload(**{**vars(cfg.model), "dropout": 0.0})
+    try:
+        theirs = titan.build(w)
+    except ValueError as e:
+        assert f"family={family}" in str(e)
+        return
+    ours = models.build(family, w.model)
+    assert sum(p.numel() for p in theirs.parameters()) == sum(p.numel() for p in ours.parameters())
 
 
 def test_refuses_what_it_cannot_express():

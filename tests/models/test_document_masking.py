@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_positions import TINY
+from test_positions import build
 
-import models
+from models.families import FAMILIES
 from models.layers import (
     additive_mask,
     attention_mask,
@@ -20,19 +20,6 @@ from models.layers import (
 )
 
 EOS = 7
-TINY_MOE = {  # mixtral: llama attention, routed experts (top-k per token: nothing pools tokens)
-    **TINY["llama"],
-    "n_routed_experts": 4,
-    "top_k": 2,
-    "moe_ffn_dim": 32,
-}
-
-
-def build(family: str, fused: bool) -> torch.nn.Module:
-    args = TINY_MOE if family == "mixtral" else TINY[family]
-    model = models.build(family, {**args, "max_seq_len": 64, "flash_attention": fused})
-    model.init_weights(0)
-    return model.eval()
 
 
 def documents_of(tokens: torch.Tensor) -> list[list[tuple[int, int]]]:
@@ -63,7 +50,7 @@ def test_ids_and_positions():
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["sdpa", "matmul"])
-@pytest.mark.parametrize("family", ["llama", "gpt", "mixtral", "deepseek"])
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("explicit", [False, True], ids=["", "positions"])
 def test_masked_sequence_equals_each_document_alone(family, fused, explicit):
     torch.manual_seed(0)

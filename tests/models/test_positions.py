@@ -10,45 +10,25 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import compose_config
 
 import models
 from launcher.parallel.context_parallel import chunk_positions
-
-TINY = {
-    "llama": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128, vocab_size=96),
-    "gpt": dict(dim=64, n_layers=2, n_heads=4, ffn_dim=128, vocab_size=96, dropout=0.0),
-    # MLA (the shared rope key takes the positions' angles too), then an MoE layer.
-    "deepseek": dict(
-        dim=64,
-        n_layers=2,
-        n_heads=4,
-        n_kv_heads=4,
-        ffn_dim=128,
-        vocab_size=96,
-        n_routed_experts=4,
-        n_shared_experts=1,
-        top_k=2,
-        moe_ffn_dim=32,
-        n_dense_layers=1,
-        q_lora_rank=32,
-        kv_lora_rank=16,
-        qk_nope_head_dim=16,
-        qk_rope_head_dim=8,
-        v_head_dim=16,
-        rope_yarn_factor=4.0,
-        rope_yarn_original_max_seq_len=16,
-    ),
-}
+from models.families import FAMILIES
 
 
 def build(family: str, fused: bool) -> torch.nn.Module:
-    model = models.build(family, {**TINY[family], "max_seq_len": 64, "flash_attention": fused})
+    """The family's debug preset cut to 2 layers (deepseek's: an MLA block with a dense MLP,
+    then one with routed experts), without dropout."""
+    cfg = compose_config([f"model={FAMILIES[family].debug}", "model.n_layers=2"])
+    args = {**vars(cfg.model), "max_seq_len": 64, "flash_attention": fused, "dropout": 0.0}
+    model = models.build(family, args)
     model.init_weights(0)
     return model.eval()
 
 
 @pytest.mark.parametrize("fused", [True, False], ids=["sdpa", "unfused"])
-@pytest.mark.parametrize("family", ["llama", "gpt", "deepseek"])
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("batched", [False, True], ids=["(S,)", "(B, S)"])
 def test_permuted_tokens_with_positions_match_in_order(family, fused, batched):
     torch.manual_seed(0)

@@ -31,23 +31,24 @@ from launcher.parallel import recompute as activation_recompute
 from launcher.plan import make_plan
 from launcher.plan.estimate import layer_activation
 from launcher.runtime import distributed
+from models.families import FAMILIES
 
-PRESETS = {"llama": "llama3_debug", "gpt": "gpt_debug", "mixtral": "mixtral_debug"}
-PRESETS["deepseek"] = "deepseek_debug"
+PRESETS = {name: f.debug for name, f in FAMILIES.items()}
 BATCH, SEQ = 2, 64
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def overrides(family: str, recompute: str, tp: int, sp: bool, precision: str = "fp32"):
-    """The config measured: one block of the family's debug preset (deepseek: a dense one and
-    an MoE one). fp32: fused attention except under selective (which only differs without
-    it); bf16: Korthikanti et al.'s setting, 16-bit activations, attention unfused, dropout.
+    """The config measured: one block of the family's debug preset (a dense one and an MoE one
+    where the first layers are dense). fp32: fused attention except under selective (which
+    only differs without it); bf16: Korthikanti et al.'s setting, 16-bit activations,
+    attention unfused, dropout.
     `recompute` "op:alternate": recompute=op keeping every other matmul's output."""
     recompute, _, matmuls = recompute.partition(":")
     fused = recompute != "selective" and precision == "fp32"
     out = [
         f"model={PRESETS[family]}",
-        f"model.n_layers={2 if family == 'deepseek' else 1}",
+        f"model.n_layers={2 if FAMILIES[family].first_dense_layers else 1}",
         f"model.flash_attention={str(fused).lower()}",
         f"train.seq_len={SEQ}",
         f"recompute={recompute}",

@@ -15,9 +15,10 @@ import pytest
 from group import Job, per_rank
 
 from launcher.runtime import distributed
+from models import families
 from parallel import saved_bytes
 
-FAMILIES = ["llama", "gpt", "mixtral", "deepseek"]
+FAMILIES = list(families.FAMILIES)  # every registered family
 MODES = ["none", "selective", "full", "op"]
 # recompute=op keeping every other matmul's output (torchtitan's policy): the families whose
 # blocks are attention and MLP projections only (the rules refuse it with experts or MLA).
@@ -115,7 +116,7 @@ def test_recompute_really_saves():
 def test_op_under_tp_keeps_less_than_none(family, sp, measured_tp2):
     """Under tp, op keeps the reductions of the row-parallel partial sums and recomputes the
     partial sums (checkpointing._PartialSum): kept too, they made op keep as much as none."""
-    for block in ("0", "1") if family == "deepseek" else ("0",):
+    for block in ("0", "1") if families.family(family).first_dense_layers else ("0",):
         op = measured_tp2[(family, "op", sp, "fp32", block)]
         none = measured_tp2[(family, "none", sp, "fp32", block)]
         assert op < 0.85 * none, block

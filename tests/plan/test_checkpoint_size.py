@@ -26,8 +26,9 @@ from launcher.plan.checkpoint_size import (
 )
 from launcher.plan.config_rules import config_problems
 from launcher.plan.report import plan_json, print_plan
+from models.families import FAMILIES
 
-DEBUG_MODELS = ("llama3_debug", "gpt_debug", "mixtral_debug", "deepseek_debug")
+DEBUG_MODELS = [f.debug for f in FAMILIES.values()]  # every family's
 
 
 def size_of(overrides: list[str]):
