@@ -25,6 +25,7 @@ from launcher.plan.checkpoint_size import (
     node_bytes,
 )
 from launcher.plan.config_rules import config_problems
+from launcher.plan.model_size import shape
 from launcher.plan.report import plan_json, print_plan
 from models.families import FAMILIES
 
@@ -142,12 +143,17 @@ def test_plan_reports_the_checkpoint_in_text_and_json():
     assert "checkpoint" in text.getvalue() and "GB/s per node" in text.getvalue()
 
 
-@pytest.mark.parametrize("name", [*DEBUG_MODELS, "llama3_8b", "gpt_175b", "mixtral_8x7b"])
-def test_tensor_count_matches_the_model(name):
+@pytest.mark.parametrize(
+    "name", [*DEBUG_MODELS, "llama3_8b", "gpt_175b", "mixtral_8x7b", "deepseek_v3", "kimi_k2"]
+)
+def test_tensor_and_parameter_counts_match_the_model(name):
+    """The planner's tensors (what a save frames) and parameters (what every memory and time
+    figure scales with) are the built model's, exactly, for every family."""
     cfg = compose_config([f"model={name}"])
     with torch.device("meta"):
         model = models.build(cfg.model.family, vars(cfg.model))
     assert planner_tensors(cfg.model) == len(list(model.parameters()))
+    assert shape(cfg.model).total == sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("name", DEBUG_MODELS)
