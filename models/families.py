@@ -13,6 +13,9 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from models import shapes
+from models.shapes import Shapes
+
 # Tensor-parallel styles (Megatron's layout; launcher/parallel/tensor_parallel.py maps them
 # onto torch's): output features split over tp ranks, or input features split with the output
 # reduced into the residual stream's layout.
@@ -53,6 +56,13 @@ class Family:
     # input as a plain local tensor (MLA's latent projections).
     tp_shared: tuple[str, ...] = ()
     tp_local_input: tuple[str, ...] = ()
+    # Parameters as data (models/shapes.py), which the planner counts: a block is its
+    # attention_norm, `attention`, its ffn_norm and `mlp` (shapes.routed in an MoE layer); the
+    # model adds `embedding` and the head (the final norm and, untied, the output projection).
+    attention: Callable[..., Shapes] = shapes.gqa
+    mlp: Callable[..., Shapes] = shapes.swiglu
+    norm: Callable[[str, int], Shapes] = shapes.rms_norm
+    embedding: Callable[..., Shapes] = shapes.token_table
     # Shape, for the planner and the rules.
     gated_mlp: bool = True  # SwiGLU (w1, w2, w3) or a GELU MLP (fc1, fc2)
     biases: bool = False  # every projection has a bias, the norms are LayerNorms with one
@@ -77,6 +87,30 @@ class Family:
     hf_attention: dict[str, str] = field(default_factory=dict)
     hf_moe: dict[str, str] = field(default_factory=dict)
 
+    def block(self, m, moe: bool) -> Shapes:
+        """One block's parameters (under layers.{i}): a dense one, or one with routed experts."""
+        return {
+            **self.norm("attention_norm", m.dim),
+            **{f"attention.{k}": v for k, v in self.attention(m).items()},
+            **self.norm("ffn_norm", m.dim),
+            **{f"feed_forward.{k}": v for k, v in (shapes.routed if moe else self.mlp)(m).items()},
+        }
+
+    def head(self, m) -> Shapes:
+        """The final norm and, unless tied to the tokens' table, the output projection."""
+        out = {} if m.tie_embeddings else shapes.linear("output", m.vocab_size, m.dim)
+        return {**self.norm("norm", m.dim), **out}
+
+    def tensors(self, m) -> Shapes:
+        """Every parameter of the model, named as the built model names them."""
+        moe_from = min(m.n_dense_layers, m.n_layers) if m.n_routed_experts else m.n_layers
+        blocks = {
+            f"layers.{i}.{k}": v
+            for i in range(m.n_layers)
+            for k, v in self.block(m, moe=i >= moe_from).items()
+        }
+        return {**self.embedding(m), **blocks, **self.head(m)}
+
     def classes(self) -> tuple[type, type]:
         """(model class, args class), imported now."""
         return tuple(_load(path) for path in (self.model, self.args))  # type: ignore[return-value]
@@ -96,6 +130,15 @@ _GQA = {
     "attention.wo": ROW,
 }
 _SWIGLU = {"feed_forward.w1": COLUMN, "feed_forward.w3": COLUMN, "feed_forward.w2": ROW}
+
+# An MoE layer under tp (launcher/parallel/tensor_parallel.moe_plan): its shared experts are a
+# Megatron MLP; the router's gate stays whole, and the routed experts are split by expert
+# parallelism, never by tp.
+TP_ROUTED = {
+    "feed_forward.shared.w1": COLUMN,
+    "feed_forward.shared.w3": COLUMN,
+    "feed_forward.shared.w2": ROW,
+}
 
 # Hugging Face parameter names: ours (under layers.{i}) -> theirs (under model.layers.{i});
 # "{e}" numbers the experts. The names every family shares (embedding, norms, dense MLP) are in
@@ -205,6 +248,7 @@ FAMILIES: dict[str, Family] = {
             "models.qwen2:Qwen2",
             "models.qwen2:Qwen2Args",
             debug="qwen2_debug",
+            attention=shapes.gqa_qkv_bias,
             tp_embedding="tok_embeddings",
             tp_block={**_GQA, **_SWIGLU},
             qkv_bias=True,
@@ -220,6 +264,10 @@ FAMILIES: dict[str, Family] = {
             "models.gpt:GPT",
             "models.gpt:GPTArgs",
             debug="gpt_debug",
+            attention=shapes.gqa_biased,
+            mlp=shapes.gelu_mlp,
+            norm=shapes.layer_norm,
+            embedding=shapes.token_and_position_tables,
             tp_embedding="embed.tok",
             tp_embedding_sum="embed",
             tp_block={**_GQA, "feed_forward.fc1": COLUMN, "feed_forward.fc2": ROW},
@@ -257,6 +305,7 @@ FAMILIES: dict[str, Family] = {
             "models.deepseek:DeepSeek",
             "models.deepseek:DeepSeekArgs",
             debug="deepseek_debug",
+            attention=shapes.mla,
             tp_embedding="tok_embeddings",
             # MLA: the latent down-projections and their norms stay replicated (every rank
             # computes the small latents); the up-projections into heads split by head.

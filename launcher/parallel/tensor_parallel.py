@@ -152,9 +152,8 @@ def moe_plan(moe: MoE, sp: bool, residual) -> dict[str, object]:
             input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
         )
     if moe.shared is not None:  # under sp its input is gathered by apply_tp
-        plan["feed_forward.shared.w1"] = ColwiseParallel()
-        plan["feed_forward.shared.w3"] = ColwiseParallel()
-        plan["feed_forward.shared.w2"] = RowwiseParallel(output_layouts=residual)
+        styles = {COLUMN: ColwiseParallel, ROW: lambda: RowwiseParallel(output_layouts=residual)}
+        plan.update({name: styles[style]() for name, style in families.TP_ROUTED.items()})
     return plan
 
 

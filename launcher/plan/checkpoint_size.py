@@ -55,20 +55,11 @@ class CheckpointSize:
 
 def block_tensors(m: ModelConfig) -> tuple[int, int, int, int]:
     """Parameter tensors of (a dense block, an MoE block, the embedding, the head) as models/
-    builds them: one per weight matrix and norm gain, experts stacked (one w1, w2 and w3 for
-    all of them), and twice that for a family whose every projection and LayerNorm has a
-    bias (gpt); three more per block where q, k and v alone have one (qwen2)."""
+    builds them (its family's parameters, models/shapes.py): experts stacked, one w1, w2 and
+    w3 for all of them."""
     fam = families.of(m)
-    bias = 2 if fam.biases else 1
-    attention = 4 + (3 if fam.qkv_bias else 0)  # wq, wk, wv, wo (and q's, k's, v's biases)
-    if m.kv_lora_rank:  # MLA: wq or (wq_a, q_norm, wq_b); wkv_a, kv_norm, wkv_b; wo
-        attention = (3 if m.q_lora_rank else 1) + 4
-    block = attention + 2  # the two block norms
-    dense = block + (3 if fam.gated_mlp else 2)  # w1, w2, w3 or fc1, fc2
-    moe = block + 3 + 1 + (3 if m.n_shared_experts else 0)  # experts, router, shared experts
-    head = bias + (0 if m.tie_embeddings else 1)  # final norm, output projection
-    embedding = 2 if fam.learned_positions else 1  # tokens' (and positions') table
-    return dense * bias, moe, embedding, head
+    moe = len(fam.block(m, moe=True)) if m.n_routed_experts else 0
+    return len(fam.block(m, moe=False)), moe, len(fam.embedding(m)), len(fam.head(m))
 
 
 def stage_bytes(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -> float:

@@ -226,7 +226,8 @@ def rank_params(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     tp_sharded = (
         layers * s.attn_params + dense * s.dense_mlp_params + moe_layers * s.moe_shared_params
     )
-    replicated = layers * (s.attn_replicated + s.norm_params) + dense * s.mlp_replicated
+    replicated = layers * (s.attn_replicated + s.attn_latent + s.norm_params)
+    replicated += dense * s.mlp_replicated + moe_layers * s.router_params
     # A tied embedding under a pipeline: the last stage holds its own copy of the token
     # embedding as its output projection (on rank 0 too under the V schedules).
     tied_copy = m.vocab_size * m.dim if last and m.tie_embeddings and lay.pp > 1 else 0
@@ -239,5 +240,6 @@ def rank_params(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
         dense_ranks=lay.dp_shard * lay.cp,
         # The experts' states are sharded (by their own FSDP unit, or ZeRO-1's) over the
         # ranks of one replica holding the same experts.
-        expert_ranks=max(1, lay.dp_shard * lay.cp * lay.tp // lay.ep),
+        # Without data-parallel sharding (dp_shard x cp of 1) no rank shards them.
+        expert_ranks=max(1, lay.dp_shard * lay.cp * lay.tp // lay.ep) if lay.dp_shard_cp > 1 else 1,
     )

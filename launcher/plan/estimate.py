@@ -183,9 +183,10 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     if last:  # the loss's peak, vocab-parallel over tp
         other += tokens * m.vocab_size / lay.tp * loss_bytes_per_logit(ctx, lay)
     # The largest FSDP unit (one block) as this rank holds it.
-    unit = (s.attn_params + s.dense_mlp_params) / lay.tp
+    unit = (s.attn_params + s.dense_mlp_params) / lay.tp + s.attn_latent
     if ctx.moe:
-        unit = max(unit, (s.attn_params + s.moe_shared_params) / lay.tp + s.expert_params / lay.ep)
+        moe_unit = (s.attn_params + s.moe_shared_params) / lay.tp + s.attn_latent + s.router_params
+        unit = max(unit, moe_unit + s.expert_params / lay.ep)
     # Two gathered units (prefetch) and one unreduced gradient.
     if stage == 3 and held.dense_ranks > 1:
         other += unit * (2 * ctx.param_b + ctx.grad_b)

@@ -9,14 +9,25 @@ first layers dense).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from launcher.config import ModelConfig
-from models import families
+from models import families, shapes
 
 
-def head_dim(m: ModelConfig) -> int:
-    return m.head_dim if m.head_dim is not None else m.dim // max(1, m.n_heads)
+def count(tensors: dict[str, tuple[int, ...]]) -> int:
+    """Elements of a {name: shape} list (models/shapes.py)."""
+    return sum(math.prod(shape) for shape in tensors.values())
+
+
+def tp_sharded(fam: families.Family, name: str) -> bool:
+    """Whether tensor parallelism splits this block parameter (the record's TP plan): a
+    column-parallel module's weight and bias, a row-parallel one's weight; a row-parallel
+    bias is added after the reduction, and what the plan does not name stays whole."""
+    module, _, kind = name.rpartition(".")
+    style = fam.tp_block.get(module) or families.TP_ROUTED.get(module)
+    return style == families.COLUMN or (style == families.ROW and kind == "weight")
 
 
 @dataclass(frozen=True)
@@ -25,11 +36,11 @@ class Shape:
 
     n_layers: int
     n_dense_layers: int  # layers with a dense MLP (all of them for dense families)
-    attn_params: int  # attention matmul weights (sharded by tp)
+    attn_params: int  # attention weights and biases split by tp
     attn_replicated: int  # latent norms, the output projection's bias (replicated over tp)
     dense_mlp_params: int
     expert_params: int  # all routed experts of one MoE layer (sharded by ep)
-    moe_shared_params: int  # shared experts + router of one MoE layer (replicated over ep)
+    moe_shared_params: int  # shared experts of one MoE layer (split by tp, replicated over ep)
     norm_params: int  # the two block norms (replicated over tp)
     embedding: int  # token embedding (sharded by tp) + learned positions
     head: int  # final norm + output projection (0 for the projection when tied)
@@ -48,12 +59,17 @@ class Shape:
     d_v: int
     mlp_replicated: int = 0  # the dense MLP's second bias (gpt; replicated over tp)
     positions: int = 0  # learned position embeddings (gpt; replicated over tp)
+    # Attention matmul weights every tp rank holds whole and runs on every token: MLA's latent
+    # down-projections (wq_a, wkv_a), which tensor parallelism leaves replicated.
+    attn_latent: int = 0
+    router_params: int = 0  # an MoE layer's router gate (whole on every tp and ep rank)
 
     @property
     def dense_layer(self) -> int:
         return (
             self.attn_params
             + self.attn_replicated
+            + self.attn_latent
             + self.dense_mlp_params
             + self.mlp_replicated
             + self.norm_params
@@ -64,8 +80,10 @@ class Shape:
         return (
             self.attn_params
             + self.attn_replicated
+            + self.attn_latent
             + self.expert_params
             + self.moe_shared_params
+            + self.router_params
             + self.norm_params
         )
 
@@ -84,16 +102,11 @@ class Shape:
 
 
 def attention_shape(m: ModelConfig) -> dict:
+    """Per-token widths of a block's attention."""
     if m.kv_lora_rank:  # MLA
         d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
         h = m.n_heads
-        q = m.dim * m.q_lora_rank + m.q_lora_rank * h * d_qk if m.q_lora_rank else m.dim * h * d_qk
-        kv = m.dim * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * h * (
-            m.qk_nope_head_dim + d_v
-        )
         return dict(
-            attn_params=q + kv + h * d_v * m.dim,
-            attn_replicated=m.kv_lora_rank + m.q_lora_rank,  # latent RMSNorms
             q_width=h * d_qk,
             k_width=h * d_qk,
             v_width=h * d_v,
@@ -107,14 +120,9 @@ def attention_shape(m: ModelConfig) -> dict:
             d_qk=d_qk,
             d_v=d_v,
         )
-    e = head_dim(m)
+    e = shapes.head_dim(m)
     q, kv = m.n_heads * e, m.n_kv_heads * e
-    fam = families.of(m)
     return dict(
-        # Biases: q, k, v column-parallel (sharded); the output projection's row-parallel
-        # bias is added after the reduction, replicated.
-        attn_params=m.dim * (2 * q + 2 * kv) + (q + 2 * kv if fam.biases or fam.qkv_bias else 0),
-        attn_replicated=m.dim if fam.biases else 0,
         q_width=q,
         k_width=kv,
         v_width=kv,
@@ -129,28 +137,45 @@ def attention_shape(m: ModelConfig) -> dict:
 
 
 def shape(m: ModelConfig) -> Shape:
-    """Parameter counts and widths of a model config (any family)."""
+    """Parameter counts and widths of a model config (any family), counted from its family's
+    parameters (models/shapes.py) split as tensor and expert parallelism split them."""
     fam = families.of(m)
-    norm = 2 * m.dim if fam.biases else m.dim  # LayerNorm has a bias
-    if fam.gated_mlp:  # SwiGLU's w1, w2, w3
-        dense_mlp = 3 * m.dim * m.ffn_dim
-    else:  # GeLU's fc1, fc2 with fc1's bias (fc2's, replicated over tp, is mlp_replicated)
-        dense_mlp = 2 * m.dim * m.ffn_dim + (m.ffn_dim if fam.biases else 0)
     moe = m.n_routed_experts > 0
-    expert = 3 * m.dim * m.moe_ffn_dim
-    positions = m.max_seq_len * m.dim if fam.learned_positions else 0
-    embedding = m.vocab_size * m.dim + positions
+    n_dense = min(m.n_dense_layers, m.n_layers) if moe else m.n_layers
+    dense = fam.block(m, moe=False) if n_dense else {}
+    routed = fam.block(m, moe=True) if moe else {}
+    block = dense or routed  # attention and norms: the same in both
+
+    def part(block: dict, prefix: str, sharded: bool | None = None, matrix: bool | None = None):
+        """Elements of the block's parameters under `prefix`, those tp splits (or not), the
+        matrices (or the rest)."""
+        return count(
+            {
+                k: v
+                for k, v in block.items()
+                if k.startswith(prefix)
+                and (sharded is None or tp_sharded(fam, k) == sharded)
+                and (matrix is None or (len(v) >= 2) == matrix)
+            }
+        )
+
+    tokens = f"{fam.tp_embedding}.weight"
+    embedding = fam.embedding(m)
     return Shape(
         n_layers=m.n_layers,
-        n_dense_layers=min(m.n_dense_layers, m.n_layers) if moe else m.n_layers,
-        dense_mlp_params=dense_mlp,
-        expert_params=m.n_routed_experts * expert if moe else 0,
-        moe_shared_params=(m.n_shared_experts * expert + m.n_routed_experts * m.dim) if moe else 0,
-        norm_params=2 * norm,
-        embedding=embedding,
-        head=norm + (0 if m.tie_embeddings else m.vocab_size * m.dim),
-        mlp_replicated=m.dim if fam.biases else 0,
-        positions=positions,
+        n_dense_layers=n_dense,
+        attn_params=part(block, "attention.", sharded=True),
+        attn_latent=part(block, "attention.", sharded=False, matrix=True),
+        attn_replicated=part(block, "attention.", sharded=False, matrix=False),
+        dense_mlp_params=part(dense, "feed_forward.", sharded=True),
+        mlp_replicated=part(dense, "feed_forward.", sharded=False),
+        expert_params=part(routed, "feed_forward.experts."),
+        moe_shared_params=part(routed, "feed_forward.", sharded=True),
+        router_params=part(routed, "feed_forward.router."),
+        norm_params=part(block, "attention_norm.") + part(block, "ffn_norm."),
+        embedding=count(embedding),
+        positions=count(embedding) - math.prod(embedding[tokens]),
+        head=count(fam.head(m)),
         **attention_shape(m),
     )
 
@@ -192,9 +217,10 @@ def active_matmul_params_per_token(s: Shape, m: ModelConfig) -> float:
     moe_active = 0.0
     if s.n_moe_layers:
         routed = m.top_k * 3 * m.dim * m.moe_ffn_dim
-        moe_active = s.n_moe_layers * (routed + s.moe_shared_params)
+        moe_active = s.n_moe_layers * (routed + s.moe_shared_params + s.router_params)
     dense = s.n_dense_layers * s.dense_mlp_params
-    return s.n_layers * s.attn_params + dense + moe_active + m.vocab_size * m.dim
+    attention = s.attn_params + s.attn_latent
+    return s.n_layers * attention + dense + moe_active + m.vocab_size * m.dim
 
 
 def flops_per_token(m: ModelConfig, seq_len: int, causal: bool = True) -> float:

@@ -17,7 +17,7 @@ from torch import nn
 
 import models
 from launcher.parallel.tensor_parallel import _find
-from models.families import FAMILIES, family
+from models.families import FAMILIES, TP_ROUTED, family
 
 # The debug presets, and what else a family's blocks may hold (MLA without a q latent).
 VARIANTS = {
@@ -65,23 +65,30 @@ def test_every_dense_projection_of_a_block_is_in_the_tp_plan(name):
             for path, module in block.named_modules():
                 if not isinstance(module, nn.Linear) or path.endswith(REPLICATED):
                     continue
-                if path.startswith("feed_forward.shared."):
-                    continue  # an MoE's shared experts: tensor_parallel.moe_plan
-                assert path in fam.tp_block, f"{name} layer {index}: {path} is not in tp_block"
+                plan = {**fam.tp_block, **TP_ROUTED}  # an MoE's shared experts: TP_ROUTED
+                assert path in plan, f"{name} layer {index}: {path} is not in tp_block"
 
 
-def test_planner_shape_follows_the_records():
-    """The planner's parameter count of each debug preset equals the built model's: the
-    record's gated_mlp, biases and learned_positions are what the model has."""
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        *(o for variants in VARIANTS.values() for o in variants),
+        ["model=llama3_debug", "model.tie_embeddings=true"],
+        *([f"model={name}"] for name in ("llama3_8b", "gpt_175b", "mixtral_8x7b", "deepseek_v3")),
+    ],
+    ids=" ".join,
+)
+def test_a_records_parameters_are_the_models(overrides):
+    """The family's parameters as data (models/shapes.py, which the planner counts) are the
+    built model's, name for name, shape for shape, in order; and so the planner's count."""
     from launcher.plan.model_size import shape
 
-    for name, variants in VARIANTS.items():
-        for overrides in variants:
-            cfg = compose_config(overrides)
-            model = built(overrides)
-            counted = shape(cfg.model).total
-            params = sum(p.numel() for p in model.parameters())
-            assert counted == params, f"{name} {overrides}: planner {counted:,}, model {params:,}"
+    cfg = compose_config(overrides)
+    model = built(overrides)
+    params = {k: tuple(p.shape) for k, p in model.named_parameters()}
+    listed = family(cfg.model.family).tensors(cfg.model)
+    assert list(listed.items()) == list(params.items())
+    assert shape(cfg.model).total == sum(p.numel() for p in model.parameters())
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))

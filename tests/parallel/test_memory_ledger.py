@@ -32,6 +32,9 @@ CASES.append(f"{LAYOUTS['fsdp']};recompute=op recompute.matmuls=alternate")
 CASES.append(
     "model.tie_embeddings=true parallel.pp=2 parallel.dp_shard=1 pipeline=zbv;recompute=none"
 )
+# MLA under TP + SP: the latent down-projections stay whole on every tp rank (the planner split
+# them over tp until the family's parameters said which it splits).
+CASES.append("model=deepseek_debug " + LAYOUTS["tp=2 sp"] + ";recompute=none")
 LEDGER = Job("parallel.ledger:job", 2, tuple("hardware.devices_per_node=2 " + c for c in CASES))
 # ZeRO-1 on 4 ranks: beside tp (each rank owns a share of the TP shards) and with routed experts
 # (their states sharded over the 2 ranks holding the same experts, the rest over all 4).

@@ -54,7 +54,7 @@ def fp8_cast_seconds(ctx: Context, lay: Layout, tokens: float, hidden: int) -> f
     mlp = ctx.fp8_mlp_sides if hidden else 0
     whole = (4 + mlp) * m.dim
     split = (s.q_width + s.k_width + s.v_width + s.o_width + mlp * hidden) / tp
-    weights = (s.attn_params + mlp * m.dim * hidden) / tp
+    weights = (s.attn_params + mlp * m.dim * hidden) / tp + s.attn_latent
     return ctx.fused * (tokens * (whole + split) * per_side + weights * per_weight) / ctx.memory_bw
 
 
@@ -62,9 +62,10 @@ def layer_cost(ctx: Context, lay: Layout, moe: bool, tokens: float) -> LayerCost
     """One dense (or MoE) layer on a rank of `lay`, for a micro-batch of `tokens` tokens."""
     s, m, tp = ctx.shape, ctx.model, lay.tp
     # GEMMs: 6 FLOPs per weight and token (forward, input and weight gradients); a tp shard
-    # runs 1/tp of the weights on every token of the micro-batch.
+    # runs 1/tp of the weights on every token of the micro-batch (and MLA's latent
+    # down-projections whole).
     attention = linear_seconds(
-        ctx, 6 * s.attn_params / tp * tokens, min(m.dim, s.o_width / tp, tokens)
+        ctx, 6 * (s.attn_params / tp + s.attn_latent) * tokens, min(m.dim, s.o_width / tp, tokens)
     )
     if not moe:
         mlp = linear_seconds(
@@ -74,7 +75,7 @@ def layer_cost(ctx: Context, lay: Layout, moe: bool, tokens: float) -> LayerCost
     else:
         shared = linear_seconds(
             ctx,
-            6 * (s.moe_shared_params - m.n_routed_experts * m.dim) / tp * tokens,
+            6 * s.moe_shared_params / tp * tokens,
             min(m.dim, m.moe_ffn_dim, tokens),
         )
         mlp = shared

@@ -27,6 +27,7 @@ def rank_parameters(step: Step) -> float:
     dense = s.attn_params + s.dense_mlp_params
     moe = s.attn_params + s.moe_shared_params
     params = (step.dense * dense + step.moe * moe) / lay.tp + step.moe * s.expert_params / lay.ep
+    params += (step.dense + step.moe) * s.attn_latent + step.moe * s.router_params  # whole
     params += (s.embedding if step.holds_embedding else 0) / lay.tp
     params += (s.head if step.holds_head else 0) / lay.tp
     return params

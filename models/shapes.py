@@ -1,0 +1,122 @@
+"""Parameters as data: each part of a model as {name: shape}, exactly as models/ builds it.
+
+Pure Python (no torch): the planner counts parameters and checkpoint tensors from these, and a
+family's record (models/families.py) names which of them its blocks are made of, so that a
+family is one unit and shared code never decodes its flags. Names are relative to the part
+(a block's attention is under `attention.`, its feed-forward under `feed_forward.`); shapes are
+(out, in) for a projection, as torch's Linear holds them. `m` is a model config (its fields:
+launcher/config.py's ModelConfig).
+
+tests/models/test_families.py holds every family's list against the model it builds.
+"""
+
+from __future__ import annotations
+
+Shapes = dict[str, tuple[int, ...]]
+
+
+def head_dim(m) -> int:
+    """Per-head width: the config's, else dim / heads."""
+    return m.head_dim if m.head_dim is not None else m.dim // max(1, m.n_heads)
+
+
+def linear(name: str, out: int, inp: int, bias: bool = False) -> Shapes:
+    return {f"{name}.weight": (out, inp), **({f"{name}.bias": (out,)} if bias else {})}
+
+
+def rms_norm(name: str, width: int) -> Shapes:
+    return {f"{name}.weight": (width,)}
+
+
+def layer_norm(name: str, width: int) -> Shapes:
+    return {f"{name}.weight": (width,), f"{name}.bias": (width,)}
+
+
+def _gqa(m, qkv_bias: bool, out_bias: bool) -> Shapes:
+    e = head_dim(m)
+    q, kv = m.n_heads * e, m.n_kv_heads * e
+    return {
+        **linear("wq", q, m.dim, qkv_bias),
+        **linear("wk", kv, m.dim, qkv_bias),
+        **linear("wv", kv, m.dim, qkv_bias),
+        **linear("wo", m.dim, q, out_bias),
+    }
+
+
+def gqa(m) -> Shapes:
+    """Grouped-query attention without biases (Llama)."""
+    return _gqa(m, False, False)
+
+
+def gqa_qkv_bias(m) -> Shapes:
+    """... with biases on q, k and v alone (Qwen2)."""
+    return _gqa(m, True, False)
+
+
+def gqa_biased(m) -> Shapes:
+    """... with a bias on every projection (GPT)."""
+    return _gqa(m, True, True)
+
+
+def mla(m) -> Shapes:
+    """Multi-head latent attention (DeepSeek): q straight from the input or through a normed
+    latent, one projection to the kv latent and the shared rotary key, the latent's norm, its
+    up-projection to every head's key and value, the output projection."""
+    h, rope, nope = m.n_heads, m.qk_rope_head_dim, m.qk_nope_head_dim
+    q_out = h * (nope + rope)
+    if m.q_lora_rank:
+        q = {
+            **linear("wq_a", m.q_lora_rank, m.dim),
+            **rms_norm("q_norm", m.q_lora_rank),
+            **linear("wq_b", q_out, m.q_lora_rank),
+        }
+    else:
+        q = linear("wq", q_out, m.dim)
+    return {
+        **q,
+        **linear("wkv_a", m.kv_lora_rank + rope, m.dim),
+        **rms_norm("kv_norm", m.kv_lora_rank),
+        **linear("wkv_b", h * (nope + m.v_head_dim), m.kv_lora_rank),
+        **linear("wo", m.dim, h * m.v_head_dim),
+    }
+
+
+def swiglu(m, hidden: int | None = None, name: str = "") -> Shapes:
+    """A SwiGLU MLP (w1 gate, w3 up, w2 down) of `hidden` units (model.ffn_dim)."""
+    hidden = m.ffn_dim if hidden is None else hidden
+    p = f"{name}." if name else ""
+    return {
+        **linear(f"{p}w1", hidden, m.dim),
+        **linear(f"{p}w2", m.dim, hidden),
+        **linear(f"{p}w3", hidden, m.dim),
+    }
+
+
+def gelu_mlp(m) -> Shapes:
+    """A GELU MLP with biases (GPT): fc1 to model.ffn_dim, fc2 back."""
+    return {**linear("fc1", m.ffn_dim, m.dim, True), **linear("fc2", m.dim, m.ffn_dim, True)}
+
+
+def routed(m) -> Shapes:
+    """Routed experts in place of the MLP: the router's gate, the experts' SwiGLU weights
+    stacked (one tensor per weight for all of them), and the shared experts as one SwiGLU of
+    n_shared_experts x moe_ffn_dim units (none without them)."""
+    e, f = m.n_routed_experts, m.moe_ffn_dim
+    shared = swiglu(m, m.n_shared_experts * f, "shared") if m.n_shared_experts else {}
+    return {
+        **linear("router.gate", e, m.dim),
+        "experts.w1": (e, f, m.dim),
+        "experts.w2": (e, m.dim, f),
+        "experts.w3": (e, f, m.dim),
+        **shared,
+    }
+
+
+def token_table(m) -> Shapes:
+    """The tokens' table (top-level names, as the embedding and the head are)."""
+    return {"tok_embeddings.weight": (m.vocab_size, m.dim)}
+
+
+def token_and_position_tables(m) -> Shapes:
+    """GPT's tokens' table and its learned positions' table."""
+    return {"embed.tok.weight": (m.vocab_size, m.dim), "embed.pos.weight": (m.max_seq_len, m.dim)}
