@@ -63,10 +63,12 @@ class Family:
     mlp: Callable[..., Shapes] = shapes.swiglu
     norm: Callable[[str, int], Shapes] = shapes.rms_norm
     embedding: Callable[..., Shapes] = shapes.token_table
+    # torchtitan's model of this family, which the benchmarks run as a peer (launcher/bench/
+    # titan.py, titan_moe.py): "llama3" (its Llama3Model), "deepseek_v3" (its DeepSeekV3Model),
+    # "qwen3_moe" (its Qwen3Model with MoE blocks: Mixtral's shape), or "" where it has none.
+    titan: str = ""
     # Shape, for the planner and the rules.
     gated_mlp: bool = True  # SwiGLU (w1, w2, w3) or a GELU MLP (fc1, fc2)
-    biases: bool = False  # every projection has a bias, the norms are LayerNorms with one
-    qkv_bias: bool = False  # the query, key and value projections alone have biases
     learned_positions: bool = False  # a (max_seq_len, dim) position table beside the tokens'
     mla: bool = False  # multi-head latent attention (needs kv_lora_rank, ...)
     yarn: bool = False  # YaRN RoPE scaling (model.rope_yarn_factor)
@@ -85,6 +87,10 @@ class Family:
     hf_rope: tuple[str, ...] = ("llama3",)
     hf_unsupported: Callable[[dict], list[str]] | None = None
     hf_attention: dict[str, str] = field(default_factory=dict)
+    # Parameters whose rows transformers holds per head in rotate-half order where ours rotate
+    # interleaved pairs (permuted both ways by launcher/hf/weights.py) -> the config field
+    # counting their heads.
+    hf_rotate_half: dict[str, str] = field(default_factory=dict)
     hf_moe: dict[str, str] = field(default_factory=dict)
 
     def block(self, m, moe: bool) -> Shapes:
@@ -150,6 +156,8 @@ _HF_ATTENTION = {
     "attention.wv.weight": "self_attn.v_proj.weight",
     "attention.wo.weight": "self_attn.o_proj.weight",
 }
+# Llama's q and k rows, rotated in interleaved pairs here and in halves in transformers.
+_ROTATE_HALF = {"attention.wq.weight": "n_heads", "attention.wk.weight": "n_kv_heads"}
 # Multi-head latent attention. DeepSeek's checkpoints keep the rope rows of q and of the
 # shared key (the last qk_rope_head_dim rows of each q head and of kv_a_proj_with_mqa) in
 # interleaved pairs, as ours: transformers' DeepseekV2 rotates them as complex pairs and its
@@ -233,6 +241,7 @@ FAMILIES: dict[str, Family] = {
             "models.llama:Transformer",
             "models.llama:LlamaArgs",
             debug="llama3_debug",
+            titan="llama3",
             tp_embedding="tok_embeddings",
             tp_block={**_GQA, **_SWIGLU},
             hf=(
@@ -242,6 +251,7 @@ FAMILIES: dict[str, Family] = {
             ),
             hf_config=(*_HF_HEAD_DIM, ("intermediate_size", "ffn_dim")),
             hf_attention=_HF_ATTENTION,
+            hf_rotate_half=_ROTATE_HALF,
         ),
         Family(
             "qwen2",
@@ -251,12 +261,17 @@ FAMILIES: dict[str, Family] = {
             attention=shapes.gqa_qkv_bias,
             tp_embedding="tok_embeddings",
             tp_block={**_GQA, **_SWIGLU},
-            qkv_bias=True,
             hf=(HFType("qwen2", "Qwen2ForCausalLM", written=dict(use_sliding_window=False)),),
             hf_config=(("intermediate_size", "ffn_dim"),),  # head_dim: hidden_size / heads
             hf_attention={
                 **_HF_ATTENTION,
                 **{f"attention.{w}.bias": f"self_attn.{p}_proj.bias" for w, p in _QKV},
+            },
+            # q's and k's biases permuted as their weights' rows
+            hf_rotate_half={
+                **_ROTATE_HALF,
+                "attention.wq.bias": "n_heads",
+                "attention.wk.bias": "n_kv_heads",
             },
         ),
         Family(
@@ -272,7 +287,6 @@ FAMILIES: dict[str, Family] = {
             tp_embedding_sum="embed",
             tp_block={**_GQA, "feed_forward.fc1": COLUMN, "feed_forward.fc2": ROW},
             gated_mlp=False,
-            biases=True,
             learned_positions=True,
             elementwise=(16.0, 16.0),  # LayerNorm and biases: fewer than the rotary families
         ),
@@ -281,6 +295,7 @@ FAMILIES: dict[str, Family] = {
             "models.mixtral:Mixtral",
             "models.mixtral:MixtralArgs",
             debug="mixtral_debug",
+            titan="qwen3_moe",
             tp_embedding="tok_embeddings",
             tp_block=_GQA,  # every layer is an MoE one (tensor_parallel.moe_plan)
             moe=True,
@@ -298,6 +313,7 @@ FAMILIES: dict[str, Family] = {
                 ("num_experts_per_tok", "top_k"),
             ),
             hf_attention=_HF_ATTENTION,
+            hf_rotate_half=_ROTATE_HALF,
             hf_moe=_HF_MIXTRAL_MOE,
         ),
         Family(
@@ -306,6 +322,7 @@ FAMILIES: dict[str, Family] = {
             "models.deepseek:DeepSeekArgs",
             debug="deepseek_debug",
             attention=shapes.mla,
+            titan="deepseek_v3",
             tp_embedding="tok_embeddings",
             # MLA: the latent down-projections and their norms stay replicated (every rank
             # computes the small latents); the up-projections into heads split by head.

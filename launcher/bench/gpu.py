@@ -116,7 +116,8 @@ WORKLOADS = {
 def titan_builder(w: Workload) -> Step:
     """torchtitan's own model of the workload's family: Llama 3 (launcher/bench/titan.py),
     DeepSeek-V3 or Mixtral-shaped MoE blocks (launcher/bench/titan_moe.py)."""
-    return (titan_moe if families.family(w.model["family"]).moe else titan).torchtitan(w)
+    peer = families.family(w.model["family"]).titan
+    return (titan_moe if peer in titan_moe.MAKE else titan).torchtitan(w)
 
 
 PEERS = {"transformers": hugging_face, "torchtitan": titan_builder}

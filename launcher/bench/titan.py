@@ -51,24 +51,19 @@ def _titan():
     return common, llama3, config_utils
 
 
-# What torchtitan's Llama 3 has no way to express, by the family records' flags.
-INEXPRESSIBLE = ("biases", "qkv_bias", "learned_positions", "mla")
-
-
 def _config(m: dict, seq_len: int, common, llama3, config_utils, experts: bool = False):
     """Llama3Model.Config of exactly the shape in `m` (ModelConfig fields), its RoPE tables
     cut to the `seq_len` trained on, as its trainer's update_from_config cuts them. `experts`:
     the caller replaces the feed-forward by routed experts (its attention, norms and embeddings
-    are then Llama's)."""
-    fam = families.family(m["family"])
-    cannot = [flag for flag in INEXPRESSIBLE if getattr(fam, flag)]
-    cannot += [] if fam.gated_mlp else ["a GELU MLP"]
-    cannot += ["routed experts"] if fam.moe and not experts else []
-    cannot += [f"dropout={m['dropout']!r}"] if m["dropout"] else []
-    if cannot:
+    are then Llama's: the family's torchtitan peer is "qwen3_moe")."""
+    peer = families.family(m["family"]).titan
+    if peer != ("qwen3_moe" if experts else "llama3"):
         raise ValueError(
-            f"torchtitan's Llama 3 cannot express model.family={m['family']} ({', '.join(cannot)})"
+            f"torchtitan's Llama 3 cannot express model.family={m['family']} ("
+            + (f"its torchtitan model is {peer})" if peer else "torchtitan has no model of it)")
         )
+    if m["dropout"]:
+        raise ValueError(f"torchtitan's Llama 3 cannot express dropout={m['dropout']!r}")
     if seq_len > m["max_seq_len"]:
         raise ValueError(f"sequence length {seq_len} exceeds max_seq_len={m['max_seq_len']}")
     dim, n_heads, vocab = m["dim"], m["n_heads"], m["vocab_size"]

@@ -97,7 +97,7 @@ def _yarn_mscale(m: dict) -> float:
 
 
 def _check(m: dict, seq_len: int) -> None:
-    if not families.family(m["family"]).moe:
+    if families.family(m["family"]).titan not in MAKE:
         raise ValueError(f"torchtitan's MoE peer cannot express family={m['family']!r}")
     if m["dropout"]:
         raise ValueError(f"torchtitan's MoE models cannot express dropout={m['dropout']!r}")
@@ -228,10 +228,12 @@ def config(m: dict, seq_len: int):
     sequences of `seq_len`."""
     t = _titan()
     _check(m, seq_len)
-    # DeepSeekV3Model for multi-head latent attention; Llama's attention in Qwen3's MoE blocks
-    # otherwise.
-    make = _deepseek_config if families.family(m["family"]).mla else _mixtral_config
-    return make(m, seq_len, t)
+    return MAKE[families.family(m["family"]).titan](m, seq_len, t)
+
+
+# The family's torchtitan model (its record's `titan`): DeepSeekV3Model for multi-head latent
+# attention; Llama's attention in Qwen3's MoE blocks for Mixtral's shape.
+MAKE = {"deepseek_v3": _deepseek_config, "qwen3_moe": _mixtral_config}
 
 
 def build(w: Workload) -> torch.nn.Module:

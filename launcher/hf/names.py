@@ -24,7 +24,8 @@ from launcher.hf.config_json import (
     read_config,
     unsupported,
 )
-from models import families
+from models import FIELDS, families
+from models.config import ModelConfig
 
 INDEX = "model.safetensors.index.json"
 
@@ -53,93 +54,38 @@ TOP = {
 }
 
 
-def _swiglu(prefix: str, d: int, f: int) -> dict[str, tuple[int, ...]]:
-    """Shapes of w1, w2, w3: nn.Linear weights, or stacked experts (each expert's shape)."""
-    w = "" if prefix.endswith("experts") else ".weight"
-    return {f"{prefix}.w1{w}": (f, d), f"{prefix}.w2{w}": (d, f), f"{prefix}.w3{w}": (f, d)}
-
-
-def _attention(model: dict) -> tuple[dict[str, tuple[int, ...]], dict[str, int]]:
-    """(our attention weight -> shape, q/k weight -> heads whose rows are permuted)."""
-    d, h = model["dim"], model["n_heads"]
-    if families.family(model["family"]).mla:
-        nope, r, v = model["qk_nope_head_dim"], model["qk_rope_head_dim"], model["v_head_dim"]
-        q, c = model["q_lora_rank"], model["kv_lora_rank"]
-        if q:
-            shapes = {
-                "attention.wq_a.weight": (q, d),
-                "attention.q_norm.weight": (q,),
-                "attention.wq_b.weight": (h * (nope + r), q),
-            }
-        else:
-            shapes = {"attention.wq.weight": (h * (nope + r), d)}
-        shapes |= {
-            "attention.wkv_a.weight": (c + r, d),  # the kv latent, then the shared rope key
-            "attention.kv_norm.weight": (c,),
-            "attention.wkv_b.weight": (h * (nope + v), c),
-            "attention.wo.weight": (d, h * v),
-        }
-        return shapes, {}
-    k = model["n_kv_heads"]
-    e = model.get("head_dim") or d // h
-    shapes = {
-        "attention.wq.weight": (h * e, d),
-        "attention.wk.weight": (k * e, d),
-        "attention.wv.weight": (k * e, d),
-        "attention.wo.weight": (d, h * e),
-    }
-    heads = {"attention.wq.weight": h, "attention.wk.weight": k}
-    if families.family(model["family"]).qkv_bias:  # q's and k's rows permuted as their weights'
-        shapes |= {"attention.wq.bias": (h * e,), "attention.wk.bias": (k * e,)}
-        shapes |= {"attention.wv.bias": (k * e,)}
-        heads |= {"attention.wq.bias": h, "attention.wk.bias": k}
-    return shapes, heads
-
-
-def _feed_forward(model: dict, i: int) -> tuple[dict[str, str], dict[str, tuple[int, ...]]]:
-    """(our feed-forward tensor -> Hugging Face name, -> shape) of layer i."""
-    family, d = model["family"], model["dim"]
-    moe = model.get("n_routed_experts", 0) > 0 and i >= model.get("n_dense_layers", 0)
-    if not moe:
-        return DENSE_MLP, _swiglu("feed_forward", d, model["ffn_dim"])
-    f, e = model["moe_ffn_dim"], model["n_routed_experts"]
-    shapes = {"feed_forward.router.gate.weight": (e, d), **_swiglu("feed_forward.experts", d, f)}
-    if model.get("score_func") == "sigmoid":  # DeepSeek-V3's correction bias
-        shapes["feed_forward.router.expert_bias"] = (e,)
-    if model.get("n_shared_experts"):
-        shapes |= _swiglu("feed_forward.shared", d, model["n_shared_experts"] * f)
-    return families.family(family).hf_moe, shapes
-
-
 def sources(model: dict) -> dict[str, Source]:
     """Our parameter (and persistent buffer) name -> its Source, for the whole model the
-    config fields describe."""
+    config fields describe: its family's parameters (models/shapes.py, as the model builds
+    them) under the names its record gives them there."""
     family = model["family"]
     if family not in HF_FAMILIES:
         raise HFConfigError(
             f"model.family={family} has no Hugging Face mapping ({', '.join(HF_FAMILIES)})"
         )
-    d, v = model["dim"], model["vocab_size"]
-    out = {
-        ours: Source((hf,), (v, d) if "embed" in hf or "lm_head" in hf else (d,))
-        for ours, hf in TOP.items()
-    }
-    if model.get("tie_embeddings"):
-        del out["output.weight"]  # the embedding is the output projection: no lm_head
-    attention, heads = _attention(model)
-    hf_attention = families.family(family).hf_attention
-    for i in range(model["n_layers"]):
-        hf_ff, feed_forward = _feed_forward(model, i)
-        names = {**NORMS, **hf_attention, **hf_ff}
-        shapes = {"attention_norm.weight": (d,), "ffn_norm.weight": (d,)}
-        shapes |= attention | feed_forward
-        for ours, shape in shapes.items():
-            name = f"model.layers.{i}.{names[ours]}"
-            if "{e}" in name:
-                hf_names = tuple(name.format(e=x) for x in range(model["n_routed_experts"]))
-            else:
-                hf_names = (name,)
-            out[f"layers.{i}.{ours}"] = Source(hf_names, shape, heads.get(ours, 0))
+    fam = families.family(family)
+    m = ModelConfig(**{k: v for k, v in model.items() if k in FIELDS})
+    experts_from = min(m.n_dense_layers, m.n_layers) if m.n_routed_experts else m.n_layers
+    tensors = fam.tensors(m)
+    out = {k: Source((hf,), tensors[k]) for k, hf in TOP.items() if k in tensors}
+    for ours, shape in tensors.items():
+        if not ours.startswith("layers."):
+            continue
+        _, i, name = ours.split(".", 2)
+        routed = int(i) >= experts_from
+        hf = {**NORMS, **fam.hf_attention, **(fam.hf_moe if routed else DENSE_MLP)}[name]
+        hf = f"model.layers.{i}.{hf}"
+        if "{e}" in hf:  # stacked experts: one tensor per expert there
+            names, shape = tuple(hf.format(e=x) for x in range(m.n_routed_experts)), shape[1:]
+        else:
+            names = (hf,)
+        heads = getattr(m, fam.hf_rotate_half.get(name, ""), 0)
+        out[ours] = Source(names, shape, heads)
+        if routed and name == "feed_forward.router.gate.weight" and m.score_func == "sigmoid":
+            # DeepSeek-V3's correction bias, a persistent buffer
+            bias = "feed_forward.router.expert_bias"
+            hf = f"model.layers.{i}.{fam.hf_moe[bias]}"
+            out[f"layers.{i}.{bias}"] = Source((hf,), (m.n_routed_experts,))
     return out
 
 
