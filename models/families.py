@@ -60,7 +60,7 @@ class Family:
     # attention_norm, `attention`, its ffn_norm and `mlp` (shapes.routed in an MoE layer); the
     # model adds `embedding` and the head (the final norm and, untied, the output projection).
     attention: Callable[..., Shapes] = shapes.gqa
-    mlp: Callable[..., Shapes] = shapes.swiglu
+    mlp: shapes.MLP = shapes.SWIGLU
     norm: Callable[[str, int], Shapes] = shapes.rms_norm
     embedding: Callable[..., Shapes] = shapes.token_table
     # torchtitan's model of this family, which the benchmarks run as a peer (launcher/bench/
@@ -68,7 +68,6 @@ class Family:
     # "qwen3_moe" (its Qwen3Model with MoE blocks: Mixtral's shape), or "" where it has none.
     titan: str = ""
     # Shape, for the planner and the rules.
-    gated_mlp: bool = True  # SwiGLU (w1, w2, w3) or a GELU MLP (fc1, fc2)
     learned_positions: bool = False  # a (max_seq_len, dim) position table beside the tokens'
     mla: bool = False  # multi-head latent attention (needs kv_lora_rank, ...)
     yarn: bool = False  # YaRN RoPE scaling (model.rope_yarn_factor)
@@ -99,7 +98,10 @@ class Family:
             **self.norm("attention_norm", m.dim),
             **{f"attention.{k}": v for k, v in self.attention(m).items()},
             **self.norm("ffn_norm", m.dim),
-            **{f"feed_forward.{k}": v for k, v in (shapes.routed if moe else self.mlp)(m).items()},
+            **{
+                f"feed_forward.{k}": v
+                for k, v in (shapes.routed if moe else self.mlp.tensors)(m).items()
+            },
         }
 
     def head(self, m) -> Shapes:
@@ -280,13 +282,12 @@ FAMILIES: dict[str, Family] = {
             "models.gpt:GPTArgs",
             debug="gpt_debug",
             attention=shapes.gqa_biased,
-            mlp=shapes.gelu_mlp,
+            mlp=shapes.GELU,
             norm=shapes.layer_norm,
             embedding=shapes.token_and_position_tables,
             tp_embedding="embed.tok",
             tp_embedding_sum="embed",
             tp_block={**_GQA, "feed_forward.fc1": COLUMN, "feed_forward.fc2": ROW},
-            gated_mlp=False,
             learned_positions=True,
             elementwise=(16.0, 16.0),  # LayerNorm and biases: fewer than the rotary families
         ),

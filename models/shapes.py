@@ -12,6 +12,9 @@ tests/models/test_families.py holds every family's list against the model it bui
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 Shapes = dict[str, tuple[int, ...]]
 
 
@@ -97,6 +100,19 @@ def gelu_mlp(m) -> Shapes:
     return {**linear("fc1", m.ffn_dim, m.dim, True), **linear("fc2", m.dim, m.ffn_dim, True)}
 
 
+@dataclass(frozen=True)
+class MLP:
+    """A dense block's MLP: its parameters, and what the planner prices it by."""
+
+    tensors: Callable[..., Shapes]
+    # Projections from the model width into the hidden width (SwiGLU's gate w1 and up w3,
+    # GELU's fc1), run in that order before the one back (w2, fc2).
+    gates: int
+    # Hidden-width tensors it keeps for backward, per token (SwiGLU: w1's and w3's outputs and
+    # the product into w2; GELU: fc1's output and the activation into fc2).
+    saved: int
+
+
 def routed(m) -> Shapes:
     """Routed experts in place of the MLP: the router's gate, the experts' SwiGLU weights
     stacked (one tensor per weight for all of them), and the shared experts as one SwiGLU of
@@ -120,3 +136,7 @@ def token_table(m) -> Shapes:
 def token_and_position_tables(m) -> Shapes:
     """GPT's tokens' table and its learned positions' table."""
     return {"embed.tok.weight": (m.vocab_size, m.dim), "embed.pos.weight": (m.max_seq_len, m.dim)}
+
+
+SWIGLU = MLP(swiglu, gates=2, saved=3)
+GELU = MLP(gelu_mlp, gates=1, saved=2)

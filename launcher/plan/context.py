@@ -83,7 +83,7 @@ class Context:
         self.attn_core_flops = (
             3 * self.seq * s.n_heads * (s.d_qk + s.d_v) * (1 if self.flash else 2)
         )
-        self.dense_mlp_saved = (3 if families.of(m).gated_mlp else 2) * m.ffn_dim
+        self.dense_mlp_saved = families.of(m).mlp.saved * m.ffn_dim
         self.shared_mlp_saved = 3 * m.n_shared_experts * m.moe_ffn_dim
         # Each routed copy: its input row, its expert's 3 SwiGLU tensors and output row (kept for
         # the routing weight's gradient). Per token, in bytes: the router's fp32 scores, top-k
@@ -127,7 +127,7 @@ class Context:
         # The casts' sides per token and layer: the model-width ones, which tp leaves whole
         # (q, k and v's inputs, o's output, the MLP's inputs and output), and per unit of MLP
         # width; the heads' sides, which tp splits, are the Shape's widths.
-        self.fp8_mlp_sides = 3 if fam.gated_mlp else 2
+        self.fp8_mlp_sides = fam.mlp.gates + 1
 
 
 def loss_compiled(cfg: Config, lay: Layout) -> bool:

@@ -88,7 +88,7 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
     if recompute == "op":
         shared = m.n_shared_experts * m.moe_ffn_dim
         heads_out = s.heads_out_width
-        mlp_out = (2 if families.of(m).gated_mlp else 1) * m.ffn_dim if dense else 2 * shared
+        mlp_out = families.of(m).mlp.gates * m.ffn_dim if dense else 2 * shared
         row_parallel = row_kept = 2 if dense or shared else 1
         if lay.recompute_matmuls == "alternate":  # dense blocks only (rules.py)
             mms = block_matmuls(m, s, "alternate")

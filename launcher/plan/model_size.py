@@ -198,7 +198,7 @@ def block_matmuls(m: ModelConfig, s: Shape, matmuls: str = "all") -> list[Matmul
     3rd, 5th, ... (launcher/parallel/recompute.py). For the families without MLA or
     routed experts (the rules refuse alternate there)."""
     ffn = m.ffn_dim
-    mlp = [(ffn, m.dim, False)] * (2 if families.of(m).gated_mlp else 1) + [(m.dim, ffn, True)]
+    mlp = [(ffn, m.dim, False)] * families.of(m).mlp.gates + [(m.dim, ffn, True)]
     shapes = [
         (s.q_width, m.dim, False),
         (s.k_width, m.dim, False),
