@@ -20,11 +20,20 @@ from launcher.hf.config_json import (
 )
 from launcher.hf.names import Source, check, sources
 from launcher.hf.weights import Reader, from_hf, to_interleaved, to_rotate_half
+from models.families import FAMILIES
 
 
 def hf_config(family: str, **changes) -> dict:
     """config.json as transformers writes it."""
     return hf_models.build(family, **changes).config.to_dict()
+
+
+def test_every_families_hugging_face_type_has_a_reference_model_here():
+    """The logits and round-trip rows (tests/hf/) run a transformers model of each type a
+    family's record maps to: a family registered with a type no reference model covers fails
+    here rather than going untested."""
+    types = {t.model_type for f in FAMILIES.values() for t in f.hf}
+    assert types == set(hf_models.RUN)
 
 
 def test_fields_from_transformers_config():
