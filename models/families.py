@@ -67,10 +67,13 @@ class Family:
     # titan.py, titan_moe.py): "llama3" (its Llama3Model), "deepseek_v3" (its DeepSeekV3Model),
     # "qwen3_moe" (its Qwen3Model with MoE blocks: Mixtral's shape), or "" where it has none.
     titan: str = ""
+    # The RoPE scalings its model implements: "llama3" (model.rope_scaling_factor, ...),
+    # "yarn" (model.rope_yarn_factor, ...); none for learned positions. The config rules and
+    # the Hugging Face config read it.
+    rope: tuple[str, ...] = ("llama3",)
     # Shape, for the planner and the rules.
     learned_positions: bool = False  # a (max_seq_len, dim) position table beside the tokens'
     mla: bool = False  # multi-head latent attention (needs kv_lora_rank, ...)
-    yarn: bool = False  # YaRN RoPE scaling (model.rope_yarn_factor)
     moe: bool = False  # routed experts (model.n_routed_experts >= 1) in place of the MLP
     first_dense_layers: bool = False  # an MoE model's first n_dense_layers keep a dense MLP
     # The planner's memory-bound traffic: elements the non-matmul operators of a block move per
@@ -83,7 +86,7 @@ class Family:
     hf: tuple[HFType, ...] = field(default=())
     hf_config: tuple[tuple[str, str], ...] = field(default=())
     hf_null_zero: tuple[str, ...] = field(default=())
-    hf_rope: tuple[str, ...] = ("llama3",)
+
     hf_unsupported: Callable[[dict], list[str]] | None = None
     hf_attention: dict[str, str] = field(default_factory=dict)
     # Parameters whose rows transformers holds per head in rotate-half order where ours rotate
@@ -289,6 +292,7 @@ FAMILIES: dict[str, Family] = {
             tp_embedding_sum="embed",
             tp_block={**_GQA, "feed_forward.fc1": COLUMN, "feed_forward.fc2": ROW},
             learned_positions=True,
+            rope=(),
             elementwise=(16.0, 16.0),  # LayerNorm and biases: fewer than the rotary families
         ),
         Family(
@@ -337,7 +341,6 @@ FAMILIES: dict[str, Family] = {
             tp_shared=("attention.shared_key",),
             tp_local_input=("attention",),
             mla=True,
-            yarn=True,
             moe=True,
             first_dense_layers=True,
             # deepseek_v3: sigmoid router scores with a correction bias and group-limited
@@ -367,7 +370,7 @@ FAMILIES: dict[str, Family] = {
             ),
             hf_config=_HF_DEEPSEEK_KEYS,
             hf_null_zero=("q_lora_rank",),
-            hf_rope=("yarn",),
+            rope=("yarn",),
             hf_unsupported=_deepseek_unsupported,
             hf_attention=_HF_MLA,
             hf_moe=_HF_DEEPSEEK_MOE,
@@ -389,6 +392,11 @@ def of(model) -> Family:
 def named_with(flag: str) -> str:
     """ "mixtral, deepseek": the families whose record has `flag` set (for messages)."""
     return ", ".join(f.name for f in FAMILIES.values() if getattr(f, flag))
+
+
+def named_with_rope(kind: str) -> str:
+    """ "deepseek": the families whose model implements that RoPE scaling (for messages)."""
+    return ", ".join(f.name for f in FAMILIES.values() if kind in f.rope)
 
 
 def family(name: str) -> Family:

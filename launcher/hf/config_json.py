@@ -102,8 +102,8 @@ def unsupported(hf: dict) -> list[str]:
     rope, key = _rope(hf)
     kind = rope.get("rope_type", rope.get("type", "default"))
     fam = families.family(MODEL_TYPES.get(hf.get("model_type"), (families.FALLBACK,))[0])
-    if kind not in ("default", *fam.hf_rope):
-        out.append(f"{key}.rope_type={kind} (default or {' or '.join(fam.hf_rope)} only)")
+    if kind not in ("default", *fam.rope):
+        out.append(f"{key}.rope_type={kind} (default or {' or '.join(fam.rope)} only)")
     if kind == "yarn":
         if rope.get("attention_factor") is not None:
             out.append(f"{key}.attention_factor (only the one mscale and factor give)")
@@ -145,7 +145,7 @@ def model_fields(hf: dict) -> dict:
         fields.update({field: rope[key] for key, field in ROPE_LLAMA3})
     else:
         fields["rope_scaling_factor"] = 1.0
-    if fam.yarn:
+    if "yarn" in fam.rope:
         fields.update(_yarn_fields(rope if kind == "yarn" else {}, fields["max_seq_len"]))
     return fields
 
@@ -190,7 +190,7 @@ def mismatches(hf: dict, model: dict) -> list[str]:
     scaled = theirs["rope_scaling_factor"] != 1.0 or ours.get("rope_scaling_factor", 1.0) != 1.0
     if scaled:
         pairs += ROPE_LLAMA3
-    if families.family(family).yarn and (
+    if "yarn" in families.family(family).rope and (
         _yarn_on(theirs.get("rope_yarn_factor")) or _yarn_on(ours.get("rope_yarn_factor"))
     ):
         pairs += [(hf_key, field) for hf_key, field, _ in ROPE_YARN]
@@ -228,14 +228,14 @@ def to_hf_config(model: dict, dtype: str) -> dict:
         torch_dtype=dtype,
     )
     out.update(hf_type.written)
-    if fam.yarn and _yarn_on(model.get("rope_yarn_factor")):
+    if "yarn" in fam.rope and _yarn_on(model.get("rope_yarn_factor")):
         out["rope_scaling"] = {"rope_type": "yarn"}
         for key, field, _ in ROPE_YARN:
             out["rope_scaling"][key] = model[field]
         for key in ("mscale", "mscale_all_dim"):  # 0: unset
             if not out["rope_scaling"][key]:
                 del out["rope_scaling"][key]
-    elif not fam.yarn and model.get("rope_scaling_factor", 1.0) != 1.0:
+    elif "yarn" not in fam.rope and model.get("rope_scaling_factor", 1.0) != 1.0:
         out["rope_scaling"] = {"rope_type": "llama3"}
         out["rope_scaling"].update({key: model[field] for key, field in ROPE_LLAMA3})
     problems = unsupported(out)
@@ -262,7 +262,7 @@ def preset_yaml(name: str, hf_dir: str, hf: dict) -> str:
         f"name: {name}",
     ]
     unscaled = {f for _, f in ROPE_LLAMA3[1:]} if fields["rope_scaling_factor"] == 1.0 else set()
-    if families.family(fields["family"]).yarn:
+    if "yarn" in families.family(fields["family"]).rope:
         unscaled.add("rope_scaling_factor")
         if not _yarn_on(fields["rope_yarn_factor"]):
             unscaled |= {f for _, f, _ in ROPE_YARN[1:]}

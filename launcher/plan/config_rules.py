@@ -173,10 +173,10 @@ def routing(cfg):
 @config_rule("model", ("model.family", "model.rope_yarn_factor"))
 def yarn(cfg):
     m = cfg.model
-    if m.rope_yarn_factor > 1 and not families.of(m).yarn:
+    if m.rope_yarn_factor > 1 and "yarn" not in families.of(m).rope:
         yield (
             f"model.rope_yarn_factor={m.rope_yarn_factor:g}: YaRN RoPE is "
-            f"{families.named_with('yarn')}'s "
+            f"{families.named_with_rope('yarn')}'s "
             f"({_name(cfg)} is {m.family}; Llama 3 scaling is rope_scaling_factor)"
         )
 
