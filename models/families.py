@@ -114,7 +114,7 @@ class Family:
 
     def tensors(self, m) -> Shapes:
         """Every parameter of the model, named as the built model names them."""
-        moe_from = min(m.n_dense_layers, m.n_layers) if m.n_routed_experts else m.n_layers
+        moe_from = shapes.dense_layers(m)
         blocks = {
             f"layers.{i}.{k}": v
             for i in range(m.n_layers)

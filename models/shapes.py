@@ -23,6 +23,11 @@ def head_dim(m) -> int:
     return m.head_dim if m.head_dim is not None else m.dim // max(1, m.n_heads)
 
 
+def dense_layers(m) -> int:
+    """Blocks with a dense MLP: all of them, or an MoE model's first n_dense_layers."""
+    return min(m.n_dense_layers, m.n_layers) if m.n_routed_experts else m.n_layers
+
+
 def linear(name: str, out: int, inp: int, bias: bool = False) -> Shapes:
     return {f"{name}.weight": (out, inp), **({f"{name}.bias": (out,)} if bias else {})}
 

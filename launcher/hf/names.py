@@ -24,7 +24,7 @@ from launcher.hf.config_json import (
     read_config,
     unsupported,
 )
-from models import FIELDS, families
+from models import FIELDS, families, shapes
 from models.config import ModelConfig
 
 INDEX = "model.safetensors.index.json"
@@ -65,7 +65,7 @@ def sources(model: dict) -> dict[str, Source]:
         )
     fam = families.family(family)
     m = ModelConfig(**{k: v for k, v in model.items() if k in FIELDS})
-    experts_from = min(m.n_dense_layers, m.n_layers) if m.n_routed_experts else m.n_layers
+    experts_from = shapes.dense_layers(m)
     tensors = fam.tensors(m)
     out = {k: Source((hf,), tensors[k]) for k, hf in TOP.items() if k in tensors}
     for ours, shape in tensors.items():

@@ -141,7 +141,7 @@ def shape(m: ModelConfig) -> Shape:
     parameters (models/shapes.py) split as tensor and expert parallelism split them."""
     fam = families.of(m)
     moe = m.n_routed_experts > 0
-    n_dense = min(m.n_dense_layers, m.n_layers) if moe else m.n_layers
+    n_dense = shapes.dense_layers(m)
     dense = fam.block(m, moe=False) if n_dense else {}
     routed = fam.block(m, moe=True) if moe else {}
     block = dense or routed  # attention and norms: the same in both
