@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from models import shapes
 from models.shapes import Shapes
 
+# Its blocks' feed-forward (Family.feed_forward).
+DENSE, ROUTED, DENSE_FIRST = "dense", "routed", "dense first"
+
 # Tensor-parallel styles (Megatron's layout; launcher/parallel/tensor_parallel.py maps them
 # onto torch's): output features split over tp ranks, or input features split with the output
 # reduced into the residual stream's layout.
@@ -59,10 +62,13 @@ class Family:
     # Parameters as data (models/shapes.py), which the planner counts: a block is its
     # attention_norm, `attention`, its ffn_norm and `mlp` (shapes.routed in an MoE layer); the
     # model adds `embedding` and the head (the final norm and, untied, the output projection).
-    attention: Callable[..., Shapes] = shapes.gqa
+    attention: shapes.Attention = shapes.GQA
     mlp: shapes.MLP = shapes.SWIGLU
     norm: Callable[[str, int], Shapes] = shapes.rms_norm
-    embedding: Callable[..., Shapes] = shapes.token_table
+    embedding: shapes.Embedding = shapes.TOKENS
+    # Its blocks' feed-forward: DENSE (the MLP), ROUTED (routed experts in every block), or
+    # DENSE_FIRST (the first model.n_dense_layers blocks dense, routed experts after).
+    feed_forward: str = "dense"
     # torchtitan's model of this family, which the benchmarks run as a peer (launcher/bench/
     # titan.py, titan_moe.py): "llama3" (its Llama3Model), "deepseek_v3" (its DeepSeekV3Model),
     # "qwen3_moe" (its Qwen3Model with MoE blocks: Mixtral's shape), or "" where it has none.
@@ -71,11 +77,6 @@ class Family:
     # "yarn" (model.rope_yarn_factor, ...); none for learned positions. The config rules and
     # the Hugging Face config read it.
     rope: tuple[str, ...] = ("llama3",)
-    # Shape, for the planner and the rules.
-    learned_positions: bool = False  # a (max_seq_len, dim) position table beside the tokens'
-    mla: bool = False  # multi-head latent attention (needs kv_lora_rank, ...)
-    moe: bool = False  # routed experts (model.n_routed_experts >= 1) in place of the MLP
-    first_dense_layers: bool = False  # an MoE model's first n_dense_layers keep a dense MLP
     # The planner's memory-bound traffic: elements the non-matmul operators of a block move per
     # token, (per dim, per MLP hidden unit); launcher/plan/kernels.py says how they were counted.
     elementwise: tuple[float, float] = (103.0, 16.0)  # RoPE and fp32 RMSNorm chains
@@ -99,7 +100,7 @@ class Family:
         """One block's parameters (under layers.{i}): a dense one, or one with routed experts."""
         return {
             **self.norm("attention_norm", m.dim),
-            **{f"attention.{k}": v for k, v in self.attention(m).items()},
+            **{f"attention.{k}": v for k, v in self.attention.tensors(m).items()},
             **self.norm("ffn_norm", m.dim),
             **{
                 f"feed_forward.{k}": v
@@ -120,7 +121,33 @@ class Family:
             for i in range(m.n_layers)
             for k, v in self.block(m, moe=i >= moe_from).items()
         }
-        return {**self.embedding(m), **blocks, **self.head(m)}
+        return {**self.embedding.tensors(m), **blocks, **self.head(m)}
+
+    def problems(self, m) -> list[str]:
+        """What a model config asks of this family that its model does not do: routed experts
+        where it has none or none where it routes, dense first layers it lacks, a zero in a
+        field its attention needs."""
+        out, routes = [], self.feed_forward != DENSE
+        if bool(m.n_routed_experts) != routes:
+            out.append(
+                f"model.n_routed_experts={m.n_routed_experts}: a {self.name} model "
+                + ("needs routed experts (>= 1)" if routes else "has no routed experts")
+                + f" (the MoE families: {_named(lambda f: f.feed_forward != DENSE)})"
+            )
+        if m.n_routed_experts and m.n_dense_layers and self.feed_forward != DENSE_FIRST:
+            out.append(
+                f"model.n_dense_layers={m.n_dense_layers}: every layer of a {self.name} model "
+                f"is an MoE one (dense first layers: "
+                f"{_named(lambda f: f.feed_forward == DENSE_FIRST)})"
+            )
+        missing = [f for f in self.attention.needs if not getattr(m, f)]
+        if missing:
+            out.append(
+                f"{self.name} ({self.attention.name}) needs "
+                + ", ".join(f"model.{f}" for f in missing)
+                + " (>= 1)"
+            )
+        return out
 
     def classes(self) -> tuple[type, type]:
         """(model class, args class), imported now."""
@@ -263,7 +290,7 @@ FAMILIES: dict[str, Family] = {
             "models.qwen2:Qwen2",
             "models.qwen2:Qwen2Args",
             debug="qwen2_debug",
-            attention=shapes.gqa_qkv_bias,
+            attention=shapes.GQA_QKV_BIAS,
             tp_embedding="tok_embeddings",
             tp_block={**_GQA, **_SWIGLU},
             hf=(HFType("qwen2", "Qwen2ForCausalLM", written=dict(use_sliding_window=False)),),
@@ -284,14 +311,13 @@ FAMILIES: dict[str, Family] = {
             "models.gpt:GPT",
             "models.gpt:GPTArgs",
             debug="gpt_debug",
-            attention=shapes.gqa_biased,
+            attention=shapes.GQA_BIASED,
             mlp=shapes.GELU,
             norm=shapes.layer_norm,
-            embedding=shapes.token_and_position_tables,
+            embedding=shapes.TOKENS_AND_POSITIONS,
             tp_embedding="embed.tok",
             tp_embedding_sum="embed",
             tp_block={**_GQA, "feed_forward.fc1": COLUMN, "feed_forward.fc2": ROW},
-            learned_positions=True,
             rope=(),
             elementwise=(16.0, 16.0),  # LayerNorm and biases: fewer than the rotary families
         ),
@@ -303,7 +329,7 @@ FAMILIES: dict[str, Family] = {
             titan="qwen3_moe",
             tp_embedding="tok_embeddings",
             tp_block=_GQA,  # every layer is an MoE one (tensor_parallel.moe_plan)
-            moe=True,
+            feed_forward=ROUTED,
             hf=(
                 HFType(
                     "mixtral",
@@ -326,7 +352,7 @@ FAMILIES: dict[str, Family] = {
             "models.deepseek:DeepSeek",
             "models.deepseek:DeepSeekArgs",
             debug="deepseek_debug",
-            attention=shapes.mla,
+            attention=shapes.MLA,
             titan="deepseek_v3",
             tp_embedding="tok_embeddings",
             # MLA: the latent down-projections and their norms stay replicated (every rank
@@ -340,9 +366,7 @@ FAMILIES: dict[str, Family] = {
             },
             tp_shared=("attention.shared_key",),
             tp_local_input=("attention",),
-            mla=True,
-            moe=True,
-            first_dense_layers=True,
+            feed_forward=DENSE_FIRST,
             # deepseek_v3: sigmoid router scores with a correction bias and group-limited
             # choice; deepseek_v2: softmax, greedy top-k. Absent routing keys take transformers'
             # defaults for the type. DeepSeek's checkpoints keep RoPE rows in interleaved pairs,
@@ -389,14 +413,14 @@ def of(model) -> Family:
     return FAMILIES.get(model.family, FAMILIES[FALLBACK])
 
 
-def named_with(flag: str) -> str:
-    """ "mixtral, deepseek": the families whose record has `flag` set (for messages)."""
-    return ", ".join(f.name for f in FAMILIES.values() if getattr(f, flag))
+def _named(which: Callable[[Family], bool]) -> str:
+    """ "mixtral, deepseek": the families `which` holds for (for messages)."""
+    return ", ".join(f.name for f in FAMILIES.values() if which(f))
 
 
 def named_with_rope(kind: str) -> str:
     """ "deepseek": the families whose model implements that RoPE scaling (for messages)."""
-    return ", ".join(f.name for f in FAMILIES.values() if kind in f.rope)
+    return _named(lambda f: kind in f.rope)
 
 
 def family(name: str) -> Family:

@@ -51,22 +51,22 @@ def _gqa(m, qkv_bias: bool, out_bias: bool) -> Shapes:
     }
 
 
-def gqa(m) -> Shapes:
+def gqa_tensors(m) -> Shapes:
     """Grouped-query attention without biases (Llama)."""
     return _gqa(m, False, False)
 
 
-def gqa_qkv_bias(m) -> Shapes:
+def gqa_qkv_bias_tensors(m) -> Shapes:
     """... with biases on q, k and v alone (Qwen2)."""
     return _gqa(m, True, False)
 
 
-def gqa_biased(m) -> Shapes:
+def gqa_biased_tensors(m) -> Shapes:
     """... with a bias on every projection (GPT)."""
     return _gqa(m, True, True)
 
 
-def mla(m) -> Shapes:
+def mla_tensors(m) -> Shapes:
     """Multi-head latent attention (DeepSeek): q straight from the input or through a normed
     latent, one projection to the kv latent and the shared rotary key, the latent's norm, its
     up-projection to every head's key and value, the output projection."""
@@ -87,6 +87,119 @@ def mla(m) -> Shapes:
         **linear("wkv_b", h * (nope + m.v_head_dim), m.kv_lora_rank),
         **linear("wo", m.dim, h * m.v_head_dim),
     }
+
+
+@dataclass(frozen=True)
+class Widths:
+    """A block's attention per token, in elements: what the planner prices its FLOPs and saved
+    activations by (launcher/plan/memory.py applies the recompute modes to them)."""
+
+    q: int  # the queries the attention core reads (heads x d_qk)
+    k: int  # its keys (kv heads x d_qk; MLA: every head's, after the up-projection)
+    v: int  # its values
+    o: int  # its output, the output projection's input (heads x d_v)
+    latent: int  # latents saved for backward, which tp leaves whole (MLA), else 0
+    n_heads: int
+    d_qk: int
+    d_v: int
+
+
+def gqa_widths(m) -> Widths:
+    e = head_dim(m)
+    q, kv = m.n_heads * e, m.n_kv_heads * e
+    return Widths(q, kv, kv, q, 0, m.n_heads, e, e)
+
+
+# One projection per token: (output width, input width, row-parallel under tp, whole on
+# every tp rank).
+Matmul = tuple[int, int, bool, bool]
+
+
+def gqa_matmuls(m) -> list[Matmul]:
+    """q, k, v and o."""
+    w = gqa_widths(m)
+    return [
+        (w.q, m.dim, False, False),
+        (w.k, m.dim, False, False),
+        (w.v, m.dim, False, False),
+        (m.dim, w.o, True, False),
+    ]
+
+
+def mla_widths(m) -> Widths:
+    h, nope, rope = m.n_heads, m.qk_nope_head_dim, m.qk_rope_head_dim
+    d_qk, d_v = nope + rope, m.v_head_dim
+    return Widths(
+        q=h * d_qk,
+        k=h * d_qk,
+        v=h * d_v,
+        o=h * d_v,
+        # Saved: the q latent and its norm, the kv latent with the shared rotated key (one
+        # projection) and the kv latent's norm.
+        latent=2 * m.q_lora_rank + 2 * m.kv_lora_rank + rope,
+        n_heads=h,
+        d_qk=d_qk,
+        d_v=d_v,
+    )
+
+
+def mla_matmuls(m) -> list[Matmul]:
+    """q (through its latent: wq_a whole, wq_b into heads; or wq), the kv latent with the
+    shared rotary key (whole), its up-projection into every head's key and value, o."""
+    h, nope, rope = m.n_heads, m.qk_nope_head_dim, m.qk_rope_head_dim
+    q_out = h * (nope + rope)
+    if m.q_lora_rank:
+        q = [(m.q_lora_rank, m.dim, False, True), (q_out, m.q_lora_rank, False, False)]
+    else:
+        q = [(q_out, m.dim, False, False)]
+    return [
+        *q,
+        (m.kv_lora_rank + rope, m.dim, False, True),
+        (h * (nope + m.v_head_dim), m.kv_lora_rank, False, False),
+        (m.dim, h * m.v_head_dim, True, False),
+    ]
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A block's attention: its parameters, its per-token widths and projections, and the
+    model fields it is sized by."""
+
+    name: str  # for messages
+    tensors: Callable[..., Shapes]
+    widths: Callable[..., Widths]
+    # Its projections in forward order (gqa_matmuls), which per-op recompute's reruns and
+    # kept outputs are priced by.
+    matmuls: Callable[..., list[Matmul]]
+    # The model fields that size it; the config rules refuse a zero in those of `needs`.
+    fields: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+
+
+_GQA_FIELDS = ("dim", "n_heads", "n_kv_heads", "head_dim")
+GQA = Attention("grouped-query attention", gqa_tensors, gqa_widths, gqa_matmuls, _GQA_FIELDS)
+GQA_QKV_BIAS = Attention(
+    "grouped-query attention", gqa_qkv_bias_tensors, gqa_widths, gqa_matmuls, _GQA_FIELDS
+)
+GQA_BIASED = Attention(
+    "grouped-query attention", gqa_biased_tensors, gqa_widths, gqa_matmuls, _GQA_FIELDS
+)
+MLA = Attention(
+    "multi-head latent attention",
+    mla_tensors,
+    mla_widths,
+    mla_matmuls,
+    fields=(
+        "dim",
+        "n_heads",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+    ),  # fmt: skip
+    needs=("kv_lora_rank", "qk_rope_head_dim", "v_head_dim"),
+)
 
 
 def swiglu(m, hidden: int | None = None, name: str = "") -> Shapes:
@@ -141,6 +254,19 @@ def token_table(m) -> Shapes:
 def token_and_position_tables(m) -> Shapes:
     """GPT's tokens' table and its learned positions' table."""
     return {"embed.tok.weight": (m.vocab_size, m.dim), "embed.pos.weight": (m.max_seq_len, m.dim)}
+
+
+@dataclass(frozen=True)
+class Embedding:
+    """The model's input tables (top-level names) and the model fields beyond vocab_size and
+    dim that size them (a checkpoint resumes only into a model of the same sizes)."""
+
+    tensors: Callable[..., Shapes]
+    fields: tuple[str, ...] = ()
+
+
+TOKENS = Embedding(token_table)
+TOKENS_AND_POSITIONS = Embedding(token_and_position_tables, ("max_seq_len",))
 
 
 SWIGLU = MLP(swiglu, gates=2, saved=3)

@@ -5,12 +5,13 @@ named there, and a module imports another inside a function only with its reason
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
 
 from conftest import ROOT
 
-from models.families import FAMILIES
+from models.families import FAMILIES, Family
 
 SOURCES = sorted(p for top in ("launcher", "models") for p in (ROOT / top).rglob("*.py"))
 
@@ -300,6 +301,75 @@ def test_a_branch_on_a_family_name_is_found():
         for hit in family_branches(text, "m.py", {"llama", "gpt", "mixtral", "deepseek"})
     ]
     assert lines == ["1", "2", "3", "4", "5"]
+
+
+# A record's text fields that name a module, a class or a preset ("" for none): read as names.
+NAMES = {"name", "model", "args", "debug", "tp_embedding", "tp_embedding_sum"}
+
+
+def flag_reads(text: str, name: str, fields: set[str]) -> list[str]:
+    """Where code tests a record's field as a flag: its truth (`if fam.moe`, `not fam.mla`,
+    `fam.moe or ...`) or its equality with a constant (`fam.feed_forward == "routed"`,
+    `"yarn" in fam.rope`)."""
+
+    def field(node) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr in fields
+
+    def constant(node) -> bool:
+        return isinstance(node, ast.Constant) or (
+            isinstance(node, ast.Tuple | ast.List | ast.Set)
+            and all(isinstance(e, ast.Constant) for e in node.elts)
+        )
+
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.If | ast.IfExp | ast.While | ast.Assert):
+            tests = [node.test]
+        elif isinstance(node, ast.BoolOp):
+            tests = node.values
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            tests = [node.operand]
+        elif isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            tests = [n for n in sides if field(n)] if any(map(constant, sides)) else []
+        else:
+            continue
+        out += [f"{name}:{node.lineno} {n.attr}" for n in tests if field(n)]
+    return sorted(set(out))
+
+
+def test_no_shared_code_tests_a_familys_flag():
+    """A family answers for itself (issue 62): shared code asks its record for parts, tables and
+    functions (models/shapes.py's attention and MLP, Family.problems), never decodes a flag.
+    A record has no yes/no field, and nothing outside models/ tests the truth of a field naming
+    a kind (its blocks' feed-forward, its torchtitan peer) or compares one with a constant."""
+    flags = [f.name for f in dataclasses.fields(Family) if f.type in ("bool", bool)]
+    assert not flags, f"Family's yes/no fields: {flags}"
+    kinds = {f.name for f in dataclasses.fields(Family) if f.type in ("str", str)} - NAMES
+    assert "feed_forward" in kinds  # what the test reads for: the kinds a record names
+    sources = [p for top in ("launcher", "hydra_plugins") for p in (ROOT / top).rglob("*.py")]
+    found = [
+        hit
+        for p in sources
+        for hit in flag_reads(p.read_text(), p.relative_to(ROOT).as_posix(), kinds)
+    ]
+    assert not found, found
+
+
+def test_a_flag_read_is_found():
+    text = (
+        "if fam.moe:\n    pass\n"
+        "a = fam.mla or x\n"
+        "b = not fam.learned_positions\n"
+        'c = fam.feed_forward == "routed"\n'
+        "d = fam.tp_block.get(name)\n"  # a table, read
+        "e = x if fam.moe else y\n"
+        'f = fam.feed_forward in ("routed", "dense first")\n'
+        "g = fam.attention.widths(m)\n"  # a part, asked
+    )
+    fields = {"moe", "mla", "learned_positions", "feed_forward", "tp_block", "attention"}
+    lines = [hit.split(":")[1].split()[0] for hit in flag_reads(text, "m.py", fields)]
+    assert lines == ["1", "3", "4", "5", "7", "8"]
 
 
 def long_parameter_lists(text: str, name: str, most: int = 8) -> list[str]:

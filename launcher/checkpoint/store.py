@@ -209,8 +209,7 @@ def open_checkpoint(path: str | Path) -> Entry:
 def shape_mismatches(saved: dict, model: dict) -> list[str]:
     """`saved.field=x but model.field=y` for every shape field that differs."""
     fam = families.FAMILIES.get(model.get("family"))
-    positions = fam is not None and fam.learned_positions  # a table max_seq_len rows long
-    fields = SHAPE_FIELDS + (("max_seq_len",) if positions else ())
+    fields = SHAPE_FIELDS + (fam.embedding.fields if fam else ())  # learned positions' rows
 
     def value(config: dict, f: str):
         # head_dim None means dim // n_heads: compared as such when the other side sets it.

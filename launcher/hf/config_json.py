@@ -128,14 +128,14 @@ def model_fields(hf: dict) -> dict:
             fields[field] = hf[hf_key] if hf[hf_key] is not None else NULL_MEANS.get(hf_key)
     # Absent in older configs, meaning their defaults: as many kv heads as heads, untied.
     fields.setdefault("n_kv_heads", fields.get("n_heads"))
-    if fam.mla:
+    if "head_dim" not in fam.attention.fields:
         fields["head_dim"] = None  # MLA's head widths are their own fields
     elif fields.get("head_dim") is None:
         fields["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
     if hf_type.score_func is not None:  # the router tells the model types apart
         fields["score_func"] = hf_type.score_func
     fields.setdefault("tie_embeddings", False)
-    if fam.moe and not fam.first_dense_layers:
+    if "ffn_dim" not in fields and "moe_ffn_dim" in fields:
         fields["ffn_dim"] = fields["moe_ffn_dim"]  # as the presets write it; no dense layer
     fields["max_seq_len"] = hf.get("max_position_embeddings", 2048)
     rope, _ = _rope(hf)
@@ -174,7 +174,7 @@ def mismatches(hf: dict, model: dict) -> list[str]:
     if model.get("family") != family:
         return [f"model_type={hf.get('model_type')} but model.family={model.get('family')}"]
     ours = dict(model)
-    if ours.get("head_dim") is None and not families.family(family).mla:
+    if ours.get("head_dim") is None and "head_dim" in families.family(family).attention.fields:
         ours["head_dim"] = ours["dim"] // ours["n_heads"]
     theirs = model_fields(hf)
     for hf_key, field in _pairs(family):

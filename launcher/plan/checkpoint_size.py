@@ -59,7 +59,7 @@ def block_tensors(m: ModelConfig) -> tuple[int, int, int, int]:
     w3 for all of them."""
     fam = families.of(m)
     moe = len(fam.block(m, moe=True)) if m.n_routed_experts else 0
-    return len(fam.block(m, moe=False)), moe, len(fam.embedding(m)), len(fam.head(m))
+    return len(fam.block(m, moe=False)), moe, len(fam.embedding.tensors(m)), len(fam.head(m))
 
 
 def stage_bytes(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -> float:

@@ -101,42 +101,29 @@ def heads(cfg):
         yield f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads} ({_name(cfg)})"
 
 
-@config_rule("model", ("model.family", "model.n_routed_experts", "model.top_k"))
+@config_rule(
+    "model",
+    ("model.family", "model.n_routed_experts", "model.n_dense_layers", "model.kv_lora_rank"),
+)
+def family_fields(cfg):
+    """What the config asks of its family's model (models/families.py: Family.problems)."""
+    for problem in families.of(cfg.model).problems(cfg.model):
+        yield f"{problem} ({_name(cfg)})"
+
+
+@config_rule("model", ("model.n_routed_experts", "model.top_k", "model.n_dense_layers"))
 def routed_experts(cfg):
-    m, fam = cfg.model, families.of(cfg.model)
-    if bool(m.n_routed_experts) != fam.moe:
-        yield (
-            f"model.n_routed_experts={m.n_routed_experts}: a {m.family} model "
-            + ("needs routed experts (>= 1)" if fam.moe else "has no routed experts")
-            + f" (the MoE families: {families.named_with('moe')}; {_name(cfg)})"
-        )
+    m = cfg.model
     if m.n_routed_experts and (not 1 <= m.top_k <= m.n_routed_experts or m.moe_ffn_dim < 1):
         yield (
             f"an MoE needs 1 <= top_k={m.top_k} <= n_routed_experts="
             f"{m.n_routed_experts} and moe_ffn_dim={m.moe_ffn_dim} >= 1 ({_name(cfg)})"
         )
-
-
-@config_rule("model", ("model.family", "model.n_dense_layers", "model.n_layers"))
-def dense_layers(cfg):
-    m, fam = cfg.model, families.of(cfg.model)
-    if m.n_routed_experts and m.n_dense_layers and not fam.first_dense_layers:
-        yield (
-            f"model.n_dense_layers={m.n_dense_layers}: every layer of a {m.family} model is an "
-            f"MoE one (dense first layers: {families.named_with('first_dense_layers')})"
-        )
-    elif m.n_routed_experts and not 0 <= m.n_dense_layers < m.n_layers:
+    if m.n_routed_experts and not 0 <= m.n_dense_layers < m.n_layers:
         yield (
             f"model.n_dense_layers={m.n_dense_layers} must be in [0, n_layers={m.n_layers}): "
             f"the layers after the first n_dense_layers are the MoE ones ({_name(cfg)})"
         )
-
-
-@config_rule("model", ("model.family", "model.kv_lora_rank", "model.qk_rope_head_dim"))
-def latent_attention(cfg):
-    m = cfg.model
-    if families.of(m).mla and not (m.kv_lora_rank and m.qk_rope_head_dim and m.v_head_dim):
-        yield f"{m.family} (MLA) needs kv_lora_rank, qk_rope_head_dim and v_head_dim ({_name(cfg)})"
 
 
 @config_rule("model", ("model.score_func", "model.n_group", "model.topk_group"))

@@ -90,16 +90,18 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
         heads_out = s.heads_out_width
         mlp_out = families.of(m).mlp.gates * m.ffn_dim if dense else 2 * shared
         row_parallel = row_kept = 2 if dense or shared else 1
-        if lay.recompute_matmuls == "alternate":  # dense blocks only (rules.py)
-            mms = block_matmuls(m, s, "alternate")
-            heads_out = sum(mm.out for mm in mms[:3] if mm.kept)
-            mlp_out = sum(mm.out for mm in mms[4:] if mm.kept and not mm.row)
-            row_kept = sum(mm.row and mm.kept for mm in mms)
+        latent_out = s.latent_out_width
+        if lay.recompute_matmuls == "alternate" and dense:  # refused with experts (rules.py)
+            mms = [mm for mm in block_matmuls(m, "alternate") if mm.kept]
+            heads_out = sum(mm.out for mm in mms if not (mm.row or mm.whole or mm.mlp))
+            latent_out = sum(mm.out for mm in mms if mm.whole)
+            mlp_out = sum(mm.out for mm in mms if mm.mlp and not mm.row)
+            row_kept = sum(mm.row for mm in mms)
         kept = OpSaved(
             m.dim,
             heads_out=heads_out,
             o=s.o_width,
-            latent_out=s.latent_out_width,
+            latent_out=latent_out,
             mlp_out=mlp_out,
             row_parallel=row_parallel,
             row_parallel_kept=row_kept,

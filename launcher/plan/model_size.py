@@ -101,41 +101,6 @@ class Shape:
         )
 
 
-def attention_shape(m: ModelConfig) -> dict:
-    """Per-token widths of a block's attention."""
-    if m.kv_lora_rank:  # MLA
-        d_qk, d_v = m.qk_nope_head_dim + m.qk_rope_head_dim, m.v_head_dim
-        h = m.n_heads
-        return dict(
-            q_width=h * d_qk,
-            k_width=h * d_qk,
-            v_width=h * d_v,
-            o_width=h * d_v,
-            heads_out_width=h * d_qk + h * (m.qk_nope_head_dim + d_v),
-            latent_out_width=m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim,
-            # Saved: the q latent and its norm, the kv latent with the shared rotated key (one
-            # projection) and the kv latent's norm.
-            latent_width=2 * m.q_lora_rank + 2 * m.kv_lora_rank + m.qk_rope_head_dim,
-            n_heads=h,
-            d_qk=d_qk,
-            d_v=d_v,
-        )
-    e = shapes.head_dim(m)
-    q, kv = m.n_heads * e, m.n_kv_heads * e
-    return dict(
-        q_width=q,
-        k_width=kv,
-        v_width=kv,
-        o_width=q,
-        latent_width=0,
-        heads_out_width=q + 2 * kv,
-        latent_out_width=0,
-        n_heads=m.n_heads,
-        d_qk=e,
-        d_v=e,
-    )
-
-
 def shape(m: ModelConfig) -> Shape:
     """Parameter counts and widths of a model config (any family), counted from its family's
     parameters (models/shapes.py) split as tensor and expert parallelism split them."""
@@ -160,7 +125,8 @@ def shape(m: ModelConfig) -> Shape:
         )
 
     tokens = f"{fam.tp_embedding}.weight"
-    embedding = fam.embedding(m)
+    embedding = fam.embedding.tensors(m)
+    w, mms = fam.attention.widths(m), fam.attention.matmuls(m)
     return Shape(
         n_layers=m.n_layers,
         n_dense_layers=n_dense,
@@ -176,39 +142,51 @@ def shape(m: ModelConfig) -> Shape:
         embedding=count(embedding),
         positions=count(embedding) - math.prod(embedding[tokens]),
         head=count(fam.head(m)),
-        **attention_shape(m),
+        q_width=w.q,
+        k_width=w.k,
+        v_width=w.v,
+        o_width=w.o,
+        latent_width=w.latent,
+        # What per-op recompute keeps of the attention's matmuls: the outputs of the
+        # projections into heads (split by tp) and of the latent ones (whole).
+        heads_out_width=sum(out for out, _, row, whole in mms if not row and not whole),
+        latent_out_width=sum(out for out, _, _, whole in mms if whole),
+        n_heads=w.n_heads,
+        d_qk=w.d_qk,
+        d_v=w.d_v,
     )
 
 
 @dataclass(frozen=True)
 class Matmul:
-    """One projection of a dense block, per token: its output and input widths (elements),
-    whether it is row-parallel under tp (its output a partial sum), and whether per-op
-    recompute keeps its output."""
+    """One projection of a block, per token: its output and input widths (elements), whether it
+    is row-parallel under tp (its output a partial sum), whether every tp rank runs it whole
+    (MLA's latent projections), whether it is the MLP's, and whether per-op recompute keeps its
+    output."""
 
     out: int
     inp: int
     row: bool
+    whole: bool
+    mlp: bool
     kept: bool
 
 
-def block_matmuls(m: ModelConfig, s: Shape, matmuls: str = "all") -> list[Matmul]:
-    """A dense block's projections in forward order (q, k, v, o, then the MLP's: w1, w3, w2 or
-    fc1, fc2), with the outputs recompute=op keeps: all, or under matmuls="alternate" the 1st,
-    3rd, 5th, ... (launcher/parallel/recompute.py). For the families without MLA or
-    routed experts (the rules refuse alternate there)."""
-    ffn = m.ffn_dim
-    mlp = [(ffn, m.dim, False)] * families.of(m).mlp.gates + [(m.dim, ffn, True)]
-    shapes = [
-        (s.q_width, m.dim, False),
-        (s.k_width, m.dim, False),
-        (s.v_width, m.dim, False),
-        (m.dim, s.o_width, True),
-        *mlp,
-    ]
+def alternate_unpriced(m: ModelConfig) -> str:
+    """Why recompute.matmuls=alternate is not priced for this model ("" where it is): the
+    planner counts a block's matmuls one by one where the feed-forward is a dense MLP."""
+    return "routed experts" if m.n_routed_experts else ""
+
+
+def block_matmuls(m: ModelConfig, matmuls: str = "all") -> list[Matmul]:
+    """A dense block's projections in forward order (its attention's, models/shapes.py, then
+    the MLP's: w1, w3, w2 or fc1, fc2), with the outputs recompute=op keeps: all, or under
+    matmuls="alternate" the 1st, 3rd, 5th, ... (launcher/parallel/recompute.py)."""
+    fam, ffn = families.of(m), m.ffn_dim
+    attention = [(*mm, False) for mm in fam.attention.matmuls(m)]
+    mlp = [(ffn, m.dim, False, False, True)] * fam.mlp.gates + [(m.dim, ffn, True, False, True)]
     return [
-        Matmul(out, inp, row, matmuls == "all" or i % 2 == 0)
-        for i, (out, inp, row) in enumerate(shapes)
+        Matmul(*mm, kept=matmuls == "all" or i % 2 == 0) for i, mm in enumerate([*attention, *mlp])
     ]
 
 

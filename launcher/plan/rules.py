@@ -25,8 +25,8 @@ from launcher.layout import (
 )
 from launcher.plan import bubble as pl
 from launcher.plan.limitations import LIMITATIONS, refusals
+from launcher.plan.model_size import alternate_unpriced
 from launcher.plan.problem import Problem
-from models import families
 
 
 def resolve_degrees(p: ParallelConfig, world: int) -> tuple[dict[str, int], list[Problem]]:
@@ -345,9 +345,8 @@ def recompute_every(cfg, lay):
 
 @rule("recompute_matmuls", ("recompute", "recompute_matmuls"))
 def recompute_matmuls(cfg, lay):
-    fam = families.of(cfg.model)
-    if lay.recompute_matmuls == "alternate" and lay.recompute == "op" and (fam.moe or fam.mla):
-        kind = "routed experts" if fam.moe else "multi-head latent attention"
+    kind = alternate_unpriced(cfg.model)
+    if lay.recompute_matmuls == "alternate" and lay.recompute == "op" and kind:
         yield (
             f"recompute.matmuls=alternate keeps every other matmul of a block with attention "
             f"and MLP projections only; {_model(cfg)} has {kind}, whose matmuls the planner "

@@ -25,9 +25,9 @@ from launcher.layout import AXES, OPTIONS, Layout, Option
 from launcher.plan.config_rules import config_problems
 from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
+from launcher.plan.model_size import alternate_unpriced
 from launcher.plan.report import estimate_json
 from launcher.plan.rules import engine_problems, layout_problems
-from models import families
 
 
 def divisors(n: int) -> list[int]:
@@ -99,8 +99,7 @@ def search(cfg: Config) -> tuple[int, list[Estimate]]:
         return 0, []
     ctx = Context(cfg)
     skip_selective = ctx.flash and not ctx.dropout  # identical to none: nothing to drop
-    fam = families.of(cfg.model)
-    skip_alternate = fam.moe or fam.mla
+    skip_alternate = bool(alternate_unpriced(cfg.model))
     evaluated, fitting = 0, []
     for variants in candidates(cfg):
         for lay in variants:

@@ -31,7 +31,7 @@ from launcher.parallel import recompute as activation_recompute
 from launcher.plan import make_plan
 from launcher.plan.estimate import layer_activation
 from launcher.runtime import distributed
-from models.families import FAMILIES
+from models.families import DENSE_FIRST, FAMILIES
 
 PRESETS = {name: f.debug for name, f in FAMILIES.items()}
 BATCH, SEQ = 2, 64
@@ -48,7 +48,7 @@ def overrides(family: str, recompute: str, tp: int, sp: bool, precision: str = "
     fused = recompute != "selective" and precision == "fp32"
     out = [
         f"model={PRESETS[family]}",
-        f"model.n_layers={2 if FAMILIES[family].first_dense_layers else 1}",
+        f"model.n_layers={2 if FAMILIES[family].feed_forward == DENSE_FIRST else 1}",
         f"model.flash_attention={str(fused).lower()}",
         f"train.seq_len={SEQ}",
         f"recompute={recompute}",

@@ -21,8 +21,12 @@ from parallel import saved_bytes
 FAMILIES = list(families.FAMILIES)  # every registered family
 MODES = ["none", "selective", "full", "op"]
 # recompute=op keeping every other matmul's output (torchtitan's policy): the families whose
-# blocks are attention and MLP projections only (the rules refuse it with experts or MLA).
-ALTERNATE = [("llama", "op:alternate"), ("gpt", "op:alternate")]
+# blocks are attention and MLP projections only (the rules refuse it with routed experts).
+ALTERNATE = [
+    (name, "op:alternate")
+    for name, f in families.FAMILIES.items()
+    if f.feed_forward == families.DENSE
+]
 # Korthikanti et al. 2022, Table 2: activation bytes per layer / (s b h) for a GPT layer in
 # 16-bit with dropout and unfused attention, a = 8 heads, s = 64, h = 128, t = 2.
 A, S, H, T = 8, saved_bytes.SEQ, 128, 2
@@ -116,7 +120,9 @@ def test_recompute_really_saves():
 def test_op_under_tp_keeps_less_than_none(family, sp, measured_tp2):
     """Under tp, op keeps the reductions of the row-parallel partial sums and recomputes the
     partial sums (checkpointing._PartialSum): kept too, they made op keep as much as none."""
-    for block in ("0", "1") if families.family(family).first_dense_layers else ("0",):
+    for block in (
+        ("0", "1") if families.family(family).feed_forward == families.DENSE_FIRST else ("0",)
+    ):
         op = measured_tp2[(family, "op", sp, "fp32", block)]
         none = measured_tp2[(family, "none", sp, "fp32", block)]
         assert op < 0.85 * none, block

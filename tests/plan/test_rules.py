@@ -469,7 +469,11 @@ def test_configured_split_must_cover_the_layers():
         (
             ["model=llama3_debug", "model.n_routed_experts=4"],
             "model.n_routed_experts=4: a llama model has no routed experts (the MoE families: "
-            "mixtral, deepseek; model=llama3_debug)",
+            "mixtral, deepseek) (model=llama3_debug)",
+        ),
+        (
+            ["model=deepseek_debug", "model.kv_lora_rank=0"],
+            "deepseek (multi-head latent attention) needs model.kv_lora_rank (>= 1)",
         ),
     ],
 )

@@ -32,10 +32,11 @@ def matmul_rerun(step: Step) -> float:
     if lay.recompute_matmuls == "all" and not partial_sums:
         return 0.0
     seconds = 0.0
-    for mm in block_matmuls(m, ctx.shape, lay.recompute_matmuls)[:-1]:
+    for mm in block_matmuls(m, lay.recompute_matmuls)[:-1]:
         if not mm.kept or (mm.row and partial_sums):
-            flops = 2 * mm.out * mm.inp * tokens / lay.tp
-            width = min(mm.out, mm.inp / lay.tp) if mm.row else min(mm.out / lay.tp, mm.inp)
+            split = 1 if mm.whole else lay.tp
+            flops = 2 * mm.out * mm.inp * tokens / split
+            width = min(mm.out, mm.inp / split) if mm.row else min(mm.out / split, mm.inp)
             seconds += linear_seconds(ctx, flops, width)
     return seconds
 
