@@ -21,8 +21,9 @@ DENSE, ROUTED, DENSE_FIRST = "dense", "routed", "dense first"
 
 # Tensor-parallel styles (Megatron's layout; launcher/parallel/tensor_parallel.py maps them
 # onto torch's): output features split over tp ranks, or input features split with the output
-# reduced into the residual stream's layout.
-COLUMN, ROW = "column", "row"
+# reduced into the residual stream's layout; or a module applied to each head of the rank's
+# own (a per-head norm), its weight whole on every rank and its gradient summed over tp.
+COLUMN, ROW, HEADS = "column", "row", "heads"
 
 
 @dataclass(frozen=True)
@@ -92,8 +93,8 @@ class Family:
     hf_attention: dict[str, str] = field(default_factory=dict)
     # Parameters whose rows transformers holds per head in rotate-half order where ours rotate
     # interleaved pairs (permuted both ways by launcher/hf/weights.py) -> the config field
-    # counting their heads.
-    hf_rotate_half: dict[str, str] = field(default_factory=dict)
+    # counting their heads, or 1 for one head's width (a per-head norm's gain).
+    hf_rotate_half: dict[str, str | int] = field(default_factory=dict)
     hf_moe: dict[str, str] = field(default_factory=dict)
 
     def block(self, m, moe: bool) -> Shapes:

@@ -86,6 +86,16 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.n_kv_heads * args.head_dim, bias=qkv_bias)
         self.wo = nn.Linear(args.n_heads * args.head_dim, args.dim, bias=False)
 
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q (B, S, H, E), k and v (B, S, K, E) of x (B, S, D), before RoPE; families that
+        change them there (Qwen3's norms) override this."""
+        b, s, _ = x.shape
+        # -1 rather than n_heads: under tensor parallelism each rank holds a slice of the heads.
+        q = self.wq(x).view(b, s, -1, self.head_dim)
+        k = self.wk(x).view(b, s, -1, self.head_dim)
+        v = self.wv(x).view(b, s, -1, self.head_dim)
+        return q, k, v
+
     def forward(
         self,
         x: torch.Tensor,
@@ -96,10 +106,7 @@ class Attention(nn.Module):
         """x (B, S, D). Without positions or documents, rope is the whole table and the tokens
         sit at 0..S-1; else rope holds exactly their angles (S or B, S, 2, E)."""
         b, s, _ = x.shape
-        # -1 rather than n_heads: under tensor parallelism each rank holds a slice of the heads.
-        q = self.wq(x).view(b, s, -1, self.head_dim)  # (B, S, H, E)
-        k = self.wk(x).view(b, s, -1, self.head_dim)  # (B, S, K, E)
-        v = self.wv(x).view(b, s, -1, self.head_dim)
+        q, k, v = self.heads(x)
         angles = rope[:s] if positions is None and documents is None else rope
         q, k = apply_rope(q, angles), apply_rope(k, angles)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

@@ -102,6 +102,7 @@ class Widths:
     n_heads: int
     d_qk: int
     d_v: int
+    normed: int = 0  # the inputs of per-head norms, kept for their backward (split by tp)
 
 
 def gqa_widths(m) -> Widths:

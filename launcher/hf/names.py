@@ -79,7 +79,8 @@ def sources(model: dict) -> dict[str, Source]:
             names, shape = tuple(hf.format(e=x) for x in range(m.n_routed_experts)), shape[1:]
         else:
             names = (hf,)
-        heads = getattr(m, fam.hf_rotate_half.get(name, ""), 0)
+        heads = fam.hf_rotate_half.get(name, 0)
+        heads = heads if isinstance(heads, int) else getattr(m, heads)
         out[ours] = Source(names, shape, heads)
         if routed and name == "feed_forward.router.gate.weight" and m.score_func == "sigmoid":
             # DeepSeek-V3's correction bias, a persistent buffer

@@ -35,7 +35,7 @@ from torch.distributed.tensor.parallel import (
 
 from launcher.parallel.materialize import when_real
 from models import families
-from models.families import COLUMN, ROW
+from models.families import COLUMN, HEADS, ROW
 from models.moe import MoE
 
 
@@ -57,7 +57,13 @@ def apply_tp(
     fam = families.family(family)
     gathered_inputs = []  # (module name in a block, whether it takes a local tensor)
     residual = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
-    styles = {COLUMN: ColwiseParallel, ROW: lambda: RowwiseParallel(output_layouts=residual)}
+    styles = {
+        COLUMN: ColwiseParallel,
+        ROW: lambda: RowwiseParallel(output_layouts=residual),
+        # (B, S, heads, E) in, the rank's heads: a replicated gain whose gradient is summed
+        # over tp (each rank's holds its own heads' share).
+        HEADS: lambda: SequenceParallel(sequence_dim=2, use_local_output=True),
+    }
     root: dict[str, object] = {}
     if fam.tp_embedding_sum:
         # Token and position embeddings are summed, so the vocab-parallel lookup hands back a
@@ -152,7 +158,13 @@ def moe_plan(moe: MoE, sp: bool, residual) -> dict[str, object]:
             input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
         )
     if moe.shared is not None:  # under sp its input is gathered by apply_tp
-        styles = {COLUMN: ColwiseParallel, ROW: lambda: RowwiseParallel(output_layouts=residual)}
+        styles = {
+            COLUMN: ColwiseParallel,
+            ROW: lambda: RowwiseParallel(output_layouts=residual),
+            # (B, S, heads, E) in, the rank's heads: a replicated gain whose gradient is summed
+            # over tp (each rank's holds its own heads' share).
+            HEADS: lambda: SequenceParallel(sequence_dim=2, use_local_output=True),
+        }
         plan.update({name: styles[style]() for name, style in families.TP_ROUTED.items()})
     return plan
 

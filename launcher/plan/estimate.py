@@ -117,6 +117,7 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
         v=s.v_width,
         o=s.o_width,
         latent=s.latent_width,
+        normed=s.normed_width,
         mlp=ctx.dense_mlp_saved if dense else ctx.shared_mlp_saved,
         routed=0 if dense else ctx.routed_saved,
         routed_bytes=0 if dense else ctx.routed_bytes,

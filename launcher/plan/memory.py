@@ -47,9 +47,10 @@ def state_bytes(
 class Saved:
     """What one block can save for backward, per token, in elements (the widths of the model's
     Shape for a dense or an MoE block): q, k, v after their projections, the attention output
-    (o), MLA's latents, the MLP's tensors, the routed experts' copies (`routed`) and the
-    router's bytes, the heads of unfused attention's scores; whole_mlp: an MLP (dense, or
-    shared experts) takes the whole norm output."""
+    (o), MLA's latents, the inputs of per-head norms (`normed`: Qwen3's q and k), the MLP's
+    tensors, the routed experts' copies (`routed`) and the router's bytes, the heads of
+    unfused attention's scores; whole_mlp: an MLP (dense, or shared experts) takes the whole
+    norm output."""
 
     dim: int
     q: int = 0
@@ -57,6 +58,7 @@ class Saved:
     v: int = 0
     o: int = 0
     latent: int = 0
+    normed: int = 0
     mlp: int = 0
     routed: int = 0
     routed_bytes: float = 0
@@ -91,8 +93,9 @@ def layer_activation_bytes(
 
     - outside the tensor-parallel region (divided by tp only with sequence parallelism): the
       two norm inputs and outputs (4 h) and, with dropout, two 1-byte residual masks (2 h);
-    - inside it (divided by tp): q, k, v after their projections, the attention output fed to
-      the output projection, and the MLP's saved tensors (`mlp` elements: 2 x ffn for GeLU, its
+    - inside it (divided by tp): q, k, v after their projections (and before per-head norms,
+      their inputs: `normed`), the attention output fed to the output projection, and the
+      MLP's saved tensors (`mlp` elements: 2 x ffn for GeLU, its
       input and output; 3 x ffn for SwiGLU: the w1 and w3 outputs and their product fed to w2,
       silu recomputed in backward);
     - routed experts (`routed` elements: each of the top-k copies of the token, its 3 x
@@ -133,7 +136,7 @@ def layer_activation_bytes(
     if recompute == "full":
         return dim * act_b / (tp if sp else 1)
     outside = 4 * dim * act_b + (2 * dim if dropout else 0)
-    inside = (q + k + v + o + mlp) * act_b
+    inside = (q + k + v + o + saved.normed + mlp) * act_b
     if cp > 1 and recompute == "none":
         if split.cp_method == "allgather":
             inside += (cp - 1) * (k + v) * act_b

@@ -50,6 +50,7 @@ class Shape:
     v_width: int  # kv heads x d_v
     o_width: int  # H x d_v: attention output, input to the output projection
     latent_width: int  # MLA latents saved for backward (q and kv compressions), else 0
+    normed_width: int  # inputs of per-head norms saved for backward (Qwen3's q and k), else 0
     # Matmul outputs per token (what per-op recompute keeps): the projections into heads
     # (sharded by tp) and MLA's latent projections (replicated).
     heads_out_width: int
@@ -147,6 +148,7 @@ def shape(m: ModelConfig) -> Shape:
         v_width=w.v,
         o_width=w.o,
         latent_width=w.latent,
+        normed_width=w.normed,
         # What per-op recompute keeps of the attention's matmuls: the outputs of the
         # projections into heads (split by tp) and of the latent ones (whole).
         heads_out_width=sum(out for out, _, row, whole in mms if not row and not whole),
