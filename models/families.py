@@ -168,6 +168,8 @@ _GQA = {
     "attention.wv": COLUMN,
     "attention.wo": ROW,
 }
+# Per-head q and k norms (Qwen3): each rank normalises its own heads.
+_QK_NORMS = {"attention.q_norm": HEADS, "attention.k_norm": HEADS}
 _SWIGLU = {"feed_forward.w1": COLUMN, "feed_forward.w3": COLUMN, "feed_forward.w2": ROW}
 
 # An MoE layer under tp (launcher/parallel/tensor_parallel.moe_plan): its shared experts are a
@@ -188,6 +190,11 @@ _HF_ATTENTION = {
     "attention.wk.weight": "self_attn.k_proj.weight",
     "attention.wv.weight": "self_attn.v_proj.weight",
     "attention.wo.weight": "self_attn.o_proj.weight",
+}
+# Their gains, one head wide: permuted as one head's rows are.
+_HF_QK_NORMS = {
+    "attention.q_norm.weight": "self_attn.q_norm.weight",
+    "attention.k_norm.weight": "self_attn.k_norm.weight",
 }
 # Llama's q and k rows, rotated in interleaved pairs here and in halves in transformers.
 _ROTATE_HALF = {"attention.wq.weight": "n_heads", "attention.wk.weight": "n_kv_heads"}
@@ -306,6 +313,19 @@ FAMILIES: dict[str, Family] = {
                 "attention.wq.bias": "n_heads",
                 "attention.wk.bias": "n_kv_heads",
             },
+        ),
+        Family(
+            "qwen3",
+            "models.qwen3:Qwen3",
+            "models.qwen3:Qwen3Args",
+            debug="qwen3_debug",
+            attention=shapes.GQA_QK_NORM,
+            tp_embedding="tok_embeddings",
+            tp_block={**_GQA, **_QK_NORMS, **_SWIGLU},
+            hf=(HFType("qwen3", "Qwen3ForCausalLM", written=dict(attention_bias=False)),),
+            hf_config=(*_HF_HEAD_DIM, ("intermediate_size", "ffn_dim")),
+            hf_attention={**_HF_ATTENTION, **_HF_QK_NORMS},
+            hf_rotate_half={**_ROTATE_HALF, **{k: 1 for k in _HF_QK_NORMS}},
         ),
         Family(
             "gpt",

@@ -12,6 +12,7 @@ tests/models/test_families.py holds every family's list against the model it bui
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -64,6 +65,17 @@ def gqa_qkv_bias_tensors(m) -> Shapes:
 def gqa_biased_tensors(m) -> Shapes:
     """... with a bias on every projection (GPT)."""
     return _gqa(m, True, True)
+
+
+def gqa_qk_norm_tensors(m) -> Shapes:
+    """... without biases, with an RMSNorm gain on each head's q and on each head's k (Qwen3)."""
+    e = head_dim(m)
+    return {**_gqa(m, False, False), **rms_norm("q_norm", e), **rms_norm("k_norm", e)}
+
+
+def gqa_qk_norm_widths(m) -> Widths:
+    w = gqa_widths(m)
+    return dataclasses.replace(w, normed=w.q + w.k)  # the norms keep their inputs
 
 
 def mla_tensors(m) -> Shapes:
@@ -184,6 +196,13 @@ GQA_QKV_BIAS = Attention(
 )
 GQA_BIASED = Attention(
     "grouped-query attention", gqa_biased_tensors, gqa_widths, gqa_matmuls, _GQA_FIELDS
+)
+GQA_QK_NORM = Attention(
+    "grouped-query attention with per-head q and k norms",
+    gqa_qk_norm_tensors,
+    gqa_qk_norm_widths,
+    gqa_matmuls,
+    _GQA_FIELDS,
 )
 MLA = Attention(
     "multi-head latent attention",

@@ -40,6 +40,15 @@ MIXTRAL = dict(SHARED, intermediate_size=256, num_local_experts=4, num_experts_p
 MIXTRAL_RUN = ["model=mixtral_debug"]
 QWEN2 = dict(SHARED, intermediate_size=384)  # qwen2_debug: biases on q, k and v
 QWEN2_RUN = ["model=qwen2_debug"]
+# qwen3_debug: a norm on each head's q and k (their gains random in `build`), heads 32 wide.
+QWEN3 = dict(
+    {k: v for k, v in SHARED.items() if k != "rope_theta"},
+    intermediate_size=384,
+    head_dim=32,
+    rms_norm_eps=1e-6,
+    rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+)
+QWEN3_RUN = ["model=qwen3_debug"]
 # deepseek_debug: MLA with a q latent, first layer dense, 8 experts (sigmoid + bias, best 2 of
 # 4 groups, weights renormalised x 2.5) + 1 shared, YaRN 128 -> 512.
 DEEPSEEK_V3 = dict(
@@ -100,6 +109,7 @@ RUN = {
     "llama": LLAMA_RUN,
     "mixtral": MIXTRAL_RUN,
     "qwen2": QWEN2_RUN,
+    "qwen3": QWEN3_RUN,
     "deepseek_v3": DEEPSEEK_V3_RUN,
     "deepseek_v2": DEEPSEEK_V2_RUN,
 }
@@ -109,7 +119,9 @@ def build(kind: str, seed: int = 0, **changes):
     """A randomly initialised transformers model (fp32, eval mode) of a kind: a family, or
     deepseek_v3 / deepseek_v2. DeepSeek-V3's expert correction biases are random too (they
     start at zero), so that they take part in the choice of experts, and mostly below -0.5:
-    biased scores (sigmoid + bias) below zero must still beat the groups left out."""
+    biased scores (sigmoid + bias) below zero must still beat the groups left out. Qwen3's
+    per-head q and k norm gains are random too (they start at one), so that their order
+    within a head (rotate-half there, interleaved here) counts."""
     import transformers
 
     torch.manual_seed(seed)
@@ -117,6 +129,7 @@ def build(kind: str, seed: int = 0, **changes):
         "llama": ("LlamaConfig", "LlamaForCausalLM", LLAMA),
         "mixtral": ("MixtralConfig", "MixtralForCausalLM", MIXTRAL),
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", QWEN2),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3),
         "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", DEEPSEEK_V3),
         "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", DEEPSEEK_V2),
     }
@@ -127,6 +140,9 @@ def build(kind: str, seed: int = 0, **changes):
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(torch.randn(b.shape) * 0.3 - 0.6)
+        for name, w in model.named_parameters():
+            if name.endswith(("q_norm.weight", "k_norm.weight")):
+                w.copy_(1 + torch.randn(w.shape) * 0.5)
     return model.eval()
 
 

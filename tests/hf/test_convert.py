@@ -61,6 +61,7 @@ def convert_here(*args) -> None:
         ("llama", torch.bfloat16),
         ("mixtral", None),
         ("qwen2", None),
+        ("qwen3", None),
         ("deepseek_v3", None),
         ("deepseek_v2", None),
     ],

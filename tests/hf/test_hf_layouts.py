@@ -3,7 +3,7 @@ layout computes transformers' logits, and each rank reads only the slices it hol
 
 The engine's own Trainer loads the weights (tests/hf/hf_logits.py, a job of tests/group.py); the
 reference is transformers' LlamaForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM /
-DeepseekV3ForCausalLM / DeepseekV2ForCausalLM on the same batch.
+Qwen3ForCausalLM / DeepseekV3ForCausalLM / DeepseekV2ForCausalLM on the same batch.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ CASES = [("llama", name) for name in LAYOUTS] + [
     ("mixtral", "pp=2"),
     ("qwen2", "one process"),
     ("qwen2", "tp=2"),  # the q/k biases' rows permuted and sharded as their weights'
+    ("qwen3", "one process"),
+    ("qwen3", "tp=2"),  # each rank's heads normed with the whole gains
+    ("qwen3", "dp_shard=2 x tp=2"),
     ("deepseek_v3", "one process"),
     ("deepseek_v3", "dp_shard=2"),
     ("deepseek_v3", "pp=2"),
