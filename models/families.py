@@ -72,7 +72,8 @@ class Family:
     feed_forward: str = "dense"
     # torchtitan's model of this family, which the benchmarks run as a peer (launcher/bench/
     # titan.py, titan_moe.py): "llama3" (its Llama3Model), "deepseek_v3" (its DeepSeekV3Model),
-    # "qwen3_moe" (its Qwen3Model with MoE blocks: Mixtral's shape), or "" where it has none.
+    # "qwen3_moe_blocks" (its Qwen3Model of MoE blocks without q/k norms: Mixtral's shape),
+    # or "" where it has none.
     titan: str = ""
     # The RoPE scalings its model implements: "llama3" (model.rope_scaling_factor, ...),
     # "yarn" (model.rope_yarn_factor, ...); none for learned positions. The config rules and
@@ -230,6 +231,14 @@ _HF_DEEPSEEK_MOE = {
     "feed_forward.shared.w2.weight": "mlp.shared_experts.down_proj.weight",
     "feed_forward.shared.w3.weight": "mlp.shared_experts.up_proj.weight",
 }
+# transformers holds Qwen3 MoE's experts fused (gate_up_proj, down_proj); save_pretrained
+# writes them one per expert, as the released checkpoints are.
+_HF_QWEN3_MOE = {
+    "feed_forward.router.gate.weight": "mlp.gate.weight",
+    "feed_forward.experts.w1": "mlp.experts.{e}.gate_proj.weight",
+    "feed_forward.experts.w2": "mlp.experts.{e}.down_proj.weight",
+    "feed_forward.experts.w3": "mlp.experts.{e}.up_proj.weight",
+}
 # config.json keys of each family's own fields: (config.json key, model config field).
 _HF_HEAD_DIM = (("head_dim", "head_dim"),)  # DeepSeek's config.json has one too: its rope width
 _HF_DEEPSEEK_KEYS = (
@@ -249,6 +258,16 @@ _HF_DEEPSEEK_KEYS = (
     ("norm_topk_prob", "norm_topk_prob"),
     ("routed_scaling_factor", "routed_scaling_factor"),
 )
+
+
+def _qwen3_moe_unsupported(hf: dict) -> list[str]:
+    """Dense layers among Qwen3 MoE's: every block here routes."""
+    out = []
+    if (hf.get("decoder_sparse_step") or 1) != 1:
+        out.append(f"decoder_sparse_step={hf['decoder_sparse_step']} (experts in every layer only)")
+    if hf.get("mlp_only_layers"):
+        out.append(f"mlp_only_layers={hf['mlp_only_layers']} (experts in every layer only)")
+    return out
 
 
 def _deepseek_unsupported(hf: dict) -> list[str]:
@@ -347,7 +366,7 @@ FAMILIES: dict[str, Family] = {
             "models.mixtral:Mixtral",
             "models.mixtral:MixtralArgs",
             debug="mixtral_debug",
-            titan="qwen3_moe",
+            titan="qwen3_moe_blocks",
             tp_embedding="tok_embeddings",
             tp_block=_GQA,  # every layer is an MoE one (tensor_parallel.moe_plan)
             feed_forward=ROUTED,
@@ -367,6 +386,45 @@ FAMILIES: dict[str, Family] = {
             hf_attention=_HF_ATTENTION,
             hf_rotate_half=_ROTATE_HALF,
             hf_moe=_HF_MIXTRAL_MOE,
+        ),
+        Family(
+            "qwen3_moe",
+            "models.qwen3_moe:Qwen3MoE",
+            "models.qwen3_moe:Qwen3MoEArgs",
+            debug="qwen3_moe_debug",
+            attention=shapes.GQA_QK_NORM,
+            feed_forward=ROUTED,
+            tp_embedding="tok_embeddings",
+            tp_block={**_GQA, **_QK_NORMS},  # every layer is an MoE one
+            hf=(
+                HFType(
+                    "qwen3_moe",
+                    "Qwen3MoeForCausalLM",
+                    read_defaults=dict(norm_topk_prob=False),
+                    written=dict(
+                        attention_bias=False,
+                        decoder_sparse_step=1,
+                        mlp_only_layers=[],
+                        output_router_logits=False,
+                    ),
+                ),
+            ),
+            # The released config.json files say num_experts, transformers 5 writes
+            # num_local_experts: either is read. intermediate_size sizes the dense MLP of
+            # mlp_only_layers, which every layer here is not: kept, unused.
+            hf_config=(
+                *_HF_HEAD_DIM,
+                ("intermediate_size", "ffn_dim"),
+                ("moe_intermediate_size", "moe_ffn_dim"),
+                ("num_experts", "n_routed_experts"),
+                ("num_local_experts", "n_routed_experts"),
+                ("num_experts_per_tok", "top_k"),
+                ("norm_topk_prob", "norm_topk_prob"),
+            ),
+            hf_unsupported=_qwen3_moe_unsupported,
+            hf_attention={**_HF_ATTENTION, **_HF_QK_NORMS},
+            hf_rotate_half={**_ROTATE_HALF, **{k: 1 for k in _HF_QK_NORMS}},
+            hf_moe=_HF_QWEN3_MOE,
         ),
         Family(
             "deepseek",

@@ -24,14 +24,20 @@ class MixtralArgs(LlamaArgs):
     aux_loss_coef: float  # the Switch balance loss per forward (Mixtral trained with 0.02)
 
 
+def softmax_experts(args: MixtralArgs, normalize: bool = True) -> MoE:
+    """n_routed_experts SwiGLU experts of moe_ffn_dim, each token sent to its top_k by a
+    softmax router, their weights renormalised over the chosen where `normalize` (Mixtral's
+    and Qwen3 MoE's layer)."""
+    router = Router(args.dim, args.n_routed_experts, args.top_k, normalize=normalize)
+    return MoE(
+        args.dim,
+        args.moe_ffn_dim,
+        args.n_routed_experts,
+        router,
+        aux_loss_coef=args.aux_loss_coef,
+    )
+
+
 class Mixtral(Transformer):
     def make_block(self, args: MixtralArgs, index: int) -> nn.Module:
-        router = Router(args.dim, args.n_routed_experts, args.top_k)
-        moe = MoE(
-            args.dim,
-            args.moe_ffn_dim,
-            args.n_routed_experts,
-            router,
-            aux_loss_coef=args.aux_loss_coef,
-        )
-        return TransformerBlock(args, feed_forward=moe)
+        return TransformerBlock(args, feed_forward=softmax_experts(args))

@@ -55,9 +55,9 @@ def _config(m: dict, seq_len: int, common, llama3, config_utils, experts: bool =
     """Llama3Model.Config of exactly the shape in `m` (ModelConfig fields), its RoPE tables
     cut to the `seq_len` trained on, as its trainer's update_from_config cuts them. `experts`:
     the caller replaces the feed-forward by routed experts (its attention, norms and embeddings
-    are then Llama's: the family's torchtitan peer is "qwen3_moe")."""
+    are then Llama's: the family's torchtitan peer is "qwen3_moe_blocks")."""
     peer = families.family(m["family"]).titan
-    if peer != ("qwen3_moe" if experts else "llama3"):
+    if peer != ("qwen3_moe_blocks" if experts else "llama3"):
         raise ValueError(
             f"torchtitan's Llama 3 cannot express model.family={m['family']} ("
             + (f"its torchtitan model is {peer})" if peer else "torchtitan has no model of it)")

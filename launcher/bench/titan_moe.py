@@ -233,7 +233,7 @@ def config(m: dict, seq_len: int):
 
 # The family's torchtitan model (its record's `titan`): DeepSeekV3Model for multi-head latent
 # attention; Llama's attention in Qwen3's MoE blocks for Mixtral's shape.
-MAKE = {"deepseek_v3": _deepseek_config, "qwen3_moe": _mixtral_config}
+MAKE = {"deepseek_v3": _deepseek_config, "qwen3_moe_blocks": _mixtral_config}
 
 
 def build(w: Workload) -> torch.nn.Module:

@@ -93,5 +93,7 @@ def test_refuses_what_it_cannot_express():
         titan.build(workload(max_seq_len=32))
     with pytest.raises(ValueError, match=r"family=gpt \(torchtitan has no model of it\)"):
         titan.build(workload(family="gpt"))
-    with pytest.raises(ValueError, match=r"family=mixtral \(its torchtitan model is qwen3_moe\)"):
+    with pytest.raises(
+        ValueError, match=r"family=mixtral \(its torchtitan model is qwen3_moe_blocks\)"
+    ):
         titan.build(workload(family="mixtral"))

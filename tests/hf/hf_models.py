@@ -49,6 +49,11 @@ QWEN3 = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 1e6},
 )
 QWEN3_RUN = ["model=qwen3_debug"]
+# qwen3_moe_debug: qwen3_debug's attention, 8 experts top-2 renormalised, as released.
+QWEN3_MOE = dict(
+    QWEN3, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True
+)
+QWEN3_MOE_RUN = ["model=qwen3_moe_debug"]
 # deepseek_debug: MLA with a q latent, first layer dense, 8 experts (sigmoid + bias, best 2 of
 # 4 groups, weights renormalised x 2.5) + 1 shared, YaRN 128 -> 512.
 DEEPSEEK_V3 = dict(
@@ -110,6 +115,7 @@ RUN = {
     "mixtral": MIXTRAL_RUN,
     "qwen2": QWEN2_RUN,
     "qwen3": QWEN3_RUN,
+    "qwen3_moe": QWEN3_MOE_RUN,
     "deepseek_v3": DEEPSEEK_V3_RUN,
     "deepseek_v2": DEEPSEEK_V2_RUN,
 }
@@ -130,6 +136,7 @@ def build(kind: str, seed: int = 0, **changes):
         "mixtral": ("MixtralConfig", "MixtralForCausalLM", MIXTRAL),
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", QWEN2),
         "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", QWEN3),
+        "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", QWEN3_MOE),
         "deepseek_v3": ("DeepseekV3Config", "DeepseekV3ForCausalLM", DEEPSEEK_V3),
         "deepseek_v2": ("DeepseekV2Config", "DeepseekV2ForCausalLM", DEEPSEEK_V2),
     }

@@ -62,6 +62,7 @@ def convert_here(*args) -> None:
         ("mixtral", None),
         ("qwen2", None),
         ("qwen3", None),
+        ("qwen3_moe", None),
         ("deepseek_v3", None),
         ("deepseek_v2", None),
     ],

@@ -3,7 +3,8 @@ layout computes transformers' logits, and each rank reads only the slices it hol
 
 The engine's own Trainer loads the weights (tests/hf/hf_logits.py, a job of tests/group.py); the
 reference is transformers' LlamaForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM /
-Qwen3ForCausalLM / DeepseekV3ForCausalLM / DeepseekV2ForCausalLM on the same batch.
+Qwen3ForCausalLM / Qwen3MoeForCausalLM / DeepseekV3ForCausalLM / DeepseekV2ForCausalLM on the
+same batch.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ LAYOUTS = {
     "pp=2": [*TWO, "parallel.pp=2", "parallel.dp_shard=1"],
     # FSDP over a TP-sharded dim 0: a strided placement, still one box per rank.
     "dp_shard=2 x tp=2": ["hardware.devices_per_node=4", "parallel.tp=2"],
+    "ep=2": [*TWO, "parallel.ep=2"],
 }
-CASES = [("llama", name) for name in LAYOUTS] + [
+CASES = [("llama", name) for name in LAYOUTS if name != "ep=2"] + [
     ("mixtral", "one process"),
     ("mixtral", "dp_shard=2"),
     ("mixtral", "pp=2"),
@@ -38,6 +40,10 @@ CASES = [("llama", name) for name in LAYOUTS] + [
     ("qwen3", "one process"),
     ("qwen3", "tp=2"),  # each rank's heads normed with the whole gains
     ("qwen3", "dp_shard=2 x tp=2"),
+    ("qwen3_moe", "one process"),
+    ("qwen3_moe", "tp=2"),
+    ("qwen3_moe", "dp_shard=2 x tp=2"),
+    ("qwen3_moe", "ep=2"),
     ("deepseek_v3", "one process"),
     ("deepseek_v3", "dp_shard=2"),
     ("deepseek_v3", "pp=2"),
@@ -79,6 +85,8 @@ def test_start_from_hf_equals_transformers(group, job):
         # than it holds, never the whole model when the layout shards it.
         assert r["held"] <= r["read"] <= 1.1 * r["held"], f"rank {rank}: {r}"
         if len(ranks) > 1:
-            assert r["read"] < 0.8 * total, f"rank {rank} read {r['read']} of {total}: {r}"
+            # tp alone leaves an MoE's experts whole on every rank (81% of qwen3_moe_debug):
+            # ep splits them.
+            assert r["read"] < 0.85 * total, f"rank {rank} read {r['read']} of {total}: {r}"
         else:
             assert r["read"] == total

@@ -15,6 +15,7 @@ from launcher.plan import make_plan
 from launcher.plan.limitations import LIMITATIONS
 from launcher.plan.report import print_plan
 from launcher.plan.rules import LAYOUT_RULES, engine_problems
+from models.families import DENSE, FAMILIES
 
 H100 = ["hardware=h100_80g"]
 
@@ -469,7 +470,8 @@ def test_configured_split_must_cover_the_layers():
         (
             ["model=llama3_debug", "model.n_routed_experts=4"],
             "model.n_routed_experts=4: a llama model has no routed experts (the MoE families: "
-            "mixtral, deepseek) (model=llama3_debug)",
+            f"{', '.join(n for n, f in FAMILIES.items() if f.feed_forward != DENSE)}) "
+            "(model=llama3_debug)",
         ),
         (
             ["model=deepseek_debug", "model.kv_lora_rank=0"],
