@@ -64,6 +64,10 @@ class Shape:
     # down-projections (wq_a, wkv_a), which tensor parallelism leaves replicated.
     attn_latent: int = 0
     router_params: int = 0  # an MoE layer's router gate (whole on every tp and ep rank)
+    # The matrices alone (no biases, norms): what a token is multiplied by, in the attention
+    # and in a dense block's MLP.
+    attn_matmul: int = 0
+    dense_mlp_matmul: int = 0
 
     @property
     def dense_layer(self) -> int:
@@ -139,6 +143,8 @@ def shape(m: ModelConfig) -> Shape:
         expert_params=part(routed, "feed_forward.experts."),
         moe_shared_params=part(routed, "feed_forward.", sharded=True),
         router_params=part(routed, "feed_forward.router."),
+        attn_matmul=part(block, "attention.", matrix=True),
+        dense_mlp_matmul=part(dense, "feed_forward.", matrix=True),
         norm_params=part(block, "attention_norm.") + part(block, "ffn_norm."),
         embedding=count(embedding),
         positions=count(embedding) - math.prod(embedding[tokens]),
@@ -198,9 +204,12 @@ def active_matmul_params_per_token(s: Shape, m: ModelConfig) -> float:
     if s.n_moe_layers:
         routed = m.top_k * 3 * m.dim * m.moe_ffn_dim
         moe_active = s.n_moe_layers * (routed + s.moe_shared_params + s.router_params)
-    dense = s.n_dense_layers * s.dense_mlp_params
-    attention = s.attn_params + s.attn_latent
-    return s.n_layers * attention + dense + moe_active + m.vocab_size * m.dim
+    return (
+        s.n_layers * s.attn_matmul
+        + s.n_dense_layers * s.dense_mlp_matmul
+        + moe_active
+        + m.vocab_size * m.dim
+    )
 
 
 def flops_per_token(m: ModelConfig, seq_len: int, causal: bool = True) -> float:

@@ -9,14 +9,17 @@ family, and every projection with an output wider than a head must be named.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 from conftest import compose_config
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 import models
 from launcher.parallel.tensor_parallel import _find
+from launcher.plan.model_size import flops_per_token
 from models.families import FAMILIES, TP_ROUTED, family
 
 # The debug presets, and what else a family's blocks may hold (MLA without a q latent).
@@ -110,3 +113,35 @@ def test_build_refuses_a_field_no_model_has_and_fills_one_left_out():
     with torch.device("meta"):
         model = models.build("llama", older)  # a checkpoint saved before the field
     assert model.layers["0"].attention.wq.weight.shape == (fields["dim"], fields["dim"])
+
+
+def _grouped_mm_flops(a, b, *args, out_shape=None, **kwargs) -> int:
+    """torch's FlopCounterMode has no formula for the experts' grouped matmul: 2 multiply-adds
+    per output element and reduced index, the output (rows, N) of tokens against their
+    experts' (K, N), or a weight gradient (E, K, N) summed over each expert's rows."""
+    per_expert = math.prod(out_shape) // (out_shape[0] if len(out_shape) == 3 else 1)
+    return 2 * per_expert * a[-1]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_planner_flops_are_the_models(name):
+    """The planner's training FLOPs per token (launcher/plan/model_size.py: 6 x the matrices a
+    token is multiplied by, the attention's scores and weighted sum) equal torch's count of a
+    forward and backward of the family's debug model (unfused attention, counted without the
+    causal mask; the routed experts counted by the formula above, each token's top_k copies as
+    the router sent them)."""
+    cfg = compose_config(
+        [f"model={FAMILIES[name].debug}", "model.flash_attention=false", "model.dropout=0.0"]
+    )
+    m = cfg.model
+    model = models.build(m.family, vars(m))
+    model.init_weights(0)
+    batch, seq = 2, 64
+    tokens = torch.randint(
+        0, m.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)
+    )
+    mapping = {torch.ops.aten._grouped_mm: _grouped_mm_flops}
+    with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
+        model(tokens).sum().backward()
+    counted = counter.get_total_flops() / (batch * seq)
+    assert flops_per_token(m, seq, causal=False) == pytest.approx(counted, rel=1e-9)
