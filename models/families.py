@@ -61,10 +61,11 @@ class Family:
     tp_shared: tuple[str, ...] = ()
     tp_local_input: tuple[str, ...] = ()
     # Parameters as data (models/shapes.py), which the planner counts: a block is its
-    # attention_norm, `attention`, its ffn_norm and `mlp` (shapes.routed in an MoE layer); the
+    # attention_norm, `attention`, its ffn_norm and `mlp` (`routed` in an MoE layer); the
     # model adds `embedding` and the head (the final norm and, untied, the output projection).
     attention: shapes.Attention = shapes.GQA
     mlp: shapes.MLP = shapes.SWIGLU
+    routed: shapes.Routed = shapes.ROUTED
     norm: Callable[[str, int], Shapes] = shapes.rms_norm
     embedding: shapes.Embedding = shapes.TOKENS
     # Its blocks' feed-forward: DENSE (the MLP), ROUTED (routed experts in every block), or
@@ -106,7 +107,7 @@ class Family:
             **self.norm("ffn_norm", m.dim),
             **{
                 f"feed_forward.{k}": v
-                for k, v in (shapes.routed if moe else self.mlp.tensors)(m).items()
+                for k, v in (self.routed if moe else self.mlp).tensors(m).items()
             },
         }
 

@@ -251,7 +251,7 @@ class MLP:
     saved: int
 
 
-def routed(m) -> Shapes:
+def routed_tensors(m) -> Shapes:
     """Routed experts in place of the MLP: the router's gate, the experts' SwiGLU weights
     stacked (one tensor per weight for all of them), and the shared experts as one SwiGLU of
     n_shared_experts x moe_ffn_dim units (none without them)."""
@@ -291,3 +291,39 @@ TOKENS_AND_POSITIONS = Embedding(token_and_position_tables, ("max_seq_len",))
 
 SWIGLU = MLP(swiglu, gates=2, saved=3)
 GELU = MLP(gelu_mlp, gates=1, saved=2)
+
+
+def routed_saved(m) -> int:
+    """Each routed copy of a token keeps its input row, its expert's 3 SwiGLU tensors and its
+    output row (kept for the routing weight's gradient)."""
+    return m.top_k * (2 * m.dim + 3 * m.moe_ffn_dim)
+
+
+def router_bytes(m) -> int:
+    """The router's per token: its fp32 scores, the top-k weights (twice) and sums, the int64
+    expert id, sort order and token of each copy, and with expert groups the groups' int64
+    top-2 ids and mask."""
+    groups = 17 * m.n_group if m.n_group > 1 else 0
+    return 4 * (m.n_routed_experts + 2 * m.top_k + 2) + 24 * m.top_k + groups
+
+
+def routed_kept(m) -> int:
+    """What per-op recompute keeps per token: each copy's two up projections and output row,
+    and the router's scores."""
+    return m.top_k * (2 * m.moe_ffn_dim + m.dim) + m.n_routed_experts
+
+
+@dataclass(frozen=True)
+class Routed:
+    """An MoE layer in a block's MLP's place (models/moe.py): its parameters, and what the
+    planner prices its saved activations by, per token (the compute dtype's elements, the
+    router's bytes), beside its shared experts' MLP of n_shared_experts x moe_ffn_dim units."""
+
+    tensors: Callable[..., Shapes]
+    saved: Callable[..., int]
+    bytes: Callable[..., int]
+    kept: Callable[..., int]
+    shared: MLP = SWIGLU
+
+
+ROUTED = Routed(routed_tensors, routed_saved, router_bytes, routed_kept)

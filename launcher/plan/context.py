@@ -83,22 +83,16 @@ class Context:
         self.attn_core_flops = (
             3 * self.seq * s.n_heads * (s.d_qk + s.d_v) * (1 if self.flash else 2)
         )
-        self.dense_mlp_saved = families.of(m).mlp.saved * m.ffn_dim
-        self.shared_mlp_saved = 3 * m.n_shared_experts * m.moe_ffn_dim
-        # Each routed copy: its input row, its expert's 3 SwiGLU tensors and output row (kept for
-        # the routing weight's gradient). Per token, in bytes: the router's fp32 scores, top-k
-        # weights (twice) and sums, the int64 expert ids, sort order and token of each copy,
-        # and with expert groups the groups' int64 top-2 ids and mask.
-        self.routed_saved = m.top_k * (2 * m.dim + 3 * m.moe_ffn_dim) if self.moe else 0
-        groups = 17 * m.n_group if m.n_group > 1 else 0
-        self.routed_bytes = (
-            4 * (m.n_routed_experts + 2 * m.top_k + 2) + 24 * m.top_k + groups if self.moe else 0
-        )
-        self.routed_out = (
-            m.top_k * (2 * m.moe_ffn_dim + m.dim) + m.n_routed_experts if self.moe else 0
-        )
-        self.compiled = t.compile
+        # What a block's feed-forward keeps per token (its family's parts, models/shapes.py):
+        # the dense MLP's, or the MoE layer's shared experts' and routed copies' (and the
+        # router's bytes), and what per-op recompute keeps of the routed ones.
         fam = families.of(m)
+        self.dense_mlp_saved = fam.mlp.saved * m.ffn_dim
+        self.shared_mlp_saved = fam.routed.shared.saved * m.n_shared_experts * m.moe_ffn_dim
+        self.routed_saved = fam.routed.saved(m) if self.moe else 0
+        self.routed_bytes = fam.routed.bytes(m) if self.moe else 0
+        self.routed_out = fam.routed.kept(m) if self.moe else 0
+        self.compiled = t.compile
         per_dim, per_mlp = fam.elementwise
         fused = kernels.ELEMENTWISE_COMPILED if t.compile else 1.0
         self.elementwise_dim = per_dim * fused  # elements per token per layer, per dim

@@ -88,7 +88,8 @@ def layer_activation(ctx: Context, lay: Layout, dense: bool, recompute: str) -> 
     if recompute == "op":
         shared = m.n_shared_experts * m.moe_ffn_dim
         heads_out = s.heads_out_width
-        mlp_out = families.of(m).mlp.gates * m.ffn_dim if dense else 2 * shared
+        fam = families.of(m)
+        mlp_out = fam.mlp.gates * m.ffn_dim if dense else fam.routed.shared.gates * shared
         row_parallel = row_kept = 2 if dense or shared else 1
         latent_out = s.latent_out_width
         if lay.recompute_matmuls == "alternate" and dense:  # refused with experts (rules.py)
