@@ -70,7 +70,7 @@ class Family:
     embedding: shapes.Embedding = shapes.TOKENS
     # Its blocks' feed-forward: DENSE (the MLP), ROUTED (routed experts in every block), or
     # DENSE_FIRST (the first model.n_dense_layers blocks dense, routed experts after).
-    feed_forward: str = "dense"
+    feed_forward: str = DENSE
     # torchtitan's model of this family, which the benchmarks run as a peer (launcher/bench/
     # titan.py, titan_moe.py): "llama3" (its Llama3Model), "deepseek_v3" (its DeepSeekV3Model),
     # "qwen3_moe_blocks" (its Qwen3Model of MoE blocks without q/k norms: Mixtral's shape),

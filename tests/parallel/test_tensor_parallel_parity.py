@@ -92,6 +92,10 @@ TABLE["llama3_debug tp=2 compile"] = (
     MODELS["llama3_debug"],
     ["hardware.devices_per_node=2", "parallel.tp=2", *TP1, "train.compile=true"],
 )
+# Qwen3's per-head q and k norms: each tp rank norms its own heads with the whole gains, whose
+# gradients are then summed over tp (families.HEADS); one missed sum trains them apart.
+TABLE["qwen3_debug tp=2"] = (["model=qwen3_debug"], LAYOUTS["tp=2"])
+TABLE["qwen3_debug dp_shard=2 x tp=2 sp"] = (["model=qwen3_debug"], LAYOUTS["dp_shard=2 x tp=2"])
 TABLE["gpt_debug tp=2 sp compile"] = (
     MODELS["gpt_debug"],
     ["hardware.devices_per_node=2", "parallel.tp=2", *TP1, "tensor=sequence_parallel",
