@@ -101,10 +101,15 @@ def heads(cfg):
         yield f"n_heads={m.n_heads} must be a multiple of n_kv_heads={m.n_kv_heads} ({_name(cfg)})"
 
 
+# The fields Family.problems reads: routed experts, dense first layers, those an attention
+# needs (MLA's).
 @config_rule(
     "model",
-    ("model.family", "model.n_routed_experts", "model.n_dense_layers", "model.kv_lora_rank"),
-)
+    (
+        "model.family", "model.n_routed_experts", "model.n_dense_layers", "model.kv_lora_rank",
+        "model.qk_rope_head_dim", "model.v_head_dim",
+    ),
+)  # fmt: skip
 def family_fields(cfg):
     """What the config asks of its family's model (models/families.py: Family.problems)."""
     for problem in families.of(cfg.model).problems(cfg.model):
