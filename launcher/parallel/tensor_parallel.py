@@ -39,6 +39,18 @@ from models.families import COLUMN, HEADS, ROW
 from models.moe import MoE
 
 
+def _styles(residual) -> dict[str, Callable[[], object]]:
+    """The records' TP styles (models/families.py) as torch's, the residual stream between
+    blocks laid out as `residual`."""
+    return {
+        COLUMN: ColwiseParallel,
+        ROW: lambda: RowwiseParallel(output_layouts=residual),
+        # (B, S, heads, E) in, the rank's heads: a replicated gain whose gradient is summed
+        # over tp (each rank's holds its own heads' share).
+        HEADS: lambda: SequenceParallel(sequence_dim=2, use_local_output=True),
+    }
+
+
 def apply_tp(
     model: nn.Module,
     mesh: DeviceMesh,
@@ -57,13 +69,7 @@ def apply_tp(
     fam = families.family(family)
     gathered_inputs = []  # (module name in a block, whether it takes a local tensor)
     residual = Shard(1) if sp else Replicate()  # layout of the residual stream between blocks
-    styles = {
-        COLUMN: ColwiseParallel,
-        ROW: lambda: RowwiseParallel(output_layouts=residual),
-        # (B, S, heads, E) in, the rank's heads: a replicated gain whose gradient is summed
-        # over tp (each rank's holds its own heads' share).
-        HEADS: lambda: SequenceParallel(sequence_dim=2, use_local_output=True),
-    }
+    styles = _styles(residual)
     root: dict[str, object] = {}
     if fam.tp_embedding_sum:
         # Token and position embeddings are summed, so the vocab-parallel lookup hands back a
@@ -158,13 +164,7 @@ def moe_plan(moe: MoE, sp: bool, residual) -> dict[str, object]:
             input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
         )
     if moe.shared is not None:  # under sp its input is gathered by apply_tp
-        styles = {
-            COLUMN: ColwiseParallel,
-            ROW: lambda: RowwiseParallel(output_layouts=residual),
-            # (B, S, heads, E) in, the rank's heads: a replicated gain whose gradient is summed
-            # over tp (each rank's holds its own heads' share).
-            HEADS: lambda: SequenceParallel(sequence_dim=2, use_local_output=True),
-        }
+        styles = _styles(residual)
         plan.update({name: styles[style]() for name, style in families.TP_ROUTED.items()})
     return plan
 
