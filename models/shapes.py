@@ -1,11 +1,13 @@
-"""Parameters as data: each part of a model as {name: shape}, exactly as models/ builds it.
+"""The parts models are made of, as data: each part's parameters as {name: shape}, exactly as
+models/ builds them, and what the planner prices the part by (an attention's per-token widths
+and projections in order, an MLP's and an MoE layer's saved tensors).
 
-Pure Python (no torch): the planner counts parameters and checkpoint tensors from these, and a
-family's record (models/families.py) names which of them its blocks are made of, so that a
-family is one unit and shared code never decodes its flags. Names are relative to the part
-(a block's attention is under `attention.`, its feed-forward under `feed_forward.`); shapes are
-(out, in) for a projection, as torch's Linear holds them. `m` is a model config (its fields:
-launcher/config.py's ModelConfig).
+Pure Python (no torch): the planner counts parameters, checkpoint tensors, FLOPs and saved
+activations from these, and a family's record (models/families.py) names which of them its
+blocks are made of, so that a family is one unit and shared code never decodes its flags.
+Names are relative to the part (a block's attention is under `attention.`, its feed-forward
+under `feed_forward.`); shapes are (out, in) for a projection, as torch's Linear holds them.
+`m` is a model config (its fields: launcher/config.py's ModelConfig).
 
 tests/models/test_families.py holds every family's list against the model it builds.
 """
