@@ -31,23 +31,20 @@ LAYOUTS = {
     "dp_shard=2 x tp=2": ["hardware.devices_per_node=4", "parallel.tp=2"],
     "ep=2": [*TWO, "parallel.ep=2"],
 }
-CASES = [("llama", name) for name in LAYOUTS if name != "ep=2"] + [
-    ("mixtral", "one process"),
+# Every Hugging Face model type a family's record maps to (hf_models.RUN: test_hf_mapping.py
+# holds it to the records) on one process, and the layouts that split what each adds.
+CASES = [(kind, "one process") for kind in hf_models.RUN] + [
+    *(("llama", name) for name in LAYOUTS if name not in ("one process", "ep=2")),
     ("mixtral", "dp_shard=2"),
     ("mixtral", "pp=2"),
-    ("qwen2", "one process"),
     ("qwen2", "tp=2"),  # the q/k biases' rows permuted and sharded as their weights'
-    ("qwen3", "one process"),
     ("qwen3", "tp=2"),  # each rank's heads normed with the whole gains
     ("qwen3", "dp_shard=2 x tp=2"),
-    ("qwen3_moe", "one process"),
     ("qwen3_moe", "tp=2"),
     ("qwen3_moe", "dp_shard=2 x tp=2"),
     ("qwen3_moe", "ep=2"),
-    ("deepseek_v3", "one process"),
     ("deepseek_v3", "dp_shard=2"),
     ("deepseek_v3", "pp=2"),
-    ("deepseek_v2", "one process"),
 ]
 
 
