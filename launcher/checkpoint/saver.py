@@ -137,6 +137,7 @@ class Checkpointer:
         self.rank, self.meta = rank, meta
         self.pending: tuple[Future | None, threading.Event] | None = None
         self.refused: SaveFailed | None = None  # a save written but not published (_finish)
+        self.error: Exception | None = None  # what stopped _finish (not a traceback of its own)
         self.group = None
         if dist.is_initialized():
             self.group = dist.new_group(backend="gloo")
@@ -163,6 +164,8 @@ class Checkpointer:
         def finish(f: Future | None) -> None:
             try:
                 self._finish(f, step, partial, final, meta)
+            except Exception as e:  # a peer gone mid-gather: wait() raises it on the main thread
+                self.error = e
             finally:
                 done.set()
 
@@ -242,6 +245,9 @@ class Checkpointer:
                     done.wait()
                     raise self.failed(self.pending_step, self.pending_partial, e) from None
             done.wait()
+        if (error := self.error) is not None:
+            self.error = None  # the engine reports a peer gone in one line (engine.py)
+            raise error
         if (refused := self.refused) is not None:
             self.refused = None  # a rank had no room left for its sums: as a failed save
             raise refused

@@ -315,3 +315,30 @@ def test_a_save_that_fills_the_disk_says_so_when_torch_hides_the_os_error(tmp_pa
         failed = saver.failed(4, partial, error)
         assert not partial.exists()
     assert "step 4 could not be written: No space left on device" in failed.message
+
+
+def test_a_peer_gone_while_a_save_is_published_is_raised_by_wait_not_printed(tmp_path, monkeypatch):
+    """The sums' gather runs in the save's own thread: a peer gone there (its node lost)
+    is raised by the next wait() on the main thread, which prints it in one line
+    (engine.py), and not as a thread's traceback (CI's elastic run, 2026-11-29)."""
+    import threading
+
+    import torch
+
+    from launcher.runtime.failures import peer_gone
+
+    gone = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:5518. GLHF")
+    unhandled = []
+    monkeypatch.setattr(threading, "excepthook", unhandled.append)
+    saver = Checkpointer(tmp_path, keep=1, async_save=False, rank=0, meta=lambda step: {})
+
+    def gather_fails(*args):
+        raise gone
+
+    monkeypatch.setattr(saver, "_finish", gather_fails)
+    saver.save(3, {"w": torch.ones(4)})
+    with pytest.raises(RuntimeError) as raised:
+        saver.wait()
+    assert raised.value is gone and unhandled == []
+    assert "a peer process is gone (Connection closed by peer" in peer_gone(raised.value)
+    saver.wait()  # raised once: nothing pending after it
