@@ -56,7 +56,7 @@ from launcher.hf.config_json import (
     to_hf_config,
     unsupported,
 )
-from launcher.hf.names import check, sources
+from launcher.hf.names import check, held_depths, sources
 from launcher.runtime.scratch import command, output_problem, writing
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -211,7 +211,7 @@ def hf_model(hf_dir: Path) -> tuple[dict, dict]:
     """(config.json, our model fields) of a usable Hugging Face directory, or exit 2."""
     try:
         hf = read_config(hf_dir)
-        fields = model_fields(hf)
+        fields = held_depths(hf_dir, model_fields(hf))
     except HFConfigError as e:
         fail(str(e))
     problems = [f"config.json has {u}" for u in unsupported(hf)] or check(hf_dir, fields)
@@ -254,8 +254,8 @@ def _name(hf_dir: Path) -> str:
 
 
 def model_config_command(hf_dir: Path, name: str | None) -> int:
-    hf, _ = hf_model(hf_dir)
-    sys.stdout.write(preset_yaml(name or _name(hf_dir), str(hf_dir), hf))
+    hf, fields = hf_model(hf_dir)
+    sys.stdout.write(preset_yaml(name or _name(hf_dir), str(hf_dir), hf, fields))
     return 0
 
 

@@ -126,9 +126,12 @@ def load_model(entry, device: str):
     if damaged:
         fail(f"{entry.path} is damaged: {'; '.join(damaged)}")
     tensors = stream.model_tensors(entry)
+    # Multi-token prediction's depths train only: built without them, their tensors unread.
+    ahead = {f"mtp.{k}." for k in range(config.get("mtp_depth") or 0)}
+    tensors = {k: m for k, m in tensors.items() if not k.startswith(tuple(ahead))}
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     with torch.device("meta"):
-        model = models.build(config["family"], {**config, "dropout": 0.0})
+        model = models.build(config["family"], {**config, "dropout": 0.0, "mtp_depth": 0})
     # Its buffers (RoPE tables, routers' counters) come from the config; a tied weight is
     # loaded under either of its names.
     to_empty(model.to(dtype), device)

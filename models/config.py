@@ -70,3 +70,14 @@ class ModelConfig:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # Multi-token prediction (deepseek; the DeepSeek-V3 report's section 2.2): mtp_depth more
+    # modules after the last block, the k-th predicting the token k + 1 ahead from the one
+    # before it and the embedding of the token k ahead, through one block of its own; the
+    # embedding and the output head are the model's. Their mean loss, times mtp_loss_weight,
+    # is added to the next-token loss in training, and times mtp_loss_weight_after once the
+    # run has trained on mtp_loss_weight_switch_tokens tokens (0: never; V3: 0.3 for its
+    # first 10T tokens, then 0.1). Generation and evaluation use the model without them.
+    mtp_depth: int = 0
+    mtp_loss_weight: float = 0.3
+    mtp_loss_weight_after: float = 0.1
+    mtp_loss_weight_switch_tokens: int = 0

@@ -18,11 +18,12 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from models.layers import AttentionCore, RMSNorm, apply_rope, rope_table
+from models.layers import IGNORE, AttentionCore, RMSNorm, apply_rope, rope_table
 from models.llama import LlamaArgs, Transformer, TransformerBlock
-from models.moe import MoE, Router
+from models.moe import MoE, Router, attach_loss
 
 # The latent norms' epsilon: DeepSeek's reference code and transformers' both build them with
 # their default, whatever rms_norm_eps the block norms use.
@@ -57,6 +58,8 @@ class DeepSeekArgs(LlamaArgs):
     rope_yarn_beta_slow: float
     rope_yarn_mscale: float
     rope_yarn_mscale_all_dim: float
+    mtp_depth: int
+    mtp_loss_weight: float
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -157,7 +160,107 @@ class MLAttention(nn.Module):
         return self.wo(out.transpose(1, 2).reshape(b, s, -1))  # (B, S, D)
 
 
+class PredictionDepth(nn.Module):
+    """One multi-token-prediction module (the DeepSeek-V3 report, section 2.2): position i's
+    hidden state from the depth before and the embedding of the token k ahead, each
+    RMS-normed, concatenated (the embedding first, as the released checkpoint's eh_proj
+    expects: vLLM and Megatron-Core concatenate so), projected back to dim and through one
+    block; `norm` is the norm before the shared output head (HF: shared_head.norm).
+    Returns (its hidden state, which the next depth reads; that state normed for the head)."""
+
+    def __init__(self, args: DeepSeekArgs, block: nn.Module):
+        super().__init__()
+        self.enorm = RMSNorm(args.dim, args.norm_eps)
+        self.hnorm = RMSNorm(args.dim, args.norm_eps)
+        self.eh_proj = nn.Linear(2 * args.dim, args.dim, bias=False)
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.block = block
+
+    def forward(self, h, embedded, rope, positions=None, documents=None):
+        x = self.eh_proj(torch.cat([self.enorm(embedded), self.hnorm(h)], dim=-1))
+        h = self.block(x, rope, positions, documents)
+        return h, self.norm(h)
+
+
 class DeepSeek(Transformer):
+    def __init__(self, args: DeepSeekArgs):
+        super().__init__(args)
+        # The prediction depths' blocks are numbered after the model's (HF: layer n_layers + k).
+        self.mtp = nn.ModuleDict(
+            {
+                str(k): PredictionDepth(args, self.make_block(args, args.n_layers + k))
+                for k in range(args.mtp_depth)
+            }
+        )
+        # Each depth's mean loss, summed over the training forwards since the engine read it.
+        self.mtp_loss_sum = torch.zeros(max(args.mtp_depth, 1))
+        # The gradient scale of the attached loss (the trainer: 1 / micro-batches).
+        self.mtp_grad_scale = 1.0
+        # The whole sequence's length where this rank holds part of it (context parallelism:
+        # the trainer sets it), so that each rank's share of a depth's mean is over the whole
+        # sequence's positions with a target; None: the sequence given is whole.
+        self.mtp_whole: int | None = None
+        # The depths' loss weight now (the trainer moves it to mtp_loss_weight_after).
+        self.mtp_weight = args.mtp_loss_weight
+        # Whether a training forward adds to mtp_loss_sum (off for a pipeline stage's shape
+        # inference, as models.moe's count_steps).
+        self.count_steps = True
+
+    def forward(self, tokens, positions=None, documents=None, future=None) -> torch.Tensor:
+        """As Transformer.forward; future (B, S, mtp_depth + 1) (layers.future_tokens) in training:
+        the prediction depths' loss is attached to the logits (its gradient starts in their
+        backward) and each depth's value summed into mtp_loss_sum."""
+        h, rope = self.features(tokens, positions, documents)
+        if self.output is None:
+            return h
+        logits = self.output(h)
+        if future is None or not len(self.mtp) or not self.training:
+            return logits
+        losses = []
+        whole = self.mtp_whole or h.shape[1]
+        for k, depth in enumerate(self.mtp.values()):
+            embedded = self.tok_embeddings(future[..., k].clamp(min=0))  # t_{i+k+1}
+            h, normed = depth(h, embedded, rope, positions, documents)
+            ahead = self.output(normed).flatten(0, 1).float()
+            target = future[..., k + 1].flatten()  # t_{i+k+2}; IGNORE past the end
+            total = F.cross_entropy(ahead, target, ignore_index=IGNORE, reduction="sum")
+            # The mean over the whole sequence's positions that have a target (k + 1 fewer
+            # than it has): each context-parallel rank's share of it.
+            losses.append(total / target.numel() * (whole / (whole - k - 1)))
+        losses = torch.stack(losses)
+        value = losses.detach()  # a replicated DTensor under loss parallelism: its value
+        value = value.full_tensor() if hasattr(value, "full_tensor") else value
+        if self.count_steps:
+            self.mtp_loss_sum = self.mtp_loss_sum.to(value.device) + value
+        weight = self.mtp_weight / len(losses)
+        return attach_loss(logits, weight * losses.sum(), self.mtp_grad_scale)
+
+    def as_stage(self, first: bool, last: bool) -> None:
+        """As Transformer's, and the prediction depths on the last stage, which keeps a copy of
+        the token table too (they embed the tokens ahead with it: pipeline_tied)."""
+        super().as_stage(first or (last and len(self.mtp) > 0), last)
+        if not last:
+            self.mtp = nn.ModuleDict()
+
+    def pipeline_tied(self) -> tuple[str, str] | None:
+        if len(self.mtp):
+            return "tok_embeddings.weight", "tok_embeddings.weight"
+        return super().pipeline_tied()
+
+    def blocks(self) -> list[tuple[int, nn.Module]]:
+        n = self.args.n_layers
+        return [*super().blocks(), *((n + int(k), d.block) for k, d in self.mtp.items())]
+
+    def set_block(self, index: int, block: nn.Module) -> None:
+        if index < self.args.n_layers:
+            super().set_block(index, block)
+        else:
+            self.mtp[str(index - self.args.n_layers)].block = block
+
+    def init_buffers(self) -> None:
+        super().init_buffers()
+        self.mtp_loss_sum = torch.zeros_like(self.mtp_loss_sum, device=self.rope.device)
+
     def make_block(self, args: DeepSeekArgs, index: int) -> nn.Module:
         attention = MLAttention(args)
         if index < args.n_dense_layers:  # a dense SwiGLU MLP of ffn_dim

@@ -71,6 +71,9 @@ class Family:
     # Its blocks' feed-forward: DENSE (the MLP), ROUTED (routed experts in every block), or
     # DENSE_FIRST (the first model.n_dense_layers blocks dense, routed experts after).
     feed_forward: str = DENSE
+    # Multi-token prediction (model.mtp_depth): a depth's own parameters beside its block
+    # (mtp.{k}.block, numbered as layer n_layers + k), or None where the model has none.
+    prediction_depth: Callable[..., Shapes] | None = None
     # torchtitan's model of this family, which the benchmarks run as a peer (launcher/bench/
     # titan.py, titan_moe.py): "llama3" (its Llama3Model), "deepseek_v3" (its DeepSeekV3Model),
     # "qwen3_moe_blocks" (its Qwen3Model of MoE blocks without q/k norms: Mixtral's shape),
@@ -98,6 +101,10 @@ class Family:
     # counting their heads, or 1 for one head's width (a per-head norm's gain).
     hf_rotate_half: dict[str, str | int] = field(default_factory=dict)
     hf_moe: dict[str, str] = field(default_factory=dict)
+    # Multi-token prediction there: a depth's own parameters (ours -> theirs, under the layer
+    # numbered after the model's), and the model's parameters it holds copies of.
+    hf_depth: dict[str, str] = field(default_factory=dict)
+    hf_depth_copies: dict[str, str] = field(default_factory=dict)
 
     def block(self, m, moe: bool) -> Shapes:
         """One block's parameters (under layers.{i}): a dense one, or one with routed experts."""
@@ -124,7 +131,16 @@ class Family:
             for i in range(m.n_layers)
             for k, v in self.block(m, moe=i >= moe_from).items()
         }
-        return {**self.embedding.tensors(m), **blocks, **self.head(m)}
+        return {**self.embedding.tensors(m), **blocks, **self.head(m), **self.ahead(m)}
+
+    def ahead(self, m) -> Shapes:
+        """The multi-token-prediction depths' parameters (none at mtp_depth 0)."""
+        out = {}
+        for k in range(m.mtp_depth if self.prediction_depth else 0):
+            block = self.block(m, moe=m.n_layers + k >= shapes.dense_layers(m))
+            out.update({f"mtp.{k}.{n}": v for n, v in self.prediction_depth(m).items()})
+            out.update({f"mtp.{k}.block.{n}": v for n, v in block.items()})
+        return out
 
     def problems(self, m) -> list[str]:
         """What a model config asks of this family that its model does not do: routed experts
@@ -142,6 +158,11 @@ class Family:
                 f"model.n_dense_layers={m.n_dense_layers}: every layer of a {self.name} model "
                 f"is an MoE one (dense first layers: "
                 f"{_named(lambda f: f.feed_forward == DENSE_FIRST)})"
+            )
+        if m.mtp_depth and self.prediction_depth is None:
+            out.append(
+                f"model.mtp_depth={m.mtp_depth}: a {self.name} model has no multi-token "
+                f"prediction (the families with it: {_named(lambda f: f.prediction_depth)})"
             )
         missing = [f for f in self.attention.needs if not getattr(m, f)]
         if missing:
@@ -240,6 +261,20 @@ _HF_QWEN3_MOE = {
     "feed_forward.experts.w2": "mlp.experts.{e}.down_proj.weight",
     "feed_forward.experts.w3": "mlp.experts.{e}.up_proj.weight",
 }
+# DeepSeek-V3's multi-token prediction in its checkpoints: depth k is model.layers.{n_layers
+# + k}, its block's tensors named as a layer's, its own ones below, and copies of the token
+# table and the output head beside them (the report's MTP shares both with the model: they
+# are written on export and the model's own are read).
+_HF_DEPTH = {
+    "enorm.weight": "enorm.weight",
+    "hnorm.weight": "hnorm.weight",
+    "eh_proj.weight": "eh_proj.weight",
+    "norm.weight": "shared_head.norm.weight",
+}
+_HF_DEPTH_COPIES = {
+    "tok_embeddings.weight": "embed_tokens.weight",
+    "output.weight": "shared_head.head.weight",
+}
 # config.json keys of each family's own fields: (config.json key, model config field).
 _HF_HEAD_DIM = (("head_dim", "head_dim"),)  # DeepSeek's config.json has one too: its rope width
 _HF_DEEPSEEK_KEYS = (
@@ -258,6 +293,7 @@ _HF_DEEPSEEK_KEYS = (
     ("topk_group", "topk_group"),
     ("norm_topk_prob", "norm_topk_prob"),
     ("routed_scaling_factor", "routed_scaling_factor"),
+    ("num_nextn_predict_layers", "mtp_depth"),
 )
 
 
@@ -447,6 +483,7 @@ FAMILIES: dict[str, Family] = {
             tp_shared=("attention.shared_key",),
             tp_local_input=("attention",),
             feed_forward=DENSE_FIRST,
+            prediction_depth=shapes.prediction_depth,
             # deepseek_v3: sigmoid router scores with a correction bias and group-limited
             # choice; deepseek_v2: softmax, greedy top-k. Absent routing keys take transformers'
             # defaults for the type. DeepSeek's checkpoints keep RoPE rows in interleaved pairs,
@@ -456,8 +493,14 @@ FAMILIES: dict[str, Family] = {
                     "deepseek_v3",
                     "DeepseekV3ForCausalLM",
                     "sigmoid",
-                    dict(n_group=8, topk_group=4, norm_topk_prob=True, routed_scaling_factor=2.5),
-                    dict(attention_bias=False, rope_interleave=True, num_nextn_predict_layers=0),
+                    dict(
+                        n_group=8,
+                        topk_group=4,
+                        norm_topk_prob=True,
+                        routed_scaling_factor=2.5,
+                        num_nextn_predict_layers=0,
+                    ),
+                    dict(attention_bias=False, rope_interleave=True),
                 ),
                 HFType(
                     "deepseek_v2",
@@ -468,6 +511,7 @@ FAMILIES: dict[str, Family] = {
                         topk_group=None,
                         norm_topk_prob=False,
                         routed_scaling_factor=1.0,
+                        num_nextn_predict_layers=0,
                     ),
                     dict(attention_bias=False, topk_method="greedy", mlp_bias=False),
                 ),
@@ -478,6 +522,8 @@ FAMILIES: dict[str, Family] = {
             hf_unsupported=_deepseek_unsupported,
             hf_attention=_HF_MLA,
             hf_moe=_HF_DEEPSEEK_MOE,
+            hf_depth=_HF_DEPTH,
+            hf_depth_copies=_HF_DEPTH_COPIES,
         ),
     )
 }

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.init import ONES, ZEROS, Rule, init_whole, normal
-from models.layers import AttentionCore, dropout, token_positions
+from models.layers import AttentionCore, BlockStack, dropout, token_positions
 
 
 @dataclass(kw_only=True)
@@ -114,8 +114,10 @@ class Block(nn.Module):
         return x + dropout(self.feed_forward(self.ffn_norm(x)), drop)
 
 
-class GPT(nn.Module):
+class GPT(BlockStack, nn.Module):
     """Token ids (B, S) -> logits (B, S, V), or hidden states on a stage without the head."""
+
+    INPUT = "embed"
 
     def __init__(self, args: GPTArgs):
         super().__init__()

@@ -320,3 +320,53 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(swiglu(self.w1(x), self.w3(x)))
+
+
+# The target of a position that has no token to predict (cross-entropy's ignore_index).
+IGNORE = -100
+
+
+def future_tokens(targets: torch.Tensor, depth: int) -> torch.Tensor:
+    """(B, S, depth + 1) of targets (B, S): column k holds the token k + 1 ahead of each
+    position (column 0 is `targets`, the next token), IGNORE where the sequence has none:
+    what multi-token prediction's depths embed and predict."""
+    s = targets.shape[1]
+    out = targets.new_full((*targets.shape, depth + 1), IGNORE)
+    for k in range(depth + 1):
+        out[:, : s - k, k] = targets[:, k:]
+    return out
+
+
+class BlockStack:
+    """What the engine asks of a model whose blocks are `layers` (an nn.ModuleDict by index)
+    between its input (the attribute INPUT) and its head (`norm`, `output`), any of which a
+    pipeline stage may hold as None."""
+
+    INPUT = "tok_embeddings"
+
+    def blocks(self) -> list[tuple[int, nn.Module]]:
+        """(index, block) of every block this model (or stage) holds, those after the output
+        head's too (deepseek's prediction depths, numbered after the layers)."""
+        return [(int(i), block) for i, block in self.layers.items()]
+
+    def set_block(self, index: int, block: nn.Module) -> None:
+        """Put `block` in place of block `index` (an engine's wrapper of it)."""
+        self.layers[str(index)] = block
+
+    def as_stage(self, first: bool, last: bool) -> None:
+        """Keep, besides its layers, what a pipeline stage holds: the input on the first stage,
+        the final norm and the output head on the last."""
+        if not first:
+            setattr(self, self.INPUT, None)
+        if not last:
+            self.norm, self.output = None, None
+
+    def pipeline_tied(self) -> tuple[str, str] | None:
+        """(its name on the first stage, on the last) of a matrix both ends of a pipeline hold,
+        or None: the token table and a tied output projection."""
+        output = getattr(self, "output", None)
+        if output is None:
+            return None
+        named = self.named_parameters(remove_duplicate=False)
+        names = [n for n, p in named if p is output.weight]
+        return (names[0], names[-1]) if len(names) > 1 else None

@@ -16,6 +16,7 @@ from torch import nn
 from models.init import ONES, Rule, init_whole, normal
 from models.layers import (
     AttentionCore,
+    BlockStack,
     FeedForward,
     RMSNorm,
     apply_rope,
@@ -142,7 +143,7 @@ class TransformerBlock(nn.Module):
         return x + dropout(self.feed_forward(self.ffn_norm(x)), drop)
 
 
-class Transformer(nn.Module):
+class Transformer(BlockStack, nn.Module):
     """Token ids (B, S) -> logits (B, S, V), or hidden states on a stage without the head."""
 
     def __init__(self, args: LlamaArgs):
@@ -205,7 +206,19 @@ class Transformer(nn.Module):
         (S,) or (B, S): each token's position in its sequence (a context-parallel rank holds
         tokens from several places); None means 0..S-1. documents (B, S) of the whole
         sequence: document masking (models.layers)."""
-        h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
+        h, _ = self.features(tokens, positions, documents)
+        return self.output(h) if self.output is not None else h
+
+    def features(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        documents: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the hidden states the output head reads, normed where this stage holds the final
+        norm; the RoPE angles the blocks used), as forward takes its arguments."""
+        embeds = self.tok_embeddings is not None and not tokens.is_floating_point()
+        h = self.tok_embeddings(tokens) if embeds else tokens
         # Without positions the whole table: under sequence parallelism h holds a slice of the
         # sequence here, and attention, which sees all of it, takes the first S rows itself.
         # With them, their angles, looked up once for every layer.
@@ -215,5 +228,4 @@ class Transformer(nn.Module):
             rope = self.rope if positions is None else self.rope[positions]
         for layer in self.layers.values():
             h = layer(h, rope, positions, documents)
-        h = self.norm(h) if self.norm is not None else h
-        return self.output(h) if self.output is not None else h
+        return (self.norm(h) if self.norm is not None else h), rope

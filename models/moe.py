@@ -359,6 +359,11 @@ class _AttachLoss(torch.autograd.Function):
         return grad, torch.full_like(loss, ctx.scale), None
 
 
+def attach_loss(x: torch.Tensor, loss: torch.Tensor, scale: float) -> torch.Tensor:
+    """x, whose backward also starts `loss`'s gradient with `scale` (_AttachLoss)."""
+    return _AttachLoss.apply(x, loss, scale)
+
+
 def _no_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
@@ -477,4 +482,4 @@ class MoE(nn.Module):
             loss = loss + self.seq_aux_loss_coef * per_seq
         if counting:
             self.aux_loss_sum = self.aux_loss_sum.to(loss.device) + loss.detach()
-        return _AttachLoss.apply(out, loss, self.parallel.aux_grad_scale)
+        return attach_loss(out, loss, self.parallel.aux_grad_scale)

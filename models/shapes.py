@@ -291,6 +291,17 @@ TOKENS = Embedding(token_table)
 TOKENS_AND_POSITIONS = Embedding(token_and_position_tables, ("max_seq_len",))
 
 
+def prediction_depth(m) -> Shapes:
+    """A multi-token-prediction depth's own parameters beside its block (under `block.`): the
+    norms of its two inputs, their projection back to dim, its norm before the shared head."""
+    return {
+        **rms_norm("enorm", m.dim),
+        **rms_norm("hnorm", m.dim),
+        **linear("eh_proj", m.dim, 2 * m.dim),
+        **rms_norm("norm", m.dim),
+    }
+
+
 SWIGLU = MLP(swiglu, gates=2, saved=3)
 GELU = MLP(gelu_mlp, gates=1, saved=2)
 

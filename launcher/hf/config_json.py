@@ -163,6 +163,11 @@ def _yarn_fields(rope: dict, max_seq_len: int) -> dict:
     return out
 
 
+# Fields a model may have fewer of than the checkpoint: its multi-token-prediction depths (a
+# run that trains the next token only leaves them out; their tensors are then not read).
+MAY_LEAVE_OUT = ("mtp_depth",)
+
+
 def mismatches(hf: dict, model: dict) -> list[str]:
     """`num_key_value_heads=8 but model.n_kv_heads=4` for every field that differs.
 
@@ -178,6 +183,8 @@ def mismatches(hf: dict, model: dict) -> list[str]:
         ours["head_dim"] = ours["dim"] // ours["n_heads"]
     theirs = model_fields(hf)
     for hf_key, field in _pairs(family):
+        if field in MAY_LEAVE_OUT and (ours.get(field) or 0) <= (theirs.get(field) or 0):
+            continue
         if theirs.get(field) != ours.get(field):
             out.append(f"{hf_key}={theirs.get(field)} but model.{field}={ours.get(field)}")
     if "score_func" in theirs and theirs["score_func"] != ours.get("score_func", "softmax"):
@@ -246,9 +253,10 @@ def to_hf_config(model: dict, dtype: str) -> dict:
     return out
 
 
-def preset_yaml(name: str, hf_dir: str, hf: dict) -> str:
-    """A conf/model preset for this config.json."""
-    fields = model_fields(hf)
+def preset_yaml(name: str, hf_dir: str, hf: dict, fields: dict | None = None) -> str:
+    """A conf/model preset for this config.json (`fields`: its model fields, as the directory
+    holds them; model_fields(hf) by default)."""
+    fields = fields or model_fields(hf)
     order = ["family", "dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim"]
     order += ["vocab_size", "max_seq_len", "rope_theta", "rope_scaling_factor"]
     order += [f for _, f in ROPE_LLAMA3[1:]]

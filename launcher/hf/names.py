@@ -35,6 +35,9 @@ class Source:
     names: tuple[str, ...]  # one tensor, or one per expert stacked along our dim 0
     shape: tuple[int, ...]  # of each of those tensors
     heads: int = 0  # > 0: a q/k projection of that many heads, rows in rotate-half order
+    # Tensors there that hold the same values again (the token table and the head beside
+    # DeepSeek-V3's prediction depths): written on export, never read.
+    copies: tuple[str, ...] = ()
 
 
 # Our name (under layers.{i}) -> Hugging Face name (under model.layers.{i}).
@@ -67,11 +70,24 @@ def sources(model: dict) -> dict[str, Source]:
     m = ModelConfig(**{k: v for k, v in model.items() if k in FIELDS})
     experts_from = shapes.dense_layers(m)
     tensors = fam.tensors(m)
-    out = {k: Source((hf,), tensors[k]) for k, hf in TOP.items() if k in tensors}
+    depths = [m.n_layers + k for k in range(m.mtp_depth if fam.hf_depth else 0)]
+    out = {
+        k: Source((hf,), tensors[k], copies=_copies(fam, k, depths))
+        for k, hf in TOP.items()
+        if k in tensors
+    }
     for ours, shape in tensors.items():
-        if not ours.startswith("layers."):
+        if ours.startswith("mtp."):  # a prediction depth: layer n_layers + k there
+            _, k, name = ours.split(".", 2)
+            i = m.n_layers + int(k)
+            if not name.startswith("block."):
+                out[ours] = Source((f"model.layers.{i}.{fam.hf_depth[name]}",), shape)
+                continue
+            name = name.removeprefix("block.")
+        elif ours.startswith("layers."):
+            _, i, name = ours.split(".", 2)
+        else:
             continue
-        _, i, name = ours.split(".", 2)
         routed = int(i) >= experts_from
         hf = {**NORMS, **fam.hf_attention, **(fam.hf_moe if routed else DENSE_MLP)}[name]
         hf = f"model.layers.{i}.{hf}"
@@ -86,8 +102,33 @@ def sources(model: dict) -> dict[str, Source]:
             # DeepSeek-V3's correction bias, a persistent buffer
             bias = "feed_forward.router.expert_bias"
             hf = f"model.layers.{i}.{fam.hf_moe[bias]}"
-            out[f"layers.{i}.{bias}"] = Source((hf,), (m.n_routed_experts,))
+            out[ours.replace("router.gate.weight", "router.expert_bias")] = Source(
+                (hf,), (m.n_routed_experts,)
+            )
     return out
+
+
+def held_depths(hf_dir: str | Path, fields: dict) -> dict:
+    """`fields` with model.mtp_depth cut to the prediction depths the directory holds tensors
+    of: transformers writes num_nextn_predict_layers=1 into every DeepSeek-V3 config.json it
+    saves, whether the checkpoint has that layer or not (its model has none)."""
+    fam = families.family(fields["family"])
+    if not fields.get("mtp_depth") or not fam.hf_depth:
+        return fields
+    headers = read_headers(hf_dir)
+    probe = next(iter(fam.hf_depth.values()))
+    held = 0
+    while held < fields["mtp_depth"] and (
+        f"model.layers.{fields['n_layers'] + held}.{probe}" in headers
+    ):
+        held += 1
+    return {**fields, "mtp_depth": held}
+
+
+def _copies(fam: families.Family, name: str, depths: list[int]) -> tuple[str, ...]:
+    """The tensors there that repeat our parameter `name` beside each prediction depth."""
+    copy = fam.hf_depth_copies.get(name)
+    return tuple(f"model.layers.{i}.{copy}" for i in depths) if copy else ()
 
 
 def read_headers(hf_dir: str | Path) -> dict[str, tuple[Path, tuple[int, ...], str]]:

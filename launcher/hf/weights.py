@@ -114,6 +114,8 @@ def to_hf(t: torch.Tensor, source: Source) -> Iterator[tuple[str, torch.Tensor]]
         yield source.names[0], to_rotate_half(t, source.heads)
     else:
         yield source.names[0], t
+    for copy in source.copies:  # the same values again (names.Source)
+        yield copy, t
 
 
 def shard_plan(table: dict[str, Source], itemsize: int, max_shard_bytes: int) -> list[list[str]]:
@@ -122,7 +124,7 @@ def shard_plan(table: dict[str, Source], itemsize: int, max_shard_bytes: int) ->
     groups: list[list[str]] = [[]]
     size = 0
     for name, source in table.items():
-        n = len(source.names) * itemsize
+        n = (len(source.names) + len(source.copies)) * itemsize
         for dim in source.shape:
             n *= dim
         if groups[-1] and size + n > max_shard_bytes:

@@ -132,7 +132,7 @@ def build(cfg: Config, layout: Layout, d: Dist, pp_rank: int) -> Built:
     plan = Plan.of(model)  # the full model's parameters, for every rank's initial values
     tied = None
     if layout.pp > 1:
-        tied = pipeline_parallel.tied_names(model)
+        tied = model.pipeline_tied()
         stages = pipeline_parallel.split(
             model, pp_rank, layout.pp, layout.stages_per_rank, layout.schedule, layout.stage_layers
         )

@@ -112,7 +112,7 @@ def apply_cp(model: nn.Module, group: dist.ProcessGroup, method: str) -> None:
     where tokens meet (MLA's too: its latent projections and RoPE are per token). The core
     keeps the model's attention dropout.
     """
-    for block in model.layers.values():
+    for _, block in model.blocks():
         block.attention.core = ContextAttention(group, method, block.attention.core.dropout)
 
 

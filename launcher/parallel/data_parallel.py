@@ -35,7 +35,7 @@ def apply_fsdp(
     mp = MixedPrecisionPolicy(param_dtype=DTYPES[param_dtype], reduce_dtype=DTYPES[reduce_dtype])
     placement = widest_when_few(mesh.size(-1))
 
-    for block in model.layers.values():
+    for _, block in model.blocks():
         experts = getattr(getattr(block, "feed_forward", None), "experts", None)
         if expert_mesh is not None and experts is not None:
             # Expert-parallel experts differ per ep rank: their own unit over the ranks that

@@ -46,12 +46,13 @@ warnings.filterwarnings(
 )
 
 
-def moe_layers(model: nn.Module) -> list[tuple[str, MoE]]:
-    """(layer index, MoE) of every MoE layer this model part holds."""
-    layers = getattr(model, "module", model).layers  # under DDP, the model it wraps
+def moe_layers(model: nn.Module) -> list[tuple[int, MoE]]:
+    """(block index, MoE) of every MoE layer this model part holds (a prediction depth's
+    too: models.llama.Transformer.blocks)."""
+    blocks = getattr(model, "module", model).blocks()  # under DDP, the model it wraps
     return [
-        (name, block.feed_forward)
-        for name, block in layers.items()
+        (i, block.feed_forward)
+        for i, block in blocks
         if isinstance(getattr(block, "feed_forward", None), MoE)
     ]
 
@@ -201,7 +202,7 @@ def balance_step(
     bias update from it, and the step's metrics: the balance losses (summed over layers, mean
     over forwards) and each layer's max / mean load (1 is perfect balance). `e`: the routed
     experts of every MoE layer."""
-    layers = [(int(i), moe) for part in parts for i, moe in moe_layers(part)]
+    layers = [(i, moe) for part in parts for i, moe in moe_layers(part)]
     device = layers[0][1].router.load.device if layers else torch.device("cpu")
     # Per layer: load per expert, the balance losses' sum, how many ranks ran it.
     stats = torch.zeros(n_layers, e + 2, dtype=torch.float64, device=device)

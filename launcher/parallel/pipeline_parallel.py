@@ -56,24 +56,19 @@ SCHEDULE_CLASSES = dict(
         strict=True,
     )
 )
-EMBEDDINGS = ("tok_embeddings", "embed")  # llama / mixtral, gpt
 
 
 def stage_module(
     model: nn.Module, first_layer: int, n_layers: int, first: bool, last: bool
 ) -> nn.Module:
-    """A copy of `model` holding layers [first_layer, first_layer + n_layers) only."""
+    """A copy of `model` holding layers [first_layer, first_layer + n_layers) only, and what
+    else the model keeps on a first or last stage (its as_stage)."""
     stage = copy.deepcopy(model)
     keep = {str(i) for i in range(first_layer, first_layer + n_layers)}
     for name in list(stage.layers.keys()):
         if name not in keep:
             del stage.layers[name]
-    if not first:
-        for attr in EMBEDDINGS:
-            if hasattr(stage, attr):
-                setattr(stage, attr, None)
-    if not last:
-        stage.norm, stage.output = None, None
+    stage.as_stage(first, last)
     return stage
 
 
@@ -91,27 +86,18 @@ def split(
     ]
 
 
-def tied_names(model: nn.Module) -> tuple[str, str] | None:
-    """(the embedding's name, the output projection's name) of a matrix the two share, or None
-    for a model without tied embeddings."""
-    output = getattr(model, "output", None)
-    if output is None:
-        return None
-    names = [n for n, p in model.named_parameters(remove_duplicate=False) if p is output.weight]
-    return (names[0], names[-1]) if len(names) > 1 else None
-
-
 @dataclass
 class TiedEmbedding:
     """A tied embedding under a pipeline, kept as Megatron keeps it: stage 0 holds the matrix
-    as its embedding and the last stage a copy as its output projection, both from the same
+    as its embedding and the last stage a copy as its output projection (or as the token table
+    its multi-token prediction reads: the model's pipeline_tied), both from the same
     initialisation. Their gradients are summed after backward (each is a part of the one
     matrix's gradient), so both take the same steps; the copy is counted once in the gradient
     norm and its optimizer states are saved under the embedding's name. On this rank:
     `embedding` if it holds stage 0, `copy` if it holds the last stage, `group` the two
     pipeline ranks (None when one rank holds both stages, as the V schedules place them)."""
 
-    names: tuple[str, str]  # (embedding, output projection)
+    names: tuple[str, str]  # (embedding, its copy on the last stage)
     embedding: nn.Parameter | None
     copy: nn.Parameter | None
     group: object | None
@@ -153,11 +139,17 @@ class Stage(PipelineStage):
         moes = [m for m in self.submod.modules() if isinstance(m, MoE)]
         for moe in moes:
             moe.parallelize(count_steps=False)
+        model = getattr(self.submod, "module", self.submod)  # under DDP, the model it wraps
+        counted = getattr(model, "count_steps", None)  # the model's own sums (deepseek's MTP)
+        if counted is not None:
+            model.count_steps = False
         try:
             return super()._forward_metadata_inference(*args, **kwargs)
         finally:
             for moe in moes:
                 moe.parallelize(count_steps=True)
+            if counted is not None:
+                model.count_steps = counted
 
 
 class ReshardingStage(Stage):

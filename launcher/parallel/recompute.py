@@ -125,11 +125,11 @@ def apply_ac(
     Under op, eager blocks recompute their row-parallel partial sums (_PartialSum); compiled
     ones keep them: the policy then runs while the graph is traced, not in step with Python
     hooks (and compile with tp is refused on CPU, so that could not be tested here)."""
-    for name, block in model.layers.named_children():
-        if not recomputed(int(name), every):
+    for index, block in model.blocks():
+        if not recomputed(index, every):
             continue
         if mode == "full":
-            model.layers[name] = checkpoint_wrapper(block)
+            model.set_block(index, checkpoint_wrapper(block))
         elif mode == "op":
             if not compiled:
                 block.register_forward_pre_hook(_PartialSum.clear)
@@ -137,12 +137,12 @@ def apply_ac(
                     if row_parallel(sub):
                         sub.register_forward_pre_hook(_PartialSum.mark)
             context = partial(_op_context, matmuls == "alternate")
-            model.layers[name] = checkpoint_wrapper(block, context_fn=context)
+            model.set_block(index, checkpoint_wrapper(block, context_fn=context))
         elif mode == "selective":
             block.attention.core = checkpoint_wrapper(block.attention.core)
 
 
 def apply_compile(model: nn.Module) -> None:
     """Compile each block in place (module names, hence checkpoints, are unchanged)."""
-    for block in model.layers.values():
+    for _, block in model.blocks():
         block.compile()

@@ -85,6 +85,11 @@ def apply_tp(
         root[fam.tp_embedding] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
     if sp:
         root["norm"] = SequenceParallel()
+        # Multi-token prediction's depths: their norms and projection run on the rank's
+        # sequence shard (replicated weights, gradients summed over tp), as the final norm.
+        for name in families.family(family).ahead(model.args):
+            if ".block." not in name:
+                root[name.rsplit(".", 1)[0]] = SequenceParallel(use_local_output=True)
     root["output"] = ColwiseParallel(
         input_layouts=residual,
         output_layouts=Shard(-1) if loss_parallel else Replicate(),
@@ -109,7 +114,7 @@ def apply_tp(
             waited_output(_find(model, fam.tp_embedding_sum or fam.tp_embedding))
 
     group = mesh.get_group()
-    for index, block in model.layers.items():
+    for index, block in model.blocks():
         plan = {
             name: styles[style]()
             for name, style in fam.tp_block.items()

@@ -62,6 +62,11 @@ def block_tensors(m: ModelConfig) -> tuple[int, int, int, int]:
     return len(fam.block(m, moe=False)), moe, len(fam.embedding.tensors(m)), len(fam.head(m))
 
 
+def ahead_own_tensors(m: ModelConfig) -> int:
+    """Multi-token prediction's own parameter tensors beside its blocks (which are layers)."""
+    return sum(1 for name in families.of(m).ahead(m) if ".block." not in name)
+
+
 def stage_bytes(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -> float:
     """Bytes of the states pipeline rank `rank` holds (summed over its data and tensor
     parallel ranks), for `layers` blocks of which `dense` are dense."""
@@ -75,7 +80,9 @@ def stage_bytes(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     tied_copy = 0.0
     if rank == last_stage_rank(lay.pp, lay.schedule):
         params, tensors = params + s.head, tensors + head_t
-        if m.tie_embeddings and lay.pp > 1:  # the last stage's own copy, with Adam states
+        params, tensors = params + s.ahead_own, tensors + ahead_own_tensors(m)
+        if (m.tie_embeddings or s.ahead_layers) and lay.pp > 1:
+            # the last stage's own copy of the token table, with Adam states
             params, tensors = params + m.vocab_size * m.dim, tensors + 1
         elif m.tie_embeddings:  # the state dict names the shared weight twice: written twice
             tied_copy = m.vocab_size * m.dim * master

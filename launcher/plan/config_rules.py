@@ -102,12 +102,12 @@ def heads(cfg):
 
 
 # The fields Family.problems reads: routed experts, dense first layers, those an attention
-# needs (MLA's).
+# needs (MLA's), multi-token prediction.
 @config_rule(
     "model",
     (
         "model.family", "model.n_routed_experts", "model.n_dense_layers", "model.kv_lora_rank",
-        "model.qk_rope_head_dim", "model.v_head_dim",
+        "model.qk_rope_head_dim", "model.v_head_dim", "model.mtp_depth",
     ),
 )  # fmt: skip
 def family_fields(cfg):

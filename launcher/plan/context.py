@@ -133,9 +133,17 @@ def loss_compiled(cfg: Config, lay: Layout) -> bool:
 
 @lru_cache(maxsize=4096)
 def rank_layers(
-    n_layers: int, n_dense: int, pp: int, v: int, schedule: str, split: tuple[int, ...] = ()
+    n_layers: int,
+    n_dense: int,
+    pp: int,
+    v: int,
+    schedule: str,
+    split: tuple[int, ...] = (),
+    ahead: int = 0,
+    ahead_dense: bool = False,
 ):
-    """Per pipeline rank: (layers, dense layers among them)."""
+    """Per pipeline rank: (layers, dense layers among them); `ahead`: multi-token prediction's
+    blocks, after the last layer on the last stage (dense ones or not)."""
     counts = list(split) or split_layers(n_layers, pp * v)
     starts = stage_starts(counts)
     out = []
@@ -143,33 +151,34 @@ def rank_layers(
         stages = rank_stages(r, pp, v, schedule)
         layers = sum(counts[i] for i in stages)
         dense = sum(max(0, min(starts[i] + counts[i], n_dense) - starts[i]) for i in stages)
+        if pp * v - 1 in stages:
+            layers, dense = layers + ahead, dense + (ahead if ahead_dense else 0)
         out.append((layers, dense))
     return tuple(out)
 
 
 @lru_cache(maxsize=4096)
-def recomputed_layers(
-    n_layers: int,
-    n_dense: int,
-    pp: int,
-    v: int,
-    schedule: str,
-    split: tuple[int, ...],
-    every: int,
-):
+def recomputed_layers(stage_shape: tuple, every: int):
     """Per pipeline rank: (recomputed dense layers, recomputed MoE layers): the layers whose
-    index in the model is a multiple of `every` (launcher.layout.recomputed)."""
+    index in the model is a multiple of `every` (launcher.layout.recomputed), multi-token
+    prediction's blocks numbered after the last layer. `stage_shape`: _stage_shape's."""
+    n_layers, n_dense, pp, v, schedule, split, ahead, ahead_dense = stage_shape
     counts = list(split) or split_layers(n_layers, pp * v)
     starts = stage_starts(counts)
     out = []
     for r in range(pp):
+        stages = rank_stages(r, pp, v, schedule)
         indices = [
             i
-            for stage in rank_stages(r, pp, v, schedule)
+            for stage in stages
             for i in range(starts[stage], starts[stage] + counts[stage])
             if recomputed(i, every)
         ]
         dense = sum(1 for i in indices if i < n_dense)
+        if pp * v - 1 in stages:
+            more = sum(1 for i in range(n_layers, n_layers + ahead) if recomputed(i, every))
+            indices += [n_layers] * more
+            dense += more if ahead_dense else 0
         out.append((dense, len(indices) - dense))
     return tuple(out)
 
@@ -179,7 +188,7 @@ def layout_recomputed(ctx: Context, lay: Layout):
     none without recompute."""
     if lay.recompute == "none":
         return ((0, 0),) * lay.pp
-    return recomputed_layers(*_stage_shape(ctx, lay), lay.recompute_every)
+    return recomputed_layers(_stage_shape(ctx, lay), lay.recompute_every)
 
 
 def layout_ranks(ctx: Context, lay: Layout):
@@ -189,9 +198,18 @@ def layout_ranks(ctx: Context, lay: Layout):
 
 def _stage_shape(ctx: Context, lay: Layout) -> tuple:
     """What places layers on pipeline ranks: layers, dense layers, pp, stages per rank,
-    schedule, layers per stage."""
+    schedule, layers per stage, multi-token prediction's blocks (dense or not)."""
     s = ctx.shape
-    return s.n_layers, s.n_dense_layers, lay.pp, lay.stages_per_rank, lay.schedule, lay.stage_layers
+    return (
+        s.n_layers,
+        s.n_dense_layers,
+        lay.pp,
+        lay.stages_per_rank,
+        lay.schedule,
+        lay.stage_layers,
+        s.ahead_layers,
+        not s.ahead_moe,
+    )
 
 
 @dataclass(frozen=True)
@@ -223,11 +241,14 @@ def rank_params(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     replicated = layers * (s.attn_replicated + s.attn_latent + s.norm_params)
     replicated += dense * s.mlp_replicated + moe_layers * s.router_params
     # A tied embedding under a pipeline: the last stage holds its own copy of the token
-    # embedding as its output projection (on rank 0 too under the V schedules).
-    tied_copy = m.vocab_size * m.dim if last and m.tie_embeddings and lay.pp > 1 else 0
+    # embedding as its output projection (on rank 0 too under the V schedules); so it does
+    # for multi-token prediction, which embeds the tokens ahead there.
+    copied = m.tie_embeddings or s.ahead_layers
+    tied_copy = m.vocab_size * m.dim if last and copied and lay.pp > 1 else 0
     emb = (s.embedding - s.positions if first else 0) + tied_copy
     replicated += s.positions if first else 0
     head = s.head if last else 0
+    replicated += s.ahead_own if last else 0  # the depths' norms and projection, whole
     return RankParams(
         dense=(tp_sharded + emb + head) / lay.tp + replicated,
         experts=moe_layers * s.expert_params / lay.ep,

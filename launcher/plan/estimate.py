@@ -185,7 +185,13 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
             act_b=ctx.act_b,
         )
     if last:  # the loss's peak, vocab-parallel over tp
-        other += tokens * m.vocab_size / lay.tp * loss_bytes_per_logit(ctx, lay)
+        # Multi-token prediction's depths computed theirs in forward and keep what their
+        # backward needs until it: one more peak each.
+        losses = 1 + s.ahead_layers
+        other += losses * tokens * m.vocab_size / lay.tp * loss_bytes_per_logit(ctx, lay)
+        # Each depth's inputs kept for backward: the token embedding and the hidden state
+        # (their norms'), the two joined (the projection's), and its norm before the head.
+        activations += inflight * tokens * s.ahead_layers * 5 * m.dim * ctx.act_b
     # The largest FSDP unit (one block) as this rank holds it.
     unit = (s.attn_params + s.dense_mlp_params) / lay.tp + s.attn_latent
     if ctx.moe:

@@ -68,6 +68,18 @@ class Shape:
     # and in a dense block's MLP.
     attn_matmul: int = 0
     dense_mlp_matmul: int = 0
+    # Multi-token prediction (model.mtp_depth): its blocks (MoE ones where the family routes
+    # after its dense first layers) and each depth's own norms and projection, on the last
+    # pipeline stage beside the head.
+    ahead_layers: int = 0
+    ahead_moe: bool = False
+    ahead_own: int = 0  # every depth's own parameters (norms, eh_proj), summed
+
+    @property
+    def ahead(self) -> int:
+        """Every prediction depth's parameters."""
+        block = self.moe_layer if self.ahead_moe else self.dense_layer
+        return self.ahead_layers * block + self.ahead_own
 
     @property
     def dense_layer(self) -> int:
@@ -103,6 +115,7 @@ class Shape:
             + self.head
             + self.n_dense_layers * self.dense_layer
             + self.n_moe_layers * self.moe_layer
+            + self.ahead
         )
 
 
@@ -131,6 +144,8 @@ def shape(m: ModelConfig) -> Shape:
 
     tokens = f"{fam.tp_embedding}.weight"
     embedding = fam.embedding.tensors(m)
+    ahead = fam.ahead(m)
+    ahead_own = {k: v for k, v in ahead.items() if ".block." not in k}
     w, mms = fam.attention.widths(m), fam.attention.matmuls(m)
     return Shape(
         n_layers=m.n_layers,
@@ -162,6 +177,9 @@ def shape(m: ModelConfig) -> Shape:
         n_heads=w.n_heads,
         d_qk=w.d_qk,
         d_v=w.d_v,
+        ahead_layers=m.mtp_depth if ahead else 0,
+        ahead_moe=moe,
+        ahead_own=count(ahead_own),
     )
 
 
@@ -199,16 +217,21 @@ def block_matmuls(m: ModelConfig, matmuls: str = "all") -> list[Matmul]:
 
 
 def active_matmul_params_per_token(s: Shape, m: ModelConfig) -> float:
-    """Weights each token multiplies by (forward), averaged over layers; output head included."""
+    """Weights each token multiplies by (forward), averaged over layers; output head included,
+    and each multi-token-prediction depth's block, projection and head."""
+    moe_layers = s.n_moe_layers + (s.ahead_layers if s.ahead_moe else 0)
+    dense_layers = s.n_dense_layers + (0 if s.ahead_moe else s.ahead_layers)
     moe_active = 0.0
-    if s.n_moe_layers:
+    if moe_layers:
         routed = m.top_k * 3 * m.dim * m.moe_ffn_dim
-        moe_active = s.n_moe_layers * (routed + s.moe_shared_params + s.router_params)
+        moe_active = moe_layers * (routed + s.moe_shared_params + s.router_params)
+    ahead = s.ahead_layers * (2 * m.dim * m.dim + m.vocab_size * m.dim)  # eh_proj, the head
     return (
-        s.n_layers * s.attn_matmul
-        + s.n_dense_layers * s.dense_mlp_matmul
+        (s.n_layers + s.ahead_layers) * s.attn_matmul
+        + dense_layers * s.dense_mlp_matmul
         + moe_active
         + m.vocab_size * m.dim
+        + ahead
     )
 
 
@@ -220,5 +243,5 @@ def flops_per_token(m: ModelConfig, seq_len: int, causal: bool = True) -> float:
     layer (6 L s H E for standard heads), or 6 s H (d_qk + d_v) counted without the mask.
     """
     s = shape(m)
-    attention = 3 * m.n_layers * seq_len * s.n_heads * (s.d_qk + s.d_v)
+    attention = 3 * (m.n_layers + s.ahead_layers) * seq_len * s.n_heads * (s.d_qk + s.d_v)
     return 6.0 * active_matmul_params_per_token(s, m) + attention * (1 if causal else 2)

@@ -106,6 +106,10 @@ RANGES: dict[str, Range] = {
     "model.qk_nope_head_dim": COUNT,
     "model.qk_rope_head_dim": COUNT,
     "model.v_head_dim": COUNT,
+    "model.mtp_depth": COUNT,
+    "model.mtp_loss_weight": COUNT,
+    "model.mtp_loss_weight_after": COUNT,
+    "model.mtp_loss_weight_switch_tokens": COUNT,
     # hardware
     "hardware.nodes": POSITIVE,
     "hardware.devices_per_node": POSITIVE,

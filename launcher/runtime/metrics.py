@@ -244,8 +244,9 @@ class MetricsLogger:
         elapsed = time.perf_counter() - self.start
         done = step - self.start_step
         eta = elapsed / done * (self.total - step) if done > 0 else 0.0
+        ahead = f"mtp_loss {m['mtp_loss']:.4f}  " if "mtp_loss" in m else ""
         line = (
-            f"step {step:>{len(str(self.total))}}/{self.total}  loss {m['loss']:.4f}  "
+            f"step {step:>{len(str(self.total))}}/{self.total}  loss {m['loss']:.4f}  {ahead}"
             f"lr {m['lr']:.2e}  grad_norm {m['grad_norm']:.3f}  "
             f"tok/s/dev {m['tokens_per_s']:,.0f}  mfu {m['mfu'] * 100:.1f}%  "
             f"eta {eta:,.0f}s"

@@ -177,10 +177,14 @@ class Optimizers:
         copied: another part on this rank may take the same one (the V schedules hold both
         halves of a tied matrix), and torch's optimizers keep the tensors they are given."""
         out = {}
+        aliased = self.aliases.get(id(part), {})
         for key in keys:
             saved = self._saved_key(part, key)
             value = state[saved]
-            out[key] = value.clone() if saved != key and isinstance(value, torch.Tensor) else value
+            # Aliased to its own name too (multi-token prediction's copy of the token table is
+            # named as the table): a tensor of its own, never the other part's.
+            own = saved != key or any(key.partition(".")[2].startswith(n + ".") for n in aliased)
+            out[key] = value.clone() if own and isinstance(value, torch.Tensor) else value
         return out
 
 

@@ -21,6 +21,7 @@ import time
 from contextlib import nullcontext
 from dataclasses import asdict
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -76,7 +77,7 @@ from launcher.runtime.launch import hydra_quoted
 from launcher.runtime.metrics import MetricsLogger
 from launcher.runtime.profiling import profiled, resumed_past
 from launcher.training.optim import build_optimizers, clip_grad_norm, lr_at
-from models.layers import document_ids
+from models.layers import document_ids, future_tokens
 from models.moe import expert_kernel
 
 
@@ -99,6 +100,22 @@ def build_model(cfg, seed: int) -> torch.nn.Module:
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy in fp32; logits (B, S, V), targets (B, S)."""
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+
+
+class Micro(NamedTuple):
+    """One micro-batch on a rank: inputs and targets (B, S), documents (B, S) under
+    data.attention=document (models.layers.document_ids), and with multi-token prediction the
+    tokens ahead (B, S, mtp_depth + 1) (models.layers.future_tokens); else None."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    docs: torch.Tensor | None
+    future: torch.Tensor | None = None
+
+
+def unwrapped(part: torch.nn.Module) -> torch.nn.Module:
+    """The model a part is (under DDP, the one it wraps)."""
+    return getattr(part, "module", part)
 
 
 def local(x: torch.Tensor) -> torch.Tensor:
@@ -133,6 +150,13 @@ class Trainer:
         for part in self.parts:
             for _, moe in moe_layers(part):
                 moe.parallelize(aux_grad_scale=1.0 / (micro * self.layout.tp))
+        # Multi-token prediction: its loss weighs 1 / micro-batches too, on the last stage.
+        self.mtp_depth = cfg.model.mtp_depth
+        if self.mtp_depth and self.last:
+            model = unwrapped(self.parts[-1])
+            model.mtp_grad_scale = 1.0 / micro
+            if self.layout.cp > 1:  # each rank holds a part of every sequence
+                model.mtp_whole = t.seq_len
         self.optimizers = build_optimizers(self.parts, self.layout, t, d, cfg.precision)
         self.params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
         self.copies = []  # parameters whose gradient another one holds too (clipping)
@@ -220,19 +244,21 @@ class Trainer:
 
     # -- one step, in named pieces -------------------------------------------------------
 
-    def prepare(self, micro: list) -> list:
-        """A rank's micro-batches on its device: (inputs, targets, documents), (B, S) each, or
-        under context parallelism the (B, S / cp) tokens at this rank's positions (documents
-        stay whole: every rank looks its keys' up). Each cp rank then holds the same number of
-        tokens, so the mean of their mean losses is the batch's mean. documents is None
-        unless data.attention=document (models.layers.document_ids)."""
+    def prepare(self, micro: list) -> list[Micro]:
+        """A rank's micro-batches on its device (Micro), (B, S) each, or under context
+        parallelism the (B, S / cp) tokens at this rank's positions (documents stay whole:
+        every rank looks its keys' up). Each cp rank then holds the same number of tokens, so
+        the mean of their mean losses is the batch's mean."""
         out = []
         for x, y in micro:
             x, y = x.to(self.d.device), y.to(self.d.device)
             docs = document_ids(x, self.eos_id) if self.documents else None
+            # Of the whole sequence: the tokens ahead of a cp rank's last one are another's.
+            future = future_tokens(y, self.mtp_depth) if self.mtp_depth else None
             if self.positions is not None:
                 x, y = x[:, self.positions], y[:, self.positions]
-            out.append((x, y, docs))
+                future = future[:, self.positions] if future is not None else None
+            out.append(Micro(x, y, docs, future))
         return out
 
     def train_context(self):
@@ -240,9 +266,40 @@ class Trainer:
         (and its backward) must run under loss_parallel(), which reduces across tp ranks."""
         return loss_parallel() if self.layout.loss_parallel else nullcontext()
 
-    def forward_loss(self, x: torch.Tensor, y: torch.Tensor, docs) -> torch.Tensor:
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor, docs, future=None) -> torch.Tensor:
+        """The next-token loss; with the tokens ahead (multi-token prediction) in training,
+        the prediction depths' loss is attached to the logits (models.deepseek) and starts in
+        their backward."""
+        ahead = {"future": future} if future is not None and self.parts[0].training else {}
         with torch.autocast(self.d.device.type, dtype=self.compute_dtype, enabled=self.autocast):
-            return self.loss(self.parts[0](x, self.positions, docs), y)
+            return self.loss(self.parts[0](x, self.positions, docs, **ahead), y)
+
+    def mtp_weight(self, samples: int) -> None:
+        """Multi-token prediction's loss weight for a step that starts after `samples`
+        sequences: model.mtp_loss_weight, then mtp_loss_weight_after from the step whose
+        tokens before it reach mtp_loss_weight_switch_tokens."""
+        m = self.cfg.model
+        if not self.mtp_depth or not self.last:
+            return
+        switch = m.mtp_loss_weight_switch_tokens
+        late = switch and samples * self.cfg.train.seq_len >= switch
+        unwrapped(self.parts[-1]).mtp_weight = (
+            m.mtp_loss_weight_after if late else m.mtp_loss_weight
+        )
+
+    def mtp_step(self) -> dict:
+        """Multi-token prediction's loss of the step, each depth's mean over micro-batches and
+        the data- and context-parallel ranks (mtp_loss: their mean over depths)."""
+        if not self.mtp_depth or not self.last:
+            return {}
+        model = unwrapped(self.parts[-1])
+        losses = model.mtp_loss_sum / self.layout.microbatches
+        model.mtp_loss_sum = torch.zeros_like(model.mtp_loss_sum)
+        losses = distributed.all_reduce_mean(losses, self.d.dp_cp_mesh).tolist()
+        out = {"mtp_loss": sum(losses) / len(losses), "mtp_weight": model.mtp_weight}
+        if len(losses) > 1:
+            out.update({f"mtp_loss/depth_{k + 1}": v for k, v in enumerate(losses)})
+        return out
 
     def forward_backward(self, micro: list) -> torch.Tensor | None:
         """Forward and backward of this rank's share of a global batch; its mean loss (None on
@@ -250,9 +307,9 @@ class Trainer:
         if self.schedule is not None:
             return self._pipeline_step(micro)
         total = torch.zeros((), device=self.d.device)
-        for i, (x, y, docs) in enumerate(micro):
+        for i, batch in enumerate(micro):
             with grad_sync(self.parts[0], sync=i == len(micro) - 1), self.train_context():
-                loss = self.forward_loss(x, y, docs)
+                loss = self.forward_loss(*batch)
                 # Each micro-batch holds the same number of tokens: the mean of the
                 # micro-batch means is the mean over this rank's share of the batch.
                 (loss / len(micro)).backward()
@@ -262,16 +319,18 @@ class Trainer:
     def _pipeline_step(self, micro: list) -> torch.Tensor | None:
         """The schedule runs every micro-batch; only the last stage sees losses (their mean,
         as each micro-batch holds the same number of tokens)."""
-        x = torch.cat([x for x, _, _ in micro])
-        y = torch.cat([y for _, y, _ in micro])
+        x = torch.cat([b.x for b in micro])
+        y = torch.cat([b.y for b in micro])
         losses: list[torch.Tensor] = []
         args = (x,) if self.first else ()
         kwargs = {"target": y, "losses": losses} if self.last else {}
         # Every stage's blocks need these; the schedule splits them with the batch.
         if self.positions is not None:
-            kwargs["positions"] = self.positions.expand(len(micro) * micro[0][0].shape[0], -1)
+            kwargs["positions"] = self.positions.expand(len(micro) * micro[0].x.shape[0], -1)
         if self.documents:
-            kwargs["documents"] = torch.cat([docs for _, _, docs in micro])
+            kwargs["documents"] = torch.cat([b.docs for b in micro])
+        if self.mtp_depth:  # the last stage's prediction depths read them
+            kwargs["future"] = torch.cat([b.future for b in micro])
         with self.train_context():
             self.schedule.step(*args, **kwargs)
         return torch.stack([local(x.detach()) for x in losses]).mean() if self.last else None
@@ -325,7 +384,7 @@ class Trainer:
         m = self.cfg.model
         return balance_step(
             self.parts,
-            m.n_layers,
+            m.n_layers + m.mtp_depth,
             m.n_routed_experts,
             self.layout.microbatches,
             m.bias_update_speed if applied else 0.0,
@@ -336,7 +395,7 @@ class Trainer:
         lay = self.layout
         with self.train_context():
             if self.schedule is None:
-                losses = [local(self.forward_loss(x, y, docs)) for x, y, docs in micro]
+                losses = [local(self.forward_loss(x, y, docs)) for x, y, docs, _ in micro]
                 return torch.stack(losses).mean()
             out = [
                 pipeline_parallel.forward_only(
@@ -349,7 +408,7 @@ class Trainer:
                     self.positions,
                     docs,
                 )
-                for x, y, docs in micro
+                for x, y, docs, _ in micro
             ]
             return torch.stack([local(o) for o in out]).mean() if self.last else None
 
@@ -380,6 +439,7 @@ class Trainer:
         t, d, s = self.cfg.train, self.d, self.train_state
         start = time.perf_counter()
         inject(d.rank, step)
+        self.mtp_weight(s.samples)
         with timed(f"forward/backward of step {step}", d.rank, t.timeout_s):
             loss = self.forward_backward(self.prepare(self.train_batches.at(s.samples)))
         if fault(d.rank, step) == "nan":  # this rank's share of a gradient only
@@ -387,6 +447,7 @@ class Trainer:
         with timed(f"optimizer step {step}", d.rank, t.timeout_s):
             lr, grad_norm, applied = self.optimizer_step(step, loss)
             balance = self.balance_step(applied)
+            ahead = self.mtp_step()
             step_loss = self.global_mean([loss])
         # A skipped step still consumes its batch: the data order stays a function of the step.
         s.step, s.samples = step, s.samples + t.global_batch_size
@@ -402,6 +463,7 @@ class Trainer:
             "step_time_s": elapsed,
             "peak_memory_gib": peak_memory_gib(d.device),
             **balance,
+            **ahead,
             **skipped,
         }
 

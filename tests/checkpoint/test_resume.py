@@ -26,6 +26,7 @@ MIDDLE, LAST = (f"checkpoints/step_{n:08d}" for n in (HALF, STEPS))
 FOUR = ["hardware.devices_per_node=4"]
 PP2 = ["hardware.devices_per_node=2", "parallel.pp=2", "parallel.dp_shard=1"]
 GPT_TIED = ["model=gpt_debug", "model.dropout=0.0", "model.tie_embeddings=true"]
+MTP = ["model=deepseek_debug", "model.mtp_depth=1"]
 LAYOUTS = {
     "fsdp dp_shard=2": ["hardware.devices_per_node=2"],
     "fsdp dp_shard=4": FOUR,
@@ -60,6 +61,10 @@ LAYOUTS = {
     "gpt tied pp=2 1f1b": [*GPT_TIED, *PP2],
     "gpt tied pp=2 zbv": [*GPT_TIED, *PP2, "pipeline=zbv"],
     "gpt tied one process": [*GPT_TIED, "hardware.devices_per_node=1"],
+    # Multi-token prediction: the last stage's copy of the token table (on rank 0 beside the
+    # first stage's under zbv) saved and loaded under the table's own name.
+    "mtp pp=2 zbv": [*MTP, *PP2, "pipeline=zbv"],
+    "mtp one process": [*MTP, "hardware.devices_per_node=1"],
     # A blend of three sources, document-masked: its order is a function of the step.
     "blend dp_shard=2": [*BLEND, "hardware.devices_per_node=2"],
     "blend tp=2": [*BLEND, "hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],
@@ -77,6 +82,7 @@ BITWISE = [
     "mixtral ep=2",
     "gpt tied pp=2 1f1b",
     "gpt tied pp=2 zbv",
+    "mtp pp=2 zbv",
     "blend dp_shard=2",
 ]
 RESHARD = [
@@ -91,6 +97,7 @@ RESHARD = [
     ("mixtral ep=2", "mixtral ep=4"),
     ("gpt tied pp=2 1f1b", "gpt tied one process"),
     ("gpt tied one process", "gpt tied pp=2 zbv"),
+    ("mtp pp=2 zbv", "mtp one process"),
     ("blend dp_shard=2", "blend tp=2"),
 ]
 

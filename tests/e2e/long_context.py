@@ -29,7 +29,7 @@ def job(out: Path, *overrides: str) -> None:
     assert plan.ok, plan.errors
     d = distributed.init("cpu", plan.layout)
     trainer = Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), d)
-    x, y, docs = trainer.prepare(trainer.train_batches.at(0))[0]
+    x, y, docs, _ = trainer.prepare(trainer.train_batches.at(0))[0]
     # Parameters and buffers (the RoPE table) are not activations. FSDP computes with unsharded
     # parameters that exist only from its pre-forward hook on, so each module's are noted when
     # the module itself is called.

@@ -87,6 +87,114 @@ def test_round_trip_is_bitwise(tmp_path, kind, dtype):
     assert torch.equal(hf_models.logits(again, x), hf_models.logits(original, x))
 
 
+def with_prediction_depth(src, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Add DeepSeek-V3's multi-token-prediction layer to a saved deepseek_v3 directory, as the
+    released checkpoint holds it (model.layers.61 there: the layer after the last): a block
+    shaped as an MoE layer (layer 1's tensors, perturbed), its own norms and eh_proj, and
+    copies of the token table and the head. Returns the tensors added."""
+    from safetensors.torch import save_file
+
+    before = tensors(src)
+    layers = json.loads((src / "config.json").read_text())["num_hidden_layers"]
+    g = torch.Generator().manual_seed(seed)
+
+    def noise(t: torch.Tensor) -> torch.Tensor:
+        return t + 0.1 * torch.randn(t.shape, generator=g, dtype=t.dtype)
+
+    at = f"model.layers.{layers}."
+    added = {
+        at + k.removeprefix("model.layers.1."): noise(t)
+        for k, t in before.items()
+        if k.startswith("model.layers.1.")
+    }
+    dim = before["model.norm.weight"].shape[0]
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        added[f"{at}{norm}.weight"] = 1 + 0.2 * torch.randn(dim, generator=g)
+    added[f"{at}eh_proj.weight"] = 0.05 * torch.randn(dim, 2 * dim, generator=g)
+    added[f"{at}embed_tokens.weight"] = before["model.embed_tokens.weight"].clone()
+    added[f"{at}shared_head.head.weight"] = before["lm_head.weight"].clone()
+    save_file(added, str(src / "mtp.safetensors"), metadata={"format": "pt"})
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"].update(dict.fromkeys(added, "mtp.safetensors"))
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    config = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}))
+    return added
+
+
+def test_deepseek_v3_prediction_depth_loads_and_exports_bitwise(tmp_path):
+    """A DeepSeek-V3-shaped directory whose checkpoint holds its multi-token-prediction layer:
+    from-hf reads it as model.mtp_depth=1 (each tensor where the model keeps it, the copies of
+    the token table and the head left unread), to-hf writes every tensor back bit for bit,
+    and transformers still builds the model (without the layer) with the same logits. A run
+    may leave the depth out (model.mtp_depth=0 starts from the same directory)."""
+    from launcher.hf.names import check
+
+    src = hf_models.save(hf_models.build("deepseek_v3"), tmp_path / "hf")
+    added = with_prediction_depth(src)
+    convert_here("from-hf", src, tmp_path / "ours")
+    meta = json.loads((tmp_path / "ours" / "meta.json").read_text())
+    assert meta["config"]["model"]["mtp_depth"] == 1
+    convert_here("to-hf", tmp_path / "ours", tmp_path / "back")
+    before, after = tensors(src), tensors(tmp_path / "back")
+    assert before.keys() == after.keys() and set(added) <= after.keys()
+    for name, t in before.items():
+        assert torch.equal(after[name].view(torch.uint8), t.view(torch.uint8)), name
+    back = json.loads((tmp_path / "back" / "config.json").read_text())
+    assert back["num_nextn_predict_layers"] == 1
+
+    from transformers import AutoModelForCausalLM
+
+    original = AutoModelForCausalLM.from_pretrained(src).eval()
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "back").eval()
+    x = torch.randint(0, 320, (2, 20))
+    assert torch.equal(hf_models.logits(again, x), hf_models.logits(original, x))
+
+    # The layer's tensors are where the model reads them: its first depth's logits against
+    # the report's formula evaluated with transformers' own decoder layer holding them.
+    from launcher.hf.weights import from_hf
+
+    model = dict(meta["config"]["model"])
+    ours = models.build("deepseek", model)
+    ours.load_state_dict(from_hf(src, model), strict=False)  # the RoPE table is derived
+    # transformers loads the layer's block as a fifth layer (its experts fused as it holds them).
+    longer = AutoModelForCausalLM.from_pretrained(src, num_hidden_layers=5).eval()
+    layer, at = longer.model.layers[4], "model.layers.4."
+    tokens = torch.randint(0, 320, (2, 21))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+
+    def rms(t, name):  # DeepSeek's RMSNorm, eps as config.json's
+        eps = original.config.rms_norm_eps
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * added[at + name]
+
+    with torch.no_grad():
+        h = original.model(x).last_hidden_state  # after the final norm
+        joined = torch.cat([rms(original.model.embed_tokens(y), "enorm.weight"),
+                            rms(h, "hnorm.weight")], dim=-1)  # fmt: skip
+        inner = joined @ added[at + "eh_proj.weight"].T
+        positions = torch.arange(x.shape[1])[None]
+        rope = original.model.rotary_emb(inner, positions)
+        out = layer(inner, position_ids=positions, position_embeddings=rope)
+        expected = original.lm_head(rms(out, "shared_head.norm.weight"))
+        h, table = ours.features(x)
+        depth = ours.mtp["0"]
+        got = ours.output(depth(h, ours.tok_embeddings(y), table)[1])
+    hf_models.assert_close(got, expected, "the prediction depth's logits")
+    # launcher.generate builds the model without its depth and reads everything else.
+    from launcher.convert import newest
+    from launcher.generate import load_model
+
+    served, _ = load_model(newest(tmp_path / "ours"), "cpu")
+    assert not len(served.mtp) and not any(k.startswith("mtp.") for k in served.state_dict())
+    with torch.no_grad():
+        assert torch.equal(served(x), ours.eval()(x))
+
+    assert check(src, model) == []
+    assert check(src, {**model, "mtp_depth": 0}) == []  # the depth left out
+    wrong = check(src, {**model, "mtp_depth": 2})
+    assert wrong and "num_nextn_predict_layers=1 but model.mtp_depth=2" in wrong[0]
+
+
 def test_trained_run_exports_to_transformers(tmp_path):
     """Start from HF on 2 processes, train 3 steps, to-hf: transformers' logits equal our
     final model's (gathered by train.save_final, run on one process)."""

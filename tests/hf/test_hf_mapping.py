@@ -215,14 +215,18 @@ def test_deepseek_mismatches_and_unsupported():
 @pytest.mark.parametrize("kind", ["deepseek_v3", "deepseek_v2"])
 def test_deepseek_preset_is_the_run_model(kind):
     """model-config's YAML, read into the schema, has every field the run overrides give
-    (the balance-loss settings, training-only, are not in config.json)."""
+    (the balance-loss settings, training-only, are not in config.json). transformers writes
+    num_nextn_predict_layers=1 into every DeepSeek-V3 config.json and saves no such layer: the
+    command counts the depths the directory holds (names.held_depths; test_convert's
+    prediction-depth row), as this model's, none."""
     from omegaconf import OmegaConf
 
     from launcher.config import ModelConfig
     from launcher.hf.config_json import preset_yaml
 
     hf = hf_config(kind)
-    yaml = preset_yaml("tiny", "/tmp/tiny", hf)
+    assert hf.get("num_nextn_predict_layers", 0) == (1 if kind == "deepseek_v3" else 0)
+    yaml = preset_yaml("tiny", "/tmp/tiny", hf, {**model_fields(hf), "mtp_depth": 0})
     preset = OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.create(yaml))
     run = compose_config(hf_models.RUN[kind]).model
     for field in model_fields(hf):

@@ -9,11 +9,13 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import compose_config
 
 import models
 from launcher.plan.model_size import shape
 from models.deepseek import DeepSeekArgs, yarn_frequencies, yarn_scales
+from models.layers import future_tokens
 
 PRESETS = ["deepseek_debug", "deepseek_v2_lite", "deepseek_v3", "kimi_k2"]
 
@@ -110,3 +112,91 @@ def test_initial_loss_is_near_uniform():
     logits = model(tokens[:, :-1])
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
     assert loss.item() == pytest.approx(math.log(cfg.model.vocab_size), rel=0.05)
+
+
+def rms(x: torch.Tensor, gain: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+
+def test_multi_token_prediction_is_the_reports():
+    """The prediction depths' loss against the DeepSeek-V3 report's formulas (section 2.2),
+    written here over sequences cut to what each depth predicts: depth k takes the main
+    model's normed hidden state h^0 (k = 1) or depth k-1's output over positions 1..T-k,
+    eh_proj([RMSNorm(Emb(t_{i+k})); RMSNorm(h^{k-1}_i)]) (the embedding first, as the
+    released weights are used by vLLM and Megatron-Core) through its block, the shared head
+    after its own norm; L_k the mean cross-entropy of t_{i+k+1}, and the loss added to the
+    next-token loss lambda / D * sum_k L_k. The model computes it over whole sequences with
+    the positions past the end ignored and attaches it to its logits: the logged values and
+    every parameter's gradient equal the reference's."""
+    depth, weight = 2, 0.3
+    cfg = compose_config(["model=deepseek_debug", f"model.mtp_depth={depth}", "model.dropout=0"])
+    m = cfg.model
+    model = models.build(m.family, vars(m))
+    model.init_weights(0)
+    with torch.no_grad():  # norm gains away from 1, so that each norm's weight is tested
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, m.vocab_size, (2, 33), generator=g)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    t = x.shape[1]
+
+    def ours():
+        model.zero_grad()
+        model.mtp_loss_sum.zero_()
+        logits = model(x, future=future_tokens(y, depth))
+        F.cross_entropy(logits.flatten(0, 1), y.flatten()).backward()
+        return model.mtp_loss_sum.clone(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    def reference():
+        model.zero_grad()
+        h, rope = model.features(x)
+        main = F.cross_entropy(model.output(h).flatten(0, 1), y.flatten())
+        losses = []
+        for k in range(1, depth + 1):
+            d = model.mtp[str(k - 1)]
+            h = h[:, : t - k]  # positions 1..T-k of the depth before
+            embedded = model.tok_embeddings(tokens[:, k:t])  # t_{i+k}
+            joined = torch.cat([rms(embedded, d.enorm.weight, d.enorm.eps),
+                                rms(h, d.hnorm.weight, d.hnorm.eps)], dim=-1)  # fmt: skip
+            h = d.block(joined @ d.eh_proj.weight.T, rope)
+            logits = rms(h, d.norm.weight, d.norm.eps) @ model.output.weight.T
+            losses.append(F.cross_entropy(logits.flatten(0, 1), tokens[:, k + 1 :].flatten()))
+        (main + weight / depth * sum(losses)).backward()
+        return torch.stack(losses).detach(), {
+            n: p.grad.clone() for n, p in model.named_parameters()
+        }
+
+    logged, grads = ours()
+    expected, expected_grads = reference()
+    torch.testing.assert_close(logged, expected, rtol=1e-5, atol=1e-6)
+    assert set(grads) == set(expected_grads)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert grads["mtp.1.eh_proj.weight"].abs().sum() > 0
+    model.eval()  # evaluation and generation: the next-token logits alone
+    assert torch.equal(model(x, future=future_tokens(y, depth)), model(x))
+
+
+def test_the_prediction_loss_weight_switches_after_its_tokens():
+    """V3's schedule (model.mtp_loss_weight 0.3, then mtp_loss_weight_after 0.1 once the run
+    has trained on mtp_loss_weight_switch_tokens tokens): the trainer sets the last stage's
+    model's weight before each step from the sequences trained so far, so a resumed run
+    weighs each step as the uninterrupted one did; 0 never switches."""
+    from types import SimpleNamespace
+
+    from launcher.training.trainer import Trainer
+
+    cfg = compose_config(["model=deepseek_v3", "train.seq_len=4096"])
+    assert cfg.model.mtp_loss_weight_switch_tokens == 10**13
+    model = SimpleNamespace(mtp_weight=None)
+    trainer = SimpleNamespace(cfg=cfg, mtp_depth=1, last=True, parts=[model])
+    weights = []
+    for samples in (0, 10**13 // 4096 - 1, 10**13 // 4096, 10**13 // 4096 + 5):
+        Trainer.mtp_weight(trainer, samples)
+        weights.append(model.mtp_weight)
+    assert weights == [0.3, 0.3, 0.1, 0.1]
+    cfg.model.mtp_loss_weight_switch_tokens = 0
+    Trainer.mtp_weight(trainer, 10**12)
+    assert model.mtp_weight == 0.3

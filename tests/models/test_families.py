@@ -21,6 +21,7 @@ import models
 from launcher.parallel.tensor_parallel import _find
 from launcher.plan.model_size import flops_per_token
 from models.families import FAMILIES, TP_ROUTED, family
+from models.layers import future_tokens
 
 # The debug presets, and what else a family's blocks may hold (MLA without a q latent).
 VARIANTS = {
@@ -31,6 +32,10 @@ VARIANTS = {
 # tensor_parallel.py), routers' gates and experts (expert parallelism's, not tp's), and the
 # layers the record's embedding and the head are.
 REPLICATED = ("wq_a", "wkv_a", "router.gate")
+
+
+# Multi-token prediction's depths (their blocks numbered after the model's).
+MTP = [["model=deepseek_debug", "model.mtp_depth=2"], ["model=deepseek_v3", "model.mtp_depth=1"]]
 
 
 def built(overrides: list[str]) -> nn.Module:
@@ -78,6 +83,7 @@ def test_every_dense_projection_of_a_block_is_in_the_tp_plan(name):
         *(o for variants in VARIANTS.values() for o in variants),
         ["model=llama3_debug", "model.tie_embeddings=true"],
         *([f"model={name}"] for name in ("llama3_8b", "gpt_175b", "mixtral_8x7b", "deepseek_v3")),
+        *MTP,
     ],
     ids=" ".join,
 )
@@ -123,16 +129,17 @@ def _grouped_mm_flops(a, b, *args, out_shape=None, **kwargs) -> int:
     return 2 * per_expert * a[-1]
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
-def test_planner_flops_are_the_models(name):
+@pytest.mark.parametrize(
+    "overrides", [*([f"model={f.debug}"] for f in FAMILIES.values()), MTP[0]], ids=" ".join
+)
+def test_planner_flops_are_the_models(overrides):
     """The planner's training FLOPs per token (launcher/plan/model_size.py: 6 x the matrices a
     token is multiplied by, the attention's scores and weighted sum) equal torch's count of a
     forward and backward of the family's debug model (unfused attention, counted without the
     causal mask; the routed experts counted by the formula above, each token's top_k copies as
-    the router sent them)."""
-    cfg = compose_config(
-        [f"model={FAMILIES[name].debug}", "model.flash_attention=false", "model.dropout=0.0"]
-    )
+    the router sent them; multi-token prediction's depths in training, as the trainer runs
+    them)."""
+    cfg = compose_config([*overrides, "model.flash_attention=false", "model.dropout=0.0"])
     m = cfg.model
     model = models.build(m.family, vars(m))
     model.init_weights(0)
@@ -140,8 +147,9 @@ def test_planner_flops_are_the_models(name):
     tokens = torch.randint(
         0, m.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(0)
     )
+    ahead = {"future": future_tokens(tokens, m.mtp_depth)} if m.mtp_depth else {}
     mapping = {torch.ops.aten._grouped_mm: _grouped_mm_flops}
     with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
-        model(tokens).sum().backward()
+        model(tokens, **ahead).sum().backward()
     counted = counter.get_total_flops() / (batch * seq)
     assert flops_per_token(m, seq, causal=False) == pytest.approx(counted, rel=1e-9)

@@ -43,7 +43,9 @@ def record_first_forward(trainer: Trainer) -> list[saved_bytes.Recorder]:
     recorders = []
     for part in trainer.parts:
         plain = getattr(part, "module", part)  # inside DDP's wrapper
-        for block in plain.layers.values():
+        # The layers, and multi-token prediction's depths whole (deepseek: their own norms
+        # and projection, their block, the norm before the head).
+        for block in [*plain.layers.values(), *getattr(plain, "mtp", {}).values()]:
             recorders.append(saved_bytes.Recorder(shared))
             watch(block, recorders[-1])
     return recorders

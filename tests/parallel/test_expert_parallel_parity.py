@@ -124,10 +124,25 @@ DEEPSEEK_LAYOUTS = {
 }
 
 
+# DeepSeek-V3's multi-token prediction (one depth: an MoE block after the last layer, on the
+# last pipeline stage with its own copy of the token table): every axis it meets.
+MTP = [*DEEPSEEK, "model.mtp_depth=1"]
+MTP_LAYOUTS = {
+    "dp_shard=2": ["hardware.devices_per_node=2"],
+    "tp=2 sp": DEEPSEEK_LAYOUTS["tp=2 sp"],
+    "pp=2": ["hardware.devices_per_node=2", "parallel.pp=2", "parallel.dp_shard=1"],
+    "ep=2": DEEPSEEK_LAYOUTS["ep=2"],
+    # Each cp rank's share of a depth's mean is over the whole sequence's positions.
+    "cp=2": ["hardware.devices_per_node=2", "parallel.cp=2", "parallel.dp_shard=1"],
+    "pp=2 dualpipev x ep=2 x zero1": DEEPSEEK_LAYOUTS["pp=2 dualpipev x ep=2 x zero1"],
+}
+
+
 MODELS = {"mixtral": MIXTRAL, "deepseek": DEEPSEEK}
 TABLE = {
     **{f"mixtral {n}": (MIXTRAL, layout) for n, layout in LAYOUTS.items()},
     **{f"deepseek {n}": (DEEPSEEK, layout) for n, layout in DEEPSEEK_LAYOUTS.items()},
+    **{f"deepseek mtp {n}": (MTP, layout) for n, layout in MTP_LAYOUTS.items()},
     # 2 experts over ep=2 leave one per rank, which FSDP then shards over 2 ranks (dp_shard=4
     # / ep=2): along its widest dimension, not the expert one (that would leave a rank empty).
     "mixtral 2 experts ep=2 x edp=2": (

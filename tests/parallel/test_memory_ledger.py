@@ -35,6 +35,11 @@ CASES.append(
 # MLA under TP + SP: the latent down-projections stay whole on every tp rank (the planner split
 # them over tp until the family's parameters said which it splits).
 CASES.append("model=deepseek_debug " + LAYOUTS["tp=2 sp"] + ";recompute=none")
+# Multi-token prediction's depth on the last stage (its block a layer's, its own projection
+# and norms, and a copy of the token table).
+CASES.append(
+    "model=deepseek_debug model.mtp_depth=1 parallel.pp=2 parallel.dp_shard=1;recompute=none"
+)
 LEDGER = Job("parallel.ledger:job", 2, tuple("hardware.devices_per_node=2 " + c for c in CASES))
 # ZeRO-1 on 4 ranks: beside tp (each rank owns a share of the TP shards) and with routed experts
 # (their states sharded over the 2 ranks holding the same experts, the rest over all 4).

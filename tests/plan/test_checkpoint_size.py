@@ -20,6 +20,7 @@ from launcher.plan.checkpoint_size import (
     BYTES_PER_TENSOR,
     ONCE_EXTRA_BYTES,
     RANK_EXTRA_BYTES,
+    ahead_own_tensors,
     block_tensors,
     checkpoint_size,
     node_bytes,
@@ -42,7 +43,9 @@ def planner_tensors(m) -> int:
     """Parameter tensors of the whole model by the planner's count."""
     dense, moe, embedding, head = block_tensors(m)
     n_dense = min(m.n_dense_layers, m.n_layers) if m.n_routed_experts else m.n_layers
-    return n_dense * dense + (m.n_layers - n_dense) * moe + embedding + head
+    # Multi-token prediction's depths: an MoE block each and their own tensors.
+    ahead = m.mtp_depth * (moe if m.n_routed_experts else dense) + ahead_own_tensors(m)
+    return n_dense * dense + (m.n_layers - n_dense) * moe + embedding + head + ahead
 
 
 @pytest.mark.parametrize(

@@ -477,6 +477,12 @@ def test_configured_split_must_cover_the_layers():
             ["model=deepseek_debug", "model.kv_lora_rank=0"],
             "deepseek (multi-head latent attention) needs model.kv_lora_rank (>= 1)",
         ),
+        (
+            ["model.mtp_depth=1"],
+            "model.mtp_depth=1: a mixtral model has no multi-token prediction (the families "
+            "with it: deepseek) (model=mixtral_debug)",
+        ),
+        (["model=deepseek_debug", "model.mtp_depth=-1"], "model.mtp_depth=-1"),
     ],
 )
 def test_moe_mistakes_are_named(overrides, expected):

@@ -27,46 +27,55 @@ TERMS = (compute, experts, recompute, tp, cp, ep, pp, dp, optimizer, checkpoint)
 NAMES = tuple(t.__name__ for t in TERMS)
 
 
-def bottleneck(ctx: Context, lay: Layout, ranks) -> Step:
-    """The pipeline rank whose micro-batches take longest (its layers, reruns and head)."""
+def rank_steps(ctx: Context, lay: Layout, ranks) -> list[Step]:
+    """Each pipeline rank's Step (its layers, reruns, and whether it holds the head or the
+    embedding), the first of each kind only: ranks alike take the same time."""
     head_rank = last_stage_rank(lay.pp, lay.schedule)
     recomputed = layout_recomputed(ctx, lay)
     costs = layer_costs(ctx, lay)
-    best = None
+    out, seen = [], set()
     for r, (layers, dense) in enumerate(ranks):
         head = r == head_rank
+        kind = (layers, dense, recomputed[r], head, r == 0)
+        if kind in seen:
+            continue
+        seen.add(kind)
         device, host = rank_micro(ctx, lay, costs, layers, dense, head or r == 0, head)
         rc_dense, rc_moe = recomputed[r]
-        step = Step(
-            ctx=ctx,
-            lay=lay,
-            rank=r,
-            layers=layers,
-            dense=dense,
-            rc_dense=rc_dense,
-            rc_moe=rc_moe,
-            holds_head=head,
-            holds_embedding=r == 0,
-            mb_tokens=lay.micro_batch_size * ctx.seq / lay.cp,
-            costs=costs,
-            device=device,
-            host=host,
+        out.append(
+            Step(
+                ctx=ctx,
+                lay=lay,
+                rank=r,
+                layers=layers,
+                dense=dense,
+                rc_dense=rc_dense,
+                rc_moe=rc_moe,
+                holds_head=head,
+                holds_embedding=r == 0,
+                mb_tokens=lay.micro_batch_size * ctx.seq / lay.cp,
+                costs=costs,
+                device=device,
+                host=host,
+            )
         )
-        # Reruns weigh too: compare forward + backward + a third of the recomputed layers'.
-        weight = device + host + (rc_dense + rc_moe) * device / max(1, layers) / 3
-        if best is None or weight > best[0]:
-            best = (weight, step)
-    return best[1]
+    return out
 
 
 def step_time(ctx: Context, lay: Layout, ranks=None) -> Time:
-    """Predicted seconds per step on the bottleneck pipeline rank, term by term."""
-    step = bottleneck(ctx, lay, ranks if ranks is not None else layout_ranks(ctx, lay))
-    for term in TERMS:
-        found = term(step)
-        if found is not None:
-            step.done[found.name] = found
-    return Time(tuple(step.done.values()), bubble_fraction(step))
+    """Predicted seconds per step on the bottleneck pipeline rank, term by term: the rank
+    whose whole step (every term: its layers' compute and their communication, reruns, the
+    head) is longest, as the pipeline runs at its slowest stage's pace."""
+    slowest = None
+    for step in rank_steps(ctx, lay, ranks if ranks is not None else layout_ranks(ctx, lay)):
+        for term in TERMS:
+            found = term(step)
+            if found is not None:
+                step.done[found.name] = found
+        time = Time(tuple(step.done.values()), bubble_fraction(step))
+        if slowest is None or time.step > slowest.step:
+            slowest = time
+    return slowest
 
 
 __all__ = ["NAMES", "TERMS", "Step", "Term", "Time", "step_time"]

@@ -131,12 +131,17 @@ def experts_seconds(ctx: Context, lay: Layout, tokens: float) -> float:
 def head_seconds(ctx: Context, lay: Layout, tokens: float) -> float:
     """The output projection and the loss over its logits (the bytes it moves per logit,
     kernels.loss_traffic_bytes, eager or compiled as the trainer runs it), for one
-    micro-batch."""
-    m = ctx.model
+    micro-batch: once for the next token and once per multi-token-prediction depth, each
+    depth with its projection of the two joined inputs (its block is a layer's)."""
+    m, depths = ctx.model, ctx.shape.ahead_layers
     vocab = m.vocab_size / lay.tp
     gemm = gemm_seconds(ctx, 6 * vocab * m.dim * tokens, min(m.dim, vocab, tokens))
     traffic = kernels.loss_traffic_bytes(ctx.act_b, loss_compiled(ctx.cfg, lay))
-    return gemm + tokens * vocab * traffic / ctx.memory_bw
+    head = gemm + tokens * vocab * traffic / ctx.memory_bw
+    if not depths:
+        return head
+    joined = gemm_seconds(ctx, 6 * 2 * m.dim * m.dim * tokens, min(m.dim, tokens))
+    return head + depths * (head + joined)
 
 
 def layer_costs(ctx: Context, lay: Layout) -> tuple[LayerCost, LayerCost | None]:

@@ -23,13 +23,17 @@ BUCKET = 25 * 2**20  # DDP's default bucket, bytes
 def rank_parameters(step: Step) -> float:
     """Parameters of the bottleneck rank before data-parallel sharding."""
     ctx, lay = step.ctx, step.lay
-    s = ctx.shape
+    s, m = ctx.shape, ctx.model
     dense = s.attn_params + s.dense_mlp_params
     moe = s.attn_params + s.moe_shared_params
     params = (step.dense * dense + step.moe * moe) / lay.tp + step.moe * s.expert_params / lay.ep
     params += (step.dense + step.moe) * s.attn_latent + step.moe * s.router_params  # whole
     params += (s.embedding if step.holds_embedding else 0) / lay.tp
     params += (s.head if step.holds_head else 0) / lay.tp
+    # Multi-token prediction's own (whole on every tp rank) and, under a pipeline, the last
+    # stage's copy of the token table (its blocks are layers: step.moe).
+    if step.holds_head and s.ahead_layers:
+        params += s.ahead_own + (m.vocab_size * m.dim / lay.tp if lay.pp > 1 else 0)
     return params
 
 
