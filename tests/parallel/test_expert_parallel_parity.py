@@ -129,6 +129,7 @@ DEEPSEEK_LAYOUTS = {
 MTP = [*DEEPSEEK, "model.mtp_depth=1"]
 MTP_LAYOUTS = {
     "dp_shard=2": ["hardware.devices_per_node=2"],
+    "tp=2": DEEPSEEK_LAYOUTS["tp=2"],
     "tp=2 sp": DEEPSEEK_LAYOUTS["tp=2 sp"],
     "pp=2": ["hardware.devices_per_node=2", "parallel.pp=2", "parallel.dp_shard=1"],
     "ep=2": DEEPSEEK_LAYOUTS["ep=2"],
