@@ -163,9 +163,11 @@ def plan_table(plan: Plan) -> Group:
             )
     ctx = plan.context
     if ctx is not None:
+        s = ctx.shape
+        ahead = f" ({s.ahead:,} of them multi-token prediction's)" if s.ahead_layers else ""
         main.add_row(
             "parameters",
-            f"{ctx.shape.total:,} total, {ctx.active_params:,.0f} active matmul weights per token",
+            f"{s.total:,} total{ahead}, {ctx.active_params:,.0f} active matmul weights per token",
         )
         main.add_row("FLOPs/token", f"{ctx.model_flops_per_token:.4g} (6N + causal attention)")
         if ctx.moe:
@@ -307,6 +309,7 @@ def plan_json(plan: Plan) -> dict:
     if ctx is not None:
         params = {
             "total": ctx.shape.total,
+            "multi_token_prediction": ctx.shape.ahead,  # of the total
             "active": round(ctx.active_params),
             "per_device": round(m.params / ctx.param_b) if m else None,
         }
