@@ -174,12 +174,11 @@ def recomputed_layers(stage_shape: tuple, every: int):
             for i in range(starts[stage], starts[stage] + counts[stage])
             if recomputed(i, every)
         ]
-        dense = sum(1 for i in indices if i < n_dense)
+        total, dense = len(indices), sum(1 for i in indices if i < n_dense)
         if pp * v - 1 in stages:
             more = sum(1 for i in range(n_layers, n_layers + ahead) if recomputed(i, every))
-            indices += [n_layers] * more
-            dense += more if ahead_dense else 0
-        out.append((dense, len(indices) - dense))
+            total, dense = total + more, dense + (more if ahead_dense else 0)
+        out.append((dense, total - dense))
     return tuple(out)
 
 

@@ -270,7 +270,7 @@ class Trainer:
         """The next-token loss; with the tokens ahead (multi-token prediction) in training,
         the prediction depths' loss is attached to the logits (models.deepseek) and starts in
         their backward."""
-        ahead = {"future": future} if future is not None and self.parts[0].training else {}
+        ahead = {"future": future} if future is not None else {}  # the model skips it in eval
         with torch.autocast(self.d.device.type, dtype=self.compute_dtype, enabled=self.autocast):
             return self.loss(self.parts[0](x, self.positions, docs, **ahead), y)
 
