@@ -91,12 +91,18 @@ def quick_exit(status: int = 0) -> None:
     still do is done first: the threads Python waits for joined (threading's own exit
     step, which also ends idle thread pools), the atexit handlers run (wandb's, logging's,
     torch's), the standard streams flushed."""
+    exit_steps()
+    os._exit(status)
+
+
+def exit_steps() -> None:
+    """What Python's exit does before its teardown: the threads it waits for joined, the
+    atexit handlers run, the standard streams flushed."""
     threading._shutdown()  # what the interpreter calls first at exit
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
-    os._exit(status)
 
 
 def adopt_config_dirs(argv: list[str]) -> list[str]:

@@ -8,8 +8,10 @@ distributed environment a multi-device layout relaunches this command under torc
 # ruff: noqa: E402 (a stop signal is held from the first moment: the imports below take seconds)
 from __future__ import annotations
 
+import copy
 import importlib.util
 import os
+import pickle
 import sys
 from pathlib import Path
 
@@ -18,10 +20,10 @@ from launcher.runtime.failures import hold_stops, resume_mode, stop_before_start
 if __name__ == "__main__":
     hold_stops()
 
-from hydra import compose
+from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf, read_write
 
 from launcher import configs
 from launcher.checkpoint.store import (
@@ -31,7 +33,7 @@ from launcher.checkpoint.store import (
     run_checkpoint_dir,
     start_problems,
 )
-from launcher.cli import fail, hydra_app, quick_exit, to_config
+from launcher.cli import CONF_DIR, fail, hydra_app, quick_exit, to_config
 from launcher.data.batches import id_problem
 from launcher.data.sources import token_file_paths
 from launcher.plan import auto, engine_plan
@@ -90,6 +92,7 @@ def checkpoint_problems(cfg, run_dir: str) -> list[str]:
 
 def task(dcfg: DictConfig) -> None:
     launch.slurm_env()  # a SLURM task learns its rank before anything asks for it
+    given = dcfg
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     if hc.mode == RunMode.RUN and not str(hc.run.dir).strip():
@@ -185,16 +188,7 @@ def task(dcfg: DictConfig) -> None:
     if not launch.in_distributed_env() and plan.world_size > 1:
         stop_before_start()  # until relaunch forwards stop signals to the ranks it starts
         overrides = list(hc.overrides.task)
-        status = launch.relaunch(
-            cfg.hardware.nodes,
-            cfg.hardware.devices_per_node,
-            overrides,
-            str(run_dir),
-            max_restarts=cfg.train.max_restarts,
-            stop_timeout_s=cfg.train.timeout_s,
-            rendezvous=cfg.launch.rendezvous,
-            min_nodes=cfg.launch.min_nodes,
-        )
+        status = launch.relaunch(cfg, overrides, str(run_dir), composed=rank_config(given))
         if status:
             sys.exit(status)
         return  # a multirun goes on to its next job
@@ -202,6 +196,27 @@ def task(dcfg: DictConfig) -> None:
     from launcher.training.engine import run  # torch.distributed only past this point
 
     run(cfg, plan, str(run_dir), dcfg)
+
+
+def rank_config(dcfg: DictConfig) -> bytes:
+    """What the ranks of a relaunch start from: this process's composition (the job's config,
+    and Hydra's as a run of its own in the run directory), so that a rank forked by
+    launcher.agent does not compose the same config again (Hydra composes twice,
+    about a CPU-second)."""
+    hydra_node = copy.deepcopy(HydraConfig.get())
+    with read_write(hydra_node):
+        hydra_node.mode = RunMode.RUN
+        hydra_node.output_subdir = None
+        hydra_node.run.dir = hydra_node.runtime.output_dir
+    return pickle.dumps((dcfg, hydra_node))
+
+
+def rank_task(composed: bytes) -> None:
+    """A rank's task from rank_config's composition, as Hydra would run it."""
+    dcfg, hydra_node = pickle.loads(composed)
+    initialize_config_dir(config_dir=CONF_DIR, version_base=None)  # compose(): auto, candidate
+    HydraConfig.instance().set_config(OmegaConf.create({"hydra": hydra_node}))
+    task(dcfg)
 
 
 main = hydra_app(task)

@@ -169,7 +169,7 @@ def test_a_second_ctrl_c_ends_the_run_as_stopped_with_130(tmp_path):
     import sys
     import threading
 
-    from launcher.runtime.launch import supervise
+    from launcher.runtime.launch import spawn, supervise
 
     # A torchrun whose rank ignores the first Ctrl-C (it would save and stop).
     rank = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
@@ -186,7 +186,9 @@ def test_a_second_ctrl_c_ends_the_run_as_stopped_with_130(tmp_path):
         os.kill(os.getpid(), signal.SIGINT)  # the second: stop now
 
     threading.Thread(target=press_ctrl_c_twice, daemon=True).start()
-    status = supervise([sys.executable, "-c", ranks], dict(os.environ), tmp_path, 600)
+    status = supervise(
+        lambda: spawn([sys.executable, "-c", ranks], dict(os.environ)), tmp_path, 600
+    )
     assert status == 130 and time.monotonic() - begun < 30
     assert runs.summary(tmp_path)["status"] == "stopped"
 
@@ -199,7 +201,7 @@ def test_a_stop_while_torchrun_starts_ends_the_run_in_one_line(tmp_path, capfd):
     import sys
     import threading
 
-    from launcher.runtime.launch import supervise
+    from launcher.runtime.launch import spawn, supervise
 
     marker = tmp_path / "torchrun started"
     starting = (  # a torchrun still importing: Python's own Ctrl-C handling, no child yet
@@ -213,7 +215,9 @@ def test_a_stop_while_torchrun_starts_ends_the_run_in_one_line(tmp_path, capfd):
 
     threading.Thread(target=press_ctrl_c, daemon=True).start()
     begun = time.monotonic()
-    status = supervise([sys.executable, "-c", starting], dict(os.environ), tmp_path, 600)
+    status = supervise(
+        lambda: spawn([sys.executable, "-c", starting], dict(os.environ)), tmp_path, 600
+    )
     err = capfd.readouterr().err
     assert status == EXIT_STOPPED and time.monotonic() - begun < 30
     assert err == f"{no_rank_ran(signal.SIGINT)}\n", err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import ctypes
 import hashlib
@@ -13,9 +14,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from launcher.cli import fail
+from launcher.config import Config
 from launcher.runtime import rendezvous
 from launcher.runtime.failures import (
     EXIT_FILE,
@@ -99,29 +102,25 @@ def is_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
 
 
-def relaunch(
-    nodes: int,
-    devices_per_node: int,
-    overrides: list[str],
-    run_dir: str,
-    max_restarts: int = 0,
-    stop_timeout_s: float = 600,
-    rendezvous: str = "",
-    min_nodes: int = 0,
-) -> int:
-    """Run this command again under torchrun with one process per device; return its status.
+def relaunch(cfg: Config, overrides: list[str], run_dir: str, composed: bytes = b"") -> int:
+    """Run this command again under torchrun with one process per device
+    (cfg.hardware.devices_per_node), restarted cfg.train.max_restarts times; its status.
 
     This process stays in charge until every rank has exited. SIGINT, SIGTERM, SIGUSR1,
     SIGUSR2 and SIGHUP go to the ranks themselves (torchrun's children): they finish the
     step, save a checkpoint and exit 0, so that torchrun neither restarts them nor reports a
-    failure, and this process exits EXIT_STOPPED. Ranks still running `stop_timeout_s`
+    failure, and this process exits EXIT_STOPPED. Ranks still running cfg.train.timeout_s
     later, or at a second SIGINT, are killed. torchrun runs in a session of its own (a
     terminal's Ctrl-C reaches this process only, once) and gets SIGTERM if this process dies.
 
-    With `rendezvous` (HOST:PORT) this is one node of `nodes`, each running this command: the
-    agents meet in a c10d rendezvous there, elastic between `min_nodes` and `nodes` when
-    0 < min_nodes < nodes (launcher.runtime.rendezvous holds the store).
+    With cfg.launch.rendezvous (HOST:PORT) this is one node of cfg.hardware.nodes, each running
+    this command: the agents meet in a c10d rendezvous there, elastic between launch.min_nodes
+    and nodes when 0 < min_nodes < nodes (launcher.runtime.rendezvous holds the store).
+    `composed` is this process's composed config (launcher.train.rank_config), which the ranks
+    take instead of composing their own.
     """
+    nodes, devices_per_node = cfg.hardware.nodes, cfg.hardware.devices_per_node
+    rendezvous, stop_timeout_s = cfg.launch.rendezvous, cfg.train.timeout_s
     if nodes > 1 and not rendezvous:
         fail(
             f"hardware.nodes={nodes}: a multi-node run starts on every node under SLURM or "
@@ -134,16 +133,13 @@ def relaunch(
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // devices_per_node)))
     if rendezvous:
         env.update(ELASTIC_ENV)
-        join = rendezvous_args(rendezvous, run_dir, nodes, min_nodes, stop_timeout_s)
+        join = rendezvous_args(rendezvous, run_dir, nodes, cfg.launch.min_nodes, stop_timeout_s)
     else:
         join = ["--standalone"]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
+    args = [
         *join,
         f"--nproc-per-node={devices_per_node}",
-        f"--max-restarts={max_restarts}",
+        f"--max-restarts={cfg.train.max_restarts}",
         "-m",
         "launcher.train",
         *overrides,
@@ -155,7 +151,31 @@ def relaunch(
     with contextlib.ExitStack() as stack:
         if rendezvous:
             stack.enter_context(joined(rendezvous, Path(run_dir), stop_timeout_s))
-        return supervise(cmd, env, Path(run_dir), stop_timeout_s)
+        return supervise(lambda: start_agent(args, env, composed), Path(run_dir), stop_timeout_s)
+
+
+AGENT = [sys.executable, "-m", "launcher.agent"]  # torchrun, forking the ranks
+COMPOSED_ON_STDIN = "--composed-on-stdin"  # the agent's option: read the composed config first
+
+
+def start_agent(args: list[str], env: dict, composed: bytes) -> subprocess.Popen:
+    """The agent that starts the ranks, given this process's composed config on its standard
+    input (without one, its ranks compose their own)."""
+    if not composed:
+        return spawn([*AGENT, *args], env)
+    agent = spawn([*AGENT, COMPOSED_ON_STDIN, *args], env, stdin=subprocess.PIPE)
+    with contextlib.suppress(OSError):  # (an agent that ended at once says why itself)
+        agent.stdin.write(base64.b64encode(composed) + b"\n")
+        agent.stdin.close()
+    return agent
+
+
+def spawn(cmd: list[str], env: dict, **popen) -> subprocess.Popen:
+    """A process of the launcher's: in a session of its own (a terminal's Ctrl-C reaches the
+    launcher only), ended with SIGTERM when the launcher dies."""
+    return subprocess.Popen(
+        cmd, env=env, start_new_session=True, preexec_fn=die_with_parent, **popen
+    )
 
 
 # Workers of one rendezvous round connect to an address of their own round: without this a
@@ -197,9 +217,9 @@ def joined(endpoint: str, run_dir: Path, wait_s: float):
         yield
 
 
-def supervise(cmd: list[str], env: dict, run_dir: Path, stop_timeout_s: float) -> int:
-    """Run torchrun's `cmd`, forwarding stop signals to the ranks; its status, or how the ranks
-    said the run ended (EXIT_FILE, STOPPED_FILE)."""
+def supervise(start: Callable[[], subprocess.Popen], run_dir: Path, stop_timeout_s: float) -> int:
+    """Run the torchrun agent `start` starts, forwarding stop signals to the ranks; its status,
+    or how the ranks said the run ended (EXIT_FILE, STOPPED_FILE)."""
     stopped, ended = run_dir / STOPPED_FILE, run_dir / EXIT_FILE
     received: list[tuple[int, float]] = []
     started: list[subprocess.Popen] = []  # torchrun, once started
@@ -223,9 +243,7 @@ def supervise(cmd: list[str], env: dict, run_dir: Path, stop_timeout_s: float) -
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         if not received:
-            started.append(
-                subprocess.Popen(cmd, env=env, start_new_session=True, preexec_fn=die_with_parent)
-            )
+            started.append(start())
         while started:
             proc = started[0]
             if not ranks_seen[0] and children(proc.pid):

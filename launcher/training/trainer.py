@@ -753,7 +753,11 @@ def continue_command(run_dir: Path) -> str:
 
 
 def seconds_since_start() -> float:
-    """Seconds since this process started (Linux: /proc), else since this module's import."""
+    """Seconds since this process started (Linux: /proc), else since this module's import; a
+    rank forked by launcher.agent on its first attempt counts from the agent's start
+    (its imports are the rank's)."""
+    if agent_started := os.environ.get("LAUNCHER_AGENT_STARTED"):
+        return time.time() - float(agent_started)
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])

@@ -108,7 +108,7 @@ def torchrun_of(launcher: subprocess.Popen) -> int:
     while time.monotonic() < deadline:
         for pid in launch.children(launcher.pid):
             with contextlib.suppress(OSError):
-                if b"torch.distributed.run" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if b"launcher.agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
                     return pid
         time.sleep(0.1)
     raise AssertionError("the launcher started no torchrun")

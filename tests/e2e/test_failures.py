@@ -26,6 +26,7 @@ from e2e.bad_inputs import TINY_MODEL
 from launcher.checkpoint import __main__ as checkpoint_command
 from launcher.checkpoint.reader import checkpoint_damage
 from launcher.checkpoint.store import newest_complete
+from launcher.runtime import launch
 
 pytestmark = pytest.mark.e2e
 
@@ -273,13 +274,12 @@ def test_sigkill_to_torchrun_leaves_no_rank_running(tmp_path):
     args = [*ARGS, "train.steps=400", f"hydra.run.dir={tmp_path}"]
     proc = start_cli("launcher.train", *args)
     wait_for_step(proc, tmp_path, 2)
-    running = survivors(tmp_path)
-    torchrun = [s for s in running if "torch.distributed.run" in s]
-    assert len(torchrun) == 1, running
-    ranks = [int(s.split(":")[0]) for s in running if "torch.distributed.run" not in s]
-    ranks = [pid for pid in ranks if os.getsid(pid) == pid]  # torchrun's: sessions of their own
-    assert len(ranks) == 2, ranks
-    os.kill(int(torchrun[0].split(":")[0]), signal.SIGKILL)
+    running = {int(line.split(":")[0]): line for line in survivors(tmp_path)}
+    (agent,) = launch.children(proc.pid)  # torchrun's agent
+    assert "launcher.agent" in running[agent], running
+    ranks = [pid for pid in launch.children(agent) if os.getsid(pid) == pid]  # own sessions
+    assert len(ranks) == 2, running
+    os.kill(agent, signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     deadline = time.monotonic() + 15
     while survivors(tmp_path) and time.monotonic() < deadline:

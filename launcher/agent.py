@@ -1,0 +1,112 @@
+"""`python -m launcher.agent [torchrun options] -m launcher.train [overrides]`: torchrun
+for the launcher's local runs, with ranks forked from a process that has imported the engine.
+
+torchrun starts each rank as a new Python, which imports torch and the engine again (about five
+CPU-seconds each here, the largest part of a small run's start, paid again at every restart).
+This is torchrun's own elastic agent (`torch.distributed.run`'s options, rendezvous, restarts and
+membership changes unchanged) given a function instead of a command: it imports the engine once
+and forks every rank of every attempt from itself (`start_method=fork`), so that a rank starts
+with its imports done. Each rank is then what torchrun's would be: in a session of its own, no
+death signal of its parent's (the rank watches its parent: failures.watch_parent), unbuffered
+standard streams, `launcher.train`'s entry with the overrides, the atexit handlers at its end.
+
+Nothing in the agent may start a thread pool, touch a GPU or open a process group before the
+forks: it only imports. launcher.train hands it its composed config on the standard input
+(`--composed-on-stdin`), which the ranks take rather than composing the same config again.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+STARTED_ENV = "LAUNCHER_AGENT_STARTED"  # the agent's start (time.time()), for the ranks' start_s
+os.environ.setdefault(STARTED_ENV, repr(time.time()))
+
+import atexit  # noqa: E402
+import base64  # noqa: E402
+import ctypes  # noqa: E402
+import logging  # noqa: E402
+import traceback  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed.run as torchrun  # noqa: E402
+from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
+from torch.distributed.launcher.api import elastic_launch  # noqa: E402
+
+import launcher.train  # noqa: E402
+import launcher.training.engine  # noqa: E402, F401  (what every rank imports, done once here)
+from launcher.cli import exit_steps, quick_exit  # noqa: E402
+from launcher.runtime.failures import hold_stops  # noqa: E402
+from launcher.runtime.launch import COMPOSED_ON_STDIN  # noqa: E402
+
+
+def rank(argv: list[str], composed: bytes) -> None:
+    """One rank, forked from the agent: `python -u -m launcher.train ARGV` as torchrun starts it,
+    from the launcher's `composed` config where it sent one."""
+    hold_stops()  # before anything else: the agent's handlers are torchrun's
+    atexit._clear()  # the agent's handlers are the agent's; the rank's own run at its end
+    os.setsid()  # torchrun starts each rank in a session of its own
+    if sys.platform.startswith("linux"):  # torch.multiprocessing asked for SIGINT at its death
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, 0)  # PR_SET_PDEATHSIG: none
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(write_through=True)  # python -u
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        os.environ.pop(STARTED_ENV, None)  # a restart starts at its fork, imports done
+    sys.argv = ["launcher.train", *argv]
+    status = 0
+    try:
+        if composed:
+            launcher.train.rank_task(composed)
+        else:
+            launcher.train.main()
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception:  # what Python prints of an uncaught exception, and its status
+        traceback.print_exc()
+        status = 1
+    finally:
+        exit_steps()  # what the interpreter's exit would run: a forked rank ends in os._exit
+    if status:
+        sys.exit(status)  # torchrun sees the rank's status, as a command's
+    # Status 0 returns: torchrun's agent waits for every rank's return value.
+
+
+class OneLine(logging.Filter):
+    """torchrun's agent logs a rank that failed in one line when the rank is a command, with
+    the traceback of its own poll (torch.multiprocessing's ProcessExitedException) when it is a
+    function: the line alone, as a command's."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.exc_info = record.exc_text = None
+        return True
+
+
+def agent(argv: list[str], composed: bytes = b"") -> None:
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(OneLine())
+    args = torchrun.parse_args(argv)
+    if args.standalone:  # what torch.distributed.run.run does before config_from_args
+        args.rdzv_backend, args.rdzv_endpoint = "c10d", "localhost:0"
+        args.rdzv_id = os.urandom(16).hex()
+    if args.master_port is None:
+        args.master_port = 29500
+    config, _, _ = torchrun.config_from_args(args)
+    config.start_method = "fork"
+    if torch.cuda.is_initialized():  # a forked rank could not use it (CUDA is not fork-safe)
+        raise RuntimeError("the agent initialised CUDA before forking its ranks")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    elastic_launch(config=config, entrypoint=rank)(list(args.training_script_args), composed)
+
+
+def main() -> None:
+    argv, composed = sys.argv[1:], b""
+    if argv[:1] == [COMPOSED_ON_STDIN]:  # launcher.train's composed config, one base64 line
+        argv, composed = argv[1:], base64.b64decode(sys.stdin.readline())
+    record(agent)(argv, composed)
+    quick_exit(0)
+
+
+if __name__ == "__main__":
+    main()
