@@ -87,8 +87,8 @@ gpu-wheels: dev
 	$(BIN)/pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3  # sdist only
 
 lint: dev
-	$(BIN)/ruff check launcher models tests hydra_plugins
-	$(BIN)/ruff format --check launcher models tests hydra_plugins
+	$(BIN)/ruff check launcher tests hydra_plugins
+	$(BIN)/ruff format --check launcher tests hydra_plugins
 
 clean:
 	rm -rf outputs .pytest_cache

@@ -12,7 +12,7 @@ from enum import Enum
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
-from models.config import ModelConfig
+from launcher.models.config import ModelConfig
 
 
 class DType(str, Enum):

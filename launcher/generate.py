@@ -20,7 +20,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import models
+from launcher import models
 from launcher.checkpoint.store import CheckpointError
 from launcher.cli import USAGE_ERROR, fail
 from launcher.convert import newest, run_tokenizer
@@ -53,7 +53,7 @@ class CachedCore:
 
 def with_kv_cache(model) -> None:
     """Replace every attention core's forward by a CachedCore of its own (in place)."""
-    from models.layers import AttentionCore  # torch: loaded once the arguments are checked
+    from launcher.models.layers import AttentionCore  # torch: loaded once the arguments are checked
 
     for module in model.modules():
         if isinstance(module, AttentionCore):

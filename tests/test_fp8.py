@@ -24,7 +24,7 @@ from parity import (
 )
 from torch import nn
 
-import models
+from launcher import models
 from launcher.parallel.float8 import apply_float8
 from launcher.plan import make_plan
 

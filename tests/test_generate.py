@@ -8,10 +8,10 @@ from dataclasses import asdict
 import pytest
 import torch
 
-import models
+from launcher import models
 from launcher.cli import compose
 from launcher.generate import CachedCore, generate, sample, with_kv_cache
-from models.families import FAMILIES
+from launcher.models.families import FAMILIES
 
 
 def tiny(model: str):

@@ -37,8 +37,8 @@ from unittest.mock import patch
 import torch
 
 from launcher import configs
+from launcher.models import moe
 from launcher.parallel import context_parallel as cp
-from models import moe
 
 BASE = [
     "train.steps=4",

@@ -54,10 +54,10 @@ from launcher.bench import parser as bench_parser
 from launcher.bench import refusing_bad_config, titan, titan_moe
 from launcher.bench.peers import Step, Workload, engine, hugging_face
 from launcher.bench.timing import seconds_per_step
+from launcher.models import families
 from launcher.plan.memory import GIB, reserve_gib
 from launcher.plan.search import with_overrides
 from launcher.runtime.scratch import output_problem
-from models import families
 
 GPU_1B = [
     "model=llama3_2_1b",

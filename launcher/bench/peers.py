@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
-import models
+from launcher import models
 from launcher.cli import compose
 from launcher.config import TrainConfig
 from launcher.hf.config_json import to_hf_config

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import models
+from launcher import models
 from launcher.cli import compose
 
 MODEL = [

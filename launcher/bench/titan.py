@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from launcher.bench.peers import Step, Workload, plain_loop
-from models import families
+from launcher.models import families
 
 WHEELS = "torchtitan==0.3.0 spmd_types==0.2.3 tyro==1.0.17 docstring-parser==0.18.0"
 

@@ -51,8 +51,8 @@ import torch
 
 from launcher.bench import titan
 from launcher.bench.peers import Step, Workload, plain_loop
-from models import families
-from models.deepseek import LATENT_NORM_EPS
+from launcher.models import families
+from launcher.models.deepseek import LATENT_NORM_EPS
 
 
 def _titan() -> SimpleNamespace:
@@ -79,7 +79,8 @@ def _titan() -> SimpleNamespace:
 def _yarn_mscale(m: dict) -> float:
     """Its Attention's `mscale` for ours' YaRN fields: the softmax is scaled by
     (0.1 mscale ln factor + 1)^2, ours by the same of rope_yarn_mscale_all_dim; ours scales the
-    rotated parts by 1 only where both magnitudes are set and equal (models/deepseek.py)."""
+    rotated parts by 1 only where both magnitudes are set and equal
+    (launcher/models/deepseek.py)."""
     factor, m_rot, m_all = (
         m["rope_yarn_factor"],
         m["rope_yarn_mscale"],
@@ -112,7 +113,7 @@ def _check(m: dict, seq_len: int) -> None:
 
 def _mixtral_moe(t: SimpleNamespace, m: dict, i: int):
     """Its MoE.Config of Mixtral's layer i: softmax top-k weights renormalised over the chosen
-    (models/mixtral.py's Router), no shared experts, no expert bias; DeepSeek-V3's init."""
+    (launcher/models/mixtral.py's Router), no shared experts, no expert bias; DeepSeek-V3's init."""
     d3, cu, e, k = t.deepseek_v3, t.config_utils, m["n_routed_experts"], m["top_k"]
     return cu.make_moe_config(
         num_experts=e,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from launcher.hf.names import check
 from launcher.layout import AXES
-from models import families
+from launcher.models import families
 
 FORMAT = "llm-launcher-checkpoint"
 META = "meta.json"

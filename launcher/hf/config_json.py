@@ -2,8 +2,8 @@
 
 Pure Python (no torch): the pre-launch check reads config.json with it. What differs between
 families (their model types, their own keys, the RoPE scalings, what their model lacks) is in
-each family's record (models/families.py); nothing here names a family. Both spellings of RoPE
-that transformers reads are understood: `rope_parameters` (transformers 5) and `rope_theta` +
+each family's record (launcher/models/families.py); nothing here names a family. Both spellings of
+RoPE that transformers reads are understood: `rope_parameters` (transformers 5) and `rope_theta` +
 `rope_scaling` (4.x); `to_hf_config` writes the 4.x one, which both load. A family with two model
 types (DeepSeek's v3 and v2) tells them apart by its router's score function.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from models import families
+from launcher.models import families
 
 # transformers' model_type -> (our family, its HFType), from the family records.
 MODEL_TYPES = {t.model_type: (f.name, t) for f in families.FAMILIES.values() for t in f.hf}

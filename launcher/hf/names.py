@@ -4,7 +4,7 @@ Pure Python (no torch): the pre-launch check compares these names and shapes wit
 safetensors headers of a directory before any process starts. Our q/k projections rotate
 interleaved pairs (Meta's layout) while transformers' Llama rotates halves: their rows are
 permuted per head (`Source.heads`, applied by launcher/hf/weights.py both ways); DeepSeek's
-need none (see models/families.py, _HF_MLA). Stacked expert weights (E, ...) are E tensors
+need none (see launcher/models/families.py, _HF_MLA). Stacked expert weights (E, ...) are E tensors
 there, one per expert (`Source.names`).
 """
 
@@ -24,8 +24,8 @@ from launcher.hf.config_json import (
     read_config,
     unsupported,
 )
-from models import FIELDS, families, shapes
-from models.config import ModelConfig
+from launcher.models import FIELDS, families, shapes
+from launcher.models.config import ModelConfig
 
 INDEX = "model.safetensors.index.json"
 
@@ -59,7 +59,7 @@ TOP = {
 
 def sources(model: dict) -> dict[str, Source]:
     """Our parameter (and persistent buffer) name -> its Source, for the whole model the
-    config fields describe: its family's parameters (models/shapes.py, as the model builds
+    config fields describe: its family's parameters (launcher/models/shapes.py, as the model builds
     them) under the names its record gives them there."""
     family = model["family"]
     if family not in HF_FAMILIES:

@@ -23,9 +23,10 @@ from functools import partial
 import torch
 from torch import nn
 
-import models
+from launcher import models
 from launcher.config import Config
 from launcher.layout import Layout, recomputed
+from launcher.models.init import Plan
 from launcher.parallel import pipeline_parallel  # torch.distributed.pipelining: pp > 1 only
 from launcher.parallel.context_parallel import apply_cp
 from launcher.parallel.data_parallel import DTYPES, apply_ddp, apply_fsdp
@@ -35,7 +36,6 @@ from launcher.parallel.materialize import materialize
 from launcher.parallel.recompute import apply_ac, apply_compile
 from launcher.parallel.tensor_parallel import apply_tp
 from launcher.runtime.distributed import Dist
-from models.init import Plan
 
 
 def keeps_shards(layout: Layout, compiled: bool, index: int) -> bool:

@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.layers import attention_mask
+from launcher.models.layers import attention_mask
 
 METHODS = ("allgather", "ring")
 

@@ -32,8 +32,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Shard, distribute_tensor
 
+from launcher.models.moe import MoE, grouped_swiglu
 from launcher.parallel.data_parallel import average_grads, local_tensor
-from models.moe import MoE, grouped_swiglu
 
 # The balance-loss statistics need an all-reduce with a backward (each rank's share of the
 # gradient): torch.distributed.nn.functional.all_reduce. torch 2.13 marks it deprecated in

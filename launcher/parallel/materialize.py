@@ -2,8 +2,8 @@
 parameters and buffers it holds, on its device, and computes their initial values itself.
 
 A parameter a rank holds is a box of the full tensor (its FSDP, tensor- or expert-parallel
-shard, or the whole tensor where it is replicated); models/init.py draws exactly that box, with
-the values one process holding the whole model would draw there. No rank ever holds more than
+shard, or the whole tensor where it is replicated); launcher/models/init.py draws exactly that box,
+with the values one process holding the whole model would draw there. No rank ever holds more than
 its share, and no collective runs: every rank's values follow from the seed.
 """
 
@@ -14,7 +14,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-from models.init import Plan, fill_box
+from launcher.models.init import Plan, fill_box
 
 Box = tuple[slice, ...]
 

@@ -38,8 +38,8 @@ from launcher.layout import (
     stage_owner,
     stage_starts,
 )
+from launcher.models.moe import MoE
 from launcher.parallel.data_parallel import local_tensor
-from models.moe import MoE
 
 # torch's class for each of layout.SCHEDULES, in that order.
 SCHEDULE_CLASSES = dict(

@@ -33,14 +33,14 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from launcher.models import families
+from launcher.models.families import COLUMN, HEADS, ROW
+from launcher.models.moe import MoE
 from launcher.parallel.materialize import when_real
-from models import families
-from models.families import COLUMN, HEADS, ROW
-from models.moe import MoE
 
 
 def _styles(residual) -> dict[str, Callable[[], object]]:
-    """The records' TP styles (models/families.py) as torch's, the residual stream between
+    """The records' TP styles (launcher/models/families.py) as torch's, the residual stream between
     blocks laid out as `residual`."""
     return {
         COLUMN: ColwiseParallel,

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from launcher.config import ModelConfig
 from launcher.layout import Layout, last_stage_rank
+from launcher.models import families
 from launcher.plan.context import Context, layout_ranks
 from launcher.plan.memory import BYTES
-from models import families
 
 # DCP's framing per parameter tensor, measured with torch 2.13 on the debug models (checked by
 # tests/plan/test_checkpoint_size.py): its four tensors (parameter, exp_avg, exp_avg_sq, step)
@@ -54,9 +54,9 @@ class CheckpointSize:
 
 
 def block_tensors(m: ModelConfig) -> tuple[int, int, int, int]:
-    """Parameter tensors of (a dense block, an MoE block, the embedding, the head) as models/
-    builds them (its family's parameters, models/shapes.py): experts stacked, one w1, w2 and
-    w3 for all of them."""
+    """Parameter tensors of (a dense block, an MoE block, the embedding, the head) as
+    launcher/models/ builds them (its family's parameters, launcher/models/shapes.py): experts
+    stacked, one w1, w2 and w3 for all of them."""
     fam = families.of(m)
     moe = len(fam.block(m, moe=True)) if m.n_routed_experts else 0
     return len(fam.block(m, moe=False)), moe, len(fam.embedding.tensors(m)), len(fam.head(m))

@@ -18,9 +18,9 @@ from launcher.config import Config, DType
 from launcher.data.batches import data_sizes, split_sizes
 from launcher.data.sources import run_sources, validation_sources
 from launcher.layout import SCHEDULES
+from launcher.models import families
 from launcher.plan.problem import Problem
 from launcher.plan.ranges import range_problems
-from models import families
 
 PLAIN_NAME = re.compile(r"[A-Za-z0-9._-]+")
 
@@ -111,7 +111,7 @@ def heads(cfg):
     ),
 )  # fmt: skip
 def family_fields(cfg):
-    """What the config asks of its family's model (models/families.py: Family.problems)."""
+    """What the config asks of its family's model (launcher/models/families.py: Family.problems)."""
     for problem in families.of(cfg.model).problems(cfg.model):
         yield f"{problem} ({_name(cfg)})"
 
@@ -133,8 +133,8 @@ def routed_experts(cfg):
 
 @config_rule("model", ("model.score_func", "model.n_group", "model.topk_group"))
 def routing(cfg):
-    """The router's settings (models/moe.py): a score function it has, and groups that split
-    the experts evenly and leave top_k of them to choose from."""
+    """The router's settings (launcher/models/moe.py): a score function it has, and groups that
+    split the experts evenly and leave top_k of them to choose from."""
     m, name = cfg.model, _name(cfg)
     if not m.n_routed_experts:
         return

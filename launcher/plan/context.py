@@ -16,12 +16,12 @@ from launcher.layout import (
     split_layers,
     stage_starts,
 )
+from launcher.models import families
+from launcher.models.expert_kernel import loop_reason
 from launcher.plan import kernels
 from launcher.plan.comm import Links
 from launcher.plan.memory import BYTES, GIB, reserve_gib
 from launcher.plan.model_size import Shape, active_matmul_params_per_token, flops_per_token, shape
-from models import families
-from models.expert_kernel import loop_reason
 
 
 class Context:
@@ -83,9 +83,9 @@ class Context:
         self.attn_core_flops = (
             3 * self.seq * s.n_heads * (s.d_qk + s.d_v) * (1 if self.flash else 2)
         )
-        # What a block's feed-forward keeps per token (its family's parts, models/shapes.py):
-        # the dense MLP's, or the MoE layer's shared experts' and routed copies' (and the
-        # router's bytes), and what per-op recompute keeps of the routed ones.
+        # What a block's feed-forward keeps per token (its family's parts,
+        # launcher/models/shapes.py): the dense MLP's, or the MoE layer's shared experts' and routed
+        # copies' (and the router's bytes), and what per-op recompute keeps of the routed ones.
         fam = families.of(m)
         self.dense_mlp_saved = fam.mlp.saved * m.ffn_dim
         self.shared_mlp_saved = fam.routed.shared.saved * m.n_shared_experts * m.moe_ffn_dim
@@ -102,8 +102,8 @@ class Context:
         self.fused = fused  # the share of memory-bound traffic left where blocks compile
         ops = kernels.OPS_COMPILED if t.compile else 1.0
         self.ops_dense, self.ops_moe = kernels.OPS_DENSE * ops, kernels.OPS_MOE * ops
-        # Where no grouped kernel runs the experts (models/expert_kernel.py), the engine runs
-        # them one at a time: the reason, which the plan shows, and the launches it prices.
+        # Where no grouped kernel runs the experts (launcher/models/expert_kernel.py), the engine
+        # runs them one at a time: the reason, which the plan shows, and the launches it prices.
         self.expert_loop = (
             loop_reason(hw.device_type.value, p.compute_dtype.value) if self.moe else None
         )

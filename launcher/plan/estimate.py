@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from launcher.layout import Layout, last_stage_rank
+from launcher.models import families
+from launcher.models.tiles import band_bytes
 from launcher.plan import bubble as pl
 from launcher.plan.context import (
     Context,
@@ -31,8 +33,6 @@ from launcher.plan.memory import (
 )
 from launcher.plan.model_size import block_matmuls
 from launcher.plan.terms import Time, step_time
-from models import families
-from models.tiles import band_bytes
 
 # The loss's peak per logit element (launcher.training.trainer.loss_fn: cross-entropy of the logits
 # cast to fp32), in its backward: eager, the fp32 log-softmax it saved, the gradient nll_loss writes
@@ -208,7 +208,7 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
 
 def build_transient(m) -> float:
     """What initialising a rank's share holds beside it at most: one band of tiles across the
-    widest parameter (models/tiles.py; each parameter's last dimension is the width of its
+    widest parameter (launcher/models/tiles.py; each parameter's last dimension is the width of its
     input: the model's dim, an MLP's hidden size, the attention heads' concatenation)."""
     heads = m.n_heads * max(m.v_head_dim or 0, m.head_dim or m.dim // max(1, m.n_heads))
     return band_bytes(max(m.dim, m.ffn_dim, m.moe_ffn_dim or 0, heads))

@@ -12,12 +12,12 @@ The constants and where they come from:
 - What compiling gains beyond the fused memory-bound work and the fewer launches counted below
   is the hardware preset's `compile_factor`, fitted per part with its efficiency_scale
   (`python -m launcher.plan.calibrate --hopper`).
-- ELEMENTWISE (each family record's `elementwise`, models/families.py; ELEMENTWISE_SCORES): bytes
-  the non-matmul operators of one block read and write per token, forward and backward, counted on
-  this engine's own blocks with a TorchDispatchMode over every ATen operator other than matmuls,
-  attention and views (llama3_debug at dim 128 and 256, FFN 384 and 768; gpt_debug at sequence 128
-  and 256): elements per token = a x dim + b x MLP hidden width (+ c x heads x sequence where
-  attention is unfused), counted at the compute dtype. Compiled blocks fuse chains of them: a
+- ELEMENTWISE (each family record's `elementwise`, launcher/models/families.py; ELEMENTWISE_SCORES):
+  bytes the non-matmul operators of one block read and write per token, forward and backward,
+  counted on this engine's own blocks with a TorchDispatchMode over every ATen operator other than
+  matmuls, attention and views (llama3_debug at dim 128 and 256, FFN 384 and 768; gpt_debug at
+  sequence 128 and 256): elements per token = a x dim + b x MLP hidden width (+ c x heads x sequence
+  where attention is unfused), counted at the compute dtype. Compiled blocks fuse chains of them: a
   third of the traffic (an assumption).
 - OPS: ATen operators per block, forward and backward (the same count): 187 for a dense llama
   block, 182 for gpt, 273 for a mixtral block, 36 for the embedding, head and loss. Compiled
@@ -32,11 +32,11 @@ The constants and where they come from:
   GEMMs and SwiGLU: per routed copy and dim (gathering each token's copies in expert order,
   putting them back, weighting and summing them) and per token and routed expert (the
   router's fp32 scores, top-k and balance statistics). Counted with a TorchDispatchMode over
-  models/moe.py's layer under bf16 autocast (T 256-512, D 64-128, E 8-32, top-k 2-4, F
+  launcher/models/moe.py's layer under bf16 autocast (T 256-512, D 64-128, E 8-32, top-k 2-4, F
   64-128; least squares, residuals within 5%); the same fit gave 32 bytes per copy and FFN
   unit (ELEMENTWISE's 16 elements in bf16) and 33 per stack element (the three stacks' casts
   to bf16 and their gradients' back, 36 by count).
-- OPS_PER_EXPERT: operators per expert of the per-expert loop (models/moe.py, where no
+- OPS_PER_EXPERT: operators per expert of the per-expert loop (launcher/models/moe.py, where no
   grouped kernel runs), forward and backward, counted from the code: 6 + 25.
 - FP8_CAST_BYTES: bytes torchao's float8 linear (precision.fp8) moves outside its three GEMMs,
   forward and backward: each operand's amax, scale and cast to float8, done twice (the input and

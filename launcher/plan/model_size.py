@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass
 
 from launcher.config import ModelConfig
-from models import families, shapes
+from launcher.models import families, shapes
 
 
 def count(tensors: dict[str, tuple[int, ...]]) -> int:
-    """Elements of a {name: shape} list (models/shapes.py)."""
+    """Elements of a {name: shape} list (launcher/models/shapes.py)."""
     return sum(math.prod(shape) for shape in tensors.values())
 
 
@@ -121,7 +121,7 @@ class Shape:
 
 def shape(m: ModelConfig) -> Shape:
     """Parameter counts and widths of a model config (any family), counted from its family's
-    parameters (models/shapes.py) split as tensor and expert parallelism split them."""
+    parameters (launcher/models/shapes.py) split as tensor and expert parallelism split them."""
     fam = families.of(m)
     moe = m.n_routed_experts > 0
     n_dense = shapes.dense_layers(m)
@@ -205,8 +205,8 @@ def alternate_unpriced(m: ModelConfig) -> str:
 
 
 def block_matmuls(m: ModelConfig, matmuls: str = "all") -> list[Matmul]:
-    """A dense block's projections in forward order (its attention's, models/shapes.py, then
-    the MLP's: w1, w3, w2 or fc1, fc2), with the outputs recompute=op keeps: all, or under
+    """A dense block's projections in forward order (its attention's, launcher/models/shapes.py,
+    then the MLP's: w1, w3, w2 or fc1, fc2), with the outputs recompute=op keeps: all, or under
     matmuls="alternate" the 1st, 3rd, 5th, ... (launcher/parallel/recompute.py)."""
     fam, ffn = families.of(m), m.ffn_dim
     attention = [(*mm, False) for mm in fam.attention.matmuls(m)]

@@ -227,7 +227,7 @@ def problems_message(plan: Plan) -> str:
 
 
 def experts_line(ctx) -> str:
-    """How the engine will run the routed experts (models/expert_kernel.py)."""
+    """How the engine will run the routed experts (launcher/models/expert_kernel.py)."""
     m = ctx.model
     head = f"{m.n_routed_experts} routed (top {m.top_k}) per MoE layer: "
     if ctx.expert_loop:

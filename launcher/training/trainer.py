@@ -31,7 +31,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-import models
+from launcher import models
 from launcher.checkpoint.reader import checkpoint_damage
 from launcher.checkpoint.saver import Checkpointer, ModelState, RngState, TrainState
 from launcher.checkpoint.store import (
@@ -48,6 +48,8 @@ from launcher.data.batches import Batches
 from launcher.data.sources import run_data
 from launcher.hf import weights as hf_weights
 from launcher.layout import as_saved, describe, stage_owner
+from launcher.models.layers import document_ids, future_tokens
+from launcher.models.moe import expert_kernel
 from launcher.parallel import build, pipeline_parallel
 from launcher.parallel.context_parallel import chunk_positions
 from launcher.parallel.data_parallel import DTYPES, average_grads, grad_sync, local_tensor
@@ -77,8 +79,6 @@ from launcher.runtime.launch import hydra_quoted
 from launcher.runtime.metrics import MetricsLogger
 from launcher.runtime.profiling import profiled, resumed_past
 from launcher.training.optim import build_optimizers, clip_grad_norm, lr_at
-from models.layers import document_ids, future_tokens
-from models.moe import expert_kernel
 
 
 class Stopped(Exception):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from rich.console import Console
 
-import models
+from launcher import models
 from launcher.bench import __main__ as bench
 from launcher.bench import gpu
 from launcher.bench.peers import bare, engine, hugging_face

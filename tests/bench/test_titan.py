@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import compose_config
 
-import models
+from launcher import models
 from launcher.bench import titan
 from launcher.bench.peers import Workload
-from models.families import FAMILIES
+from launcher.models.families import FAMILIES
 
 try:
     titan._titan()

@@ -13,10 +13,10 @@ import pytest
 import torch
 from conftest import compose_config
 
-import models
+from launcher import models
 from launcher.bench import gpu, titan_moe
 from launcher.bench.peers import Workload
-from models.moe import MoE, grouped_swiglu
+from launcher.models.moe import MoE, grouped_swiglu
 
 try:
     titan_moe._titan()

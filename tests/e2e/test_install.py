@@ -22,7 +22,7 @@ from packaging.requirements import Requirement
 
 pytestmark = pytest.mark.e2e
 
-SOURCES = ("launcher", "models", "hydra_plugins", "pyproject.toml")
+SOURCES = ("launcher", "hydra_plugins", "pyproject.toml")
 
 
 def distribution_tree(name: str, seen: set[str]) -> set[str]:

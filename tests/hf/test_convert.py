@@ -11,8 +11,8 @@ from conftest import compose_config, read_metrics, run_cli
 from omegaconf import OmegaConf
 from safetensors import safe_open
 
-import models
 from hf import hf_models
+from launcher import models
 from launcher.config import ModelConfig
 
 pytestmark = pytest.mark.e2e

@@ -9,8 +9,8 @@ import torch
 from conftest import compose_config
 from safetensors.torch import load_file, save_file
 
-import models
 from hf import hf_models
+from launcher import models
 from launcher.hf.config_json import (
     HFConfigError,
     mismatches,
@@ -20,7 +20,7 @@ from launcher.hf.config_json import (
 )
 from launcher.hf.names import Source, check, sources
 from launcher.hf.weights import Reader, from_hf, to_interleaved, to_rotate_half
-from models.families import FAMILIES
+from launcher.models.families import FAMILIES
 
 
 def hf_config(family: str, **changes) -> dict:

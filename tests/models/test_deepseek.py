@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 from conftest import compose_config
 
-import models
+from launcher import models
+from launcher.models.deepseek import DeepSeekArgs, yarn_frequencies, yarn_scales
+from launcher.models.layers import future_tokens
 from launcher.plan.model_size import shape
-from models.deepseek import DeepSeekArgs, yarn_frequencies, yarn_scales
-from models.layers import future_tokens
 
 PRESETS = ["deepseek_debug", "deepseek_v2_lite", "deepseek_v3", "kimi_k2"]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from test_positions import build
 
-from models.families import FAMILIES
-from models.layers import (
+from launcher.models.families import FAMILIES
+from launcher.models.layers import (
     additive_mask,
     attention_mask,
     document_attention,

@@ -1,4 +1,4 @@
-"""The family records (models/families.py) against the models they describe.
+"""The family records (launcher/models/families.py) against the models they describe.
 
 Tensor parallelism skips a record's block entry that a block does not have (MLA's wq_b without
 a q latent, the dense MLP of an MoE layer), so a misspelt name would leave a projection
@@ -17,11 +17,11 @@ from conftest import compose_config
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-import models
+from launcher import models
+from launcher.models.families import FAMILIES, TP_ROUTED, family
+from launcher.models.layers import future_tokens
 from launcher.parallel.tensor_parallel import _find
 from launcher.plan.model_size import flops_per_token
-from models.families import FAMILIES, TP_ROUTED, family
-from models.layers import future_tokens
 
 # The debug presets, and what else a family's blocks may hold (MLA without a q latent).
 VARIANTS = {
@@ -88,7 +88,7 @@ def test_every_dense_projection_of_a_block_is_in_the_tp_plan(name):
     ids=" ".join,
 )
 def test_a_records_parameters_are_the_models(overrides):
-    """The family's parameters as data (models/shapes.py, which the planner counts) are the
+    """The family's parameters as data (launcher/models/shapes.py, which the planner counts) are the
     built model's, name for name, shape for shape, in order; and so the planner's count."""
     from launcher.plan.model_size import shape
 
@@ -102,7 +102,7 @@ def test_a_records_parameters_are_the_models(overrides):
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_a_family_declares_which_fields_it_reads_and_no_default(name):
-    """Each model field is declared once, with its default, in models/config.py; a family's
+    """Each model field is declared once, with its default, in launcher/models/config.py; a family's
     Args name the ones its model reads, with no default of their own to contradict it."""
     _, args = family(name).classes()
     fields = dataclasses.fields(args)

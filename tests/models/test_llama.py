@@ -9,15 +9,15 @@ import torch
 import torch.nn.functional as F
 from conftest import compose_config
 
-import models
+from launcher import models
+from launcher.models.config import ModelConfig
+from launcher.models.llama import Attention, LlamaArgs, rope_cache, rope_frequencies
 from launcher.plan.model_size import shape
 from launcher.training.trainer import build_model
-from models.config import ModelConfig
-from models.llama import Attention, LlamaArgs, rope_cache, rope_frequencies
 
 
 def llama_args(**fields) -> LlamaArgs:
-    """LlamaArgs of the model config's defaults (models/config.py), with these fields."""
+    """LlamaArgs of the model config's defaults (launcher/models/config.py), with these fields."""
     defaults = vars(ModelConfig())
     return LlamaArgs(**{f: fields.get(f, defaults[f]) for f in LlamaArgs.__dataclass_fields__})
 
@@ -99,7 +99,7 @@ def test_initial_loss_is_near_uniform():
 
 
 def test_rmsnorm_matches_the_elementwise_definition_and_its_gradients():
-    from models.layers import RMSNorm
+    from launcher.models.layers import RMSNorm
 
     torch.manual_seed(0)
     norm = RMSNorm(16, 1e-5).double()

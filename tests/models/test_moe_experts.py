@@ -1,5 +1,5 @@
-"""The routed experts' kernels (models/moe.py): every path equals one expert at a time, autocast
-reaches the grouped kernel in bf16, the routed path reads nothing back to the host, the
+"""The routed experts' kernels (launcher/models/moe.py): every path equals one expert at a time,
+autocast reaches the grouped kernel in bf16, the routed path reads nothing back to the host, the
 per-expert loop (where no grouped kernel runs) is linear in the expert count, and a compiled
 MoE layer is one graph whatever the routing."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from models import moe
-from models.moe import MoE, Router, grouped_swiglu
+from launcher.models import moe
+from launcher.models.moe import MoE, Router, grouped_swiglu
 
 
 def per_expert(x, counts, w1, w2, w3):

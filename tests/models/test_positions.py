@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import compose_config
 
-import models
+from launcher import models
+from launcher.models.families import FAMILIES
 from launcher.parallel.context_parallel import chunk_positions
-from models.families import FAMILIES
 
 
 def build(family: str, fused: bool) -> torch.nn.Module:

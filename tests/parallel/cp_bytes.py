@@ -31,7 +31,7 @@ from jobs import patched
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
-import models
+from launcher import models
 from launcher.parallel import context_parallel as cpa
 from launcher.parallel.recompute import apply_ac
 from launcher.parallel.tensor_parallel import apply_tp

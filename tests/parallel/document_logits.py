@@ -13,8 +13,8 @@ import torch
 from jobs import trainer_of
 from torch.distributed.tensor import DTensor
 
+from launcher.models.layers import document_ids
 from launcher.parallel import pipeline_parallel
-from models.layers import document_ids
 
 EOS = 256  # the byte-level tokenizer's
 

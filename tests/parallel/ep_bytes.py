@@ -20,9 +20,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from launcher.models import moe
 from launcher.parallel import expert_parallel
 from launcher.plan.terms.ep import ep_layer_bytes
-from models import moe
 from parallel.expert_bias import build_trainer
 
 

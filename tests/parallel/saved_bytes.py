@@ -24,14 +24,14 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.utils._pytree import tree_map
 from torch.utils.checkpoint import CheckpointPolicy
 
-import models
+from launcher import models
 from launcher.cli import CONF_DIR, hydra_app
+from launcher.models.families import DENSE_FIRST, FAMILIES
 from launcher.parallel import parallelize
 from launcher.parallel import recompute as activation_recompute
 from launcher.plan import make_plan
 from launcher.plan.estimate import layer_activation
 from launcher.runtime import distributed
-from models.families import DENSE_FIRST, FAMILIES
 
 PRESETS = {name: f.debug for name, f in FAMILIES.items()}
 BATCH, SEQ = 2, 64

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from jobs import patched
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-import models
+from launcher import models
 from launcher.layout import SINGLE
 from launcher.parallel import pipeline_parallel
 

@@ -1,11 +1,11 @@
 """The same seed gives the same initial parameters on one process and on any layout.
 
 Each rank of a layout builds the model on the meta device and computes only the values of the shards
-it holds (models/init.py); gathered whole, they must equal, bit for bit, what one process draws for
-the whole model (`launcher.training.trainer.build_model`). Cases: FSDP over 4 ranks; tensor x
-pipeline parallelism with tied embeddings (the last stage's copy of the embedding drawn as the
-embedding); routed experts split over ep=2 and sharded by FSDP; DeepSeek's MLA and experts under tp
-x ep with ZeRO-1.
+it holds (launcher/models/init.py); gathered whole, they must equal, bit for bit, what one process
+draws for the whole model (`launcher.training.trainer.build_model`). Cases: FSDP over 4 ranks;
+tensor x pipeline parallelism with tied embeddings (the last stage's copy of the embedding drawn as
+the embedding); routed experts split over ep=2 and sharded by FSDP; DeepSeek's MLA and experts under
+tp x ep with ZeRO-1.
 """
 
 from __future__ import annotations

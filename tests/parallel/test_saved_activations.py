@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from group import Job, per_rank
 
+from launcher.models import families
 from launcher.runtime import distributed
-from models import families
 from parallel import saved_bytes
 
 FAMILIES = list(families.FAMILIES)  # every registered family

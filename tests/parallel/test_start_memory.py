@@ -18,7 +18,7 @@ import pytest
 import torch
 from group import Job, per_rank
 
-import models
+from launcher import models
 from launcher.cli import compose
 
 pytestmark = pytest.mark.dist

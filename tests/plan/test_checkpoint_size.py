@@ -14,7 +14,8 @@ from conftest import compose_config
 from rich.console import Console
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
-import models
+from launcher import models
+from launcher.models.families import FAMILIES
 from launcher.plan import make_plan
 from launcher.plan.checkpoint_size import (
     BYTES_PER_TENSOR,
@@ -28,7 +29,6 @@ from launcher.plan.checkpoint_size import (
 from launcher.plan.config_rules import config_problems
 from launcher.plan.model_size import shape
 from launcher.plan.report import plan_json, print_plan
-from models.families import FAMILIES
 
 DEBUG_MODELS = [f.debug for f in FAMILIES.values()]  # every family's
 

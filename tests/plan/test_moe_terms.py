@@ -1,7 +1,7 @@
-"""The planner's MoE terms come from what models/moe.py runs: an `experts` term beside compute
-(router, permutation traffic, grouped GEMMs at each expert's rows, autocast's casts of the
+"""The planner's MoE terms come from what launcher/models/moe.py runs: an `experts` term beside
+compute (router, permutation traffic, grouped GEMMs at each expert's rows, autocast's casts of the
 stacks), in the plan table and the JSON, and the per-expert loop priced by its launches where
-no grouped kernel runs (the rule models/expert_kernel.py shares with the engine)."""
+no grouped kernel runs (the rule launcher/models/expert_kernel.py shares with the engine)."""
 
 from __future__ import annotations
 
@@ -62,8 +62,8 @@ def test_the_per_expert_loop_is_priced_by_its_launches_where_no_grouped_kernel_r
 
 
 def test_autocast_pays_for_casting_the_stacks_and_fsdp_does_not():
-    """bf16_mixed under ZeRO-1 computes under autocast over fp32 stacks (models/moe.py casts
-    them each forward, and their gradients back); under FSDP the stacks arrive in bf16."""
+    """bf16_mixed under ZeRO-1 computes under autocast over fp32 stacks (launcher/models/moe.py
+    casts them each forward, and their gradients back); under FSDP the stacks arrive in bf16."""
     common = ["model=mixtral_debug", "precision=bf16_mixed", "hardware.devices_per_node=2"]
     zero1, fsdp = (plan_of(*common, f"data_parallel={dp}") for dp in ("zero1", "fsdp"))
     ctx: Context = zero1.context

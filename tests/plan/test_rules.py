@@ -11,11 +11,11 @@ from conftest import compose_config, run_cli
 from rich.console import Console
 
 from launcher.layout import AXES, SCHEDULES, Layout
+from launcher.models.families import DENSE, FAMILIES
 from launcher.plan import make_plan
 from launcher.plan.limitations import LIMITATIONS
 from launcher.plan.report import print_plan
 from launcher.plan.rules import LAYOUT_RULES, engine_problems
-from models.families import DENSE, FAMILIES
 
 H100 = ["hardware=h100_80g"]
 
@@ -486,7 +486,7 @@ def test_configured_split_must_cover_the_layers():
     ],
 )
 def test_moe_mistakes_are_named(overrides, expected):
-    """What a family's record says it has (models/families.py): routed experts, dense first
+    """What a family's record says it has (launcher/models/families.py): routed experts, dense first
     layers. Before the records, a llama with n_routed_experts=4 planned as an MoE (674,944
     parameters) and trained as a dense model (869,504)."""
     _, _, msg = rules(["model=mixtral_debug", *overrides])

@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import compose_config
 
-import models
+from launcher import models
+from launcher.models.tiles import band_bytes
 from launcher.plan import make_plan
 from launcher.plan.estimate import build_transient
-from models.tiles import band_bytes
 
 
 def parameters(cfg) -> int:

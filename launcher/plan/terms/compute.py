@@ -99,7 +99,7 @@ def layer_cost(ctx: Context, lay: Layout, moe: bool, tokens: float) -> LayerCost
 
 def experts_seconds(ctx: Context, lay: Layout, tokens: float) -> float:
     """An MoE layer's routed part for a micro-batch of `tokens` (split over tp ranks), forward
-    and backward, as models/moe.py runs it: the router's GEMM and scores, the token copies'
+    and backward, as launcher/models/moe.py runs it: the router's GEMM and scores, the token copies'
     permutation to their experts and back (kernels.MOE_BYTES), the grouped GEMMs at the rows
     each expert receives under balanced routing (narrow ones run slowly), the SwiGLU between
     them, and under autocast the weight stacks' cast to the compute dtype and their gradients'

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.expert_kernel import loop_reason
-from models.layers import FeedForward, swiglu
+from launcher.models.expert_kernel import loop_reason
+from launcher.models.layers import FeedForward, swiglu
 
 # torch's grouped matmul: the public name where this torch has it, else the private operator it
 # wraps (which older releases have alone).
@@ -39,7 +39,7 @@ _grouped_mm = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", No
 
 def expert_kernel(device_type: str, dtype: torch.dtype) -> str | None:
     """Why the experts run one at a time here (None: as the grouped kernel); the rule, shared
-    with the planner, is models/expert_kernel.py. The engine says it at start."""
+    with the planner, is launcher/models/expert_kernel.py. The engine says it at start."""
     name = str(dtype).removeprefix("torch.")
     return loop_reason(device_type, name, has_grouped_mm=_grouped_mm is not None)
 

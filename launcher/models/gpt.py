@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.init import ONES, ZEROS, Rule, init_whole, normal
-from models.layers import AttentionCore, BlockStack, dropout, token_positions
+from launcher.models.init import ONES, ZEROS, Rule, init_whole, normal
+from launcher.models.layers import AttentionCore, BlockStack, dropout, token_positions
 
 
 @dataclass(kw_only=True)
 class GPTArgs:
-    """The model config fields this family reads (their defaults: models/config.py)."""
+    """The model config fields this family reads (their defaults: launcher/models/config.py)."""
 
     dim: int
     n_layers: int
@@ -147,7 +147,7 @@ class GPT(BlockStack, nn.Module):
         """No buffers to derive."""
 
     def init_weights(self, seed: int = 0) -> None:
-        """Initialise this whole model in place (models/init.py)."""
+        """Initialise this whole model in place (launcher/models/init.py)."""
         init_whole(self, seed, self.init_rule)
 
     def forward(

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.init import ONES, Rule, init_whole, normal
-from models.layers import (
+from launcher.models.init import ONES, Rule, init_whole, normal
+from launcher.models.layers import (
     AttentionCore,
     BlockStack,
     FeedForward,
@@ -28,7 +28,7 @@ from models.layers import (
 
 @dataclass(kw_only=True)
 class LlamaArgs:
-    """The model config fields this family reads (their defaults: models/config.py)."""
+    """The model config fields this family reads (their defaults: launcher/models/config.py)."""
 
     dim: int
     n_layers: int
@@ -191,7 +191,7 @@ class Transformer(BlockStack, nn.Module):
                 module.init_buffers()
 
     def init_weights(self, seed: int = 0) -> None:
-        """Initialise this whole model in place (models/init.py: the values any layout's
+        """Initialise this whole model in place (launcher/models/init.py: the values any layout's
         shards of it get from the same seed)."""
         init_whole(self, seed, self.init_rule)
         self.init_buffers()

@@ -1,5 +1,5 @@
-"""The tiles initial values are drawn in (models/init.py), in plain Python: the planner reads
-them (the memory a rank's initialisation needs beside its parameters) without importing torch.
+"""The tiles initial values are drawn in (launcher/models/init.py), in plain Python: the planner
+reads them (the memory a rank's initialisation needs beside its parameters) without importing torch.
 
 A parameter is seen as a matrix (rows = the product of its leading dimensions, cols = its last),
 cut into tiles of at most TILE_COLS columns and TILE_ELEMENTS elements.

@@ -1,9 +1,9 @@
 """The parts models are made of, as data: each part's parameters as {name: shape}, exactly as
-models/ builds them, and what the planner prices the part by (an attention's per-token widths
-and projections in order, an MLP's and an MoE layer's saved tensors).
+launcher/models/ builds them, and what the planner prices the part by (an attention's per-token
+widths and projections in order, an MLP's and an MoE layer's saved tensors).
 
 Pure Python (no torch): the planner counts parameters, checkpoint tensors, FLOPs and saved
-activations from these, and a family's record (models/families.py) names which of them its
+activations from these, and a family's record (launcher/models/families.py) names which of them its
 blocks are made of, so that a family is one unit and shared code never decodes its flags.
 Names are relative to the part (a block's attention is under `attention.`, its feed-forward
 under `feed_forward.`); shapes are (out, in) for a projection, as torch's Linear holds them.
@@ -328,7 +328,7 @@ def routed_kept(m) -> int:
 
 @dataclass(frozen=True)
 class Routed:
-    """An MoE layer in a block's MLP's place (models/moe.py): its parameters, and what the
+    """An MoE layer in a block's MLP's place (launcher/models/moe.py): its parameters, and what the
     planner prices its saved activations by, per token (the compute dtype's elements, the
     router's bytes), beside its shared experts' MLP of n_shared_experts x moe_ffn_dim units."""
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from models.init import ZEROS, Rule
-from models.llama import Attention, LlamaArgs, Transformer, TransformerBlock
+from launcher.models.init import ZEROS, Rule
+from launcher.models.llama import Attention, LlamaArgs, Transformer, TransformerBlock
 
 
 @dataclass(kw_only=True)
 class Qwen2Args(LlamaArgs):
-    """The model config fields this family reads (their defaults: models/config.py)."""
+    """The model config fields this family reads (their defaults: launcher/models/config.py)."""
 
 
 class Qwen2(Transformer):

@@ -13,8 +13,8 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from models import shapes
-from models.shapes import Shapes
+from launcher.models import shapes
+from launcher.models.shapes import Shapes
 
 # Its blocks' feed-forward (Family.feed_forward).
 DENSE, ROUTED, DENSE_FIRST = "dense", "routed", "dense first"
@@ -60,7 +60,7 @@ class Family:
     # input as a plain local tensor (MLA's latent projections).
     tp_shared: tuple[str, ...] = ()
     tp_local_input: tuple[str, ...] = ()
-    # Parameters as data (models/shapes.py), which the planner counts: a block is its
+    # Parameters as data (launcher/models/shapes.py), which the planner counts: a block is its
     # attention_norm, `attention`, its ffn_norm and `mlp` (`routed` in an MoE layer); the
     # model adds `embedding` and the head (the final norm and, untied, the output projection).
     attention: shapes.Attention = shapes.GQA
@@ -334,8 +334,8 @@ FAMILIES: dict[str, Family] = {
     for f in (
         Family(
             "llama",
-            "models.llama:Transformer",
-            "models.llama:LlamaArgs",
+            "launcher.models.llama:Transformer",
+            "launcher.models.llama:LlamaArgs",
             debug="llama3_debug",
             titan="llama3",
             tp_embedding="tok_embeddings",
@@ -351,8 +351,8 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "qwen2",
-            "models.qwen2:Qwen2",
-            "models.qwen2:Qwen2Args",
+            "launcher.models.qwen2:Qwen2",
+            "launcher.models.qwen2:Qwen2Args",
             debug="qwen2_debug",
             attention=shapes.GQA_QKV_BIAS,
             tp_embedding="tok_embeddings",
@@ -372,8 +372,8 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "qwen3",
-            "models.qwen3:Qwen3",
-            "models.qwen3:Qwen3Args",
+            "launcher.models.qwen3:Qwen3",
+            "launcher.models.qwen3:Qwen3Args",
             debug="qwen3_debug",
             attention=shapes.GQA_QK_NORM,
             tp_embedding="tok_embeddings",
@@ -385,8 +385,8 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "gpt",
-            "models.gpt:GPT",
-            "models.gpt:GPTArgs",
+            "launcher.models.gpt:GPT",
+            "launcher.models.gpt:GPTArgs",
             debug="gpt_debug",
             attention=shapes.GQA_BIASED,
             mlp=shapes.GELU,
@@ -400,8 +400,8 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "mixtral",
-            "models.mixtral:Mixtral",
-            "models.mixtral:MixtralArgs",
+            "launcher.models.mixtral:Mixtral",
+            "launcher.models.mixtral:MixtralArgs",
             debug="mixtral_debug",
             titan="qwen3_moe_blocks",
             tp_embedding="tok_embeddings",
@@ -426,8 +426,8 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "qwen3_moe",
-            "models.qwen3_moe:Qwen3MoE",
-            "models.qwen3_moe:Qwen3MoEArgs",
+            "launcher.models.qwen3_moe:Qwen3MoE",
+            "launcher.models.qwen3_moe:Qwen3MoEArgs",
             debug="qwen3_moe_debug",
             attention=shapes.GQA_QK_NORM,
             feed_forward=ROUTED,
@@ -465,8 +465,8 @@ FAMILIES: dict[str, Family] = {
         ),
         Family(
             "deepseek",
-            "models.deepseek:DeepSeek",
-            "models.deepseek:DeepSeekArgs",
+            "launcher.models.deepseek:DeepSeek",
+            "launcher.models.deepseek:DeepSeekArgs",
             debug="deepseek_debug",
             attention=shapes.MLA,
             titan="deepseek_v3",

@@ -1,6 +1,6 @@
 """Initial weights as a function of the parameter and the seed alone, computable shard by shard.
 
-Every parameter is seen as a matrix cut into tiles (models/tiles.py). Each tile is drawn
+Every parameter is seen as a matrix cut into tiles (launcher/models/tiles.py). Each tile is drawn
 from its own generator, seeded with the seed and the tile's number in the whole model (the
 parameters in the order the full model lists them, each tile after the one before). A rank
 holding a box of a parameter (rows and columns of its shard, from any mix of FSDP, tensor and
@@ -8,8 +8,8 @@ expert sharding) draws the tiles that box touches and keeps their overlap: the s
 wherever they are drawn, on one process or on any layout, with time and memory in proportion to
 the rank's share (a tile's width at most, where its shard is narrower than a tile).
 
-A parameter's distribution comes from its family's `init_rule(name)` (models/llama.py,
-models/gpt.py); a tied parameter listed a second time is drawn as the first (`aliases`).
+A parameter's distribution comes from its family's `init_rule(name)` (launcher/models/llama.py,
+launcher/models/gpt.py); a tied parameter listed a second time is drawn as the first (`aliases`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from models.tiles import n_tiles, tile_shape
+from launcher.models.tiles import n_tiles, tile_shape
 
 # torch's CPU generator (mt19937) keeps 32 bits of its seed: tile numbers are mixed with an odd
 # multiplier, one-to-one onto those 32 bits (4 billion tiles, 280 trillion parameters).

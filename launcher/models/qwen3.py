@@ -7,13 +7,13 @@ from dataclasses import dataclass
 
 import torch
 
-from models.layers import RMSNorm
-from models.llama import Attention, LlamaArgs, Transformer, TransformerBlock
+from launcher.models.layers import RMSNorm
+from launcher.models.llama import Attention, LlamaArgs, Transformer, TransformerBlock
 
 
 @dataclass(kw_only=True)
 class Qwen3Args(LlamaArgs):
-    """The model config fields this family reads (their defaults: models/config.py)."""
+    """The model config fields this family reads (their defaults: launcher/models/config.py)."""
 
 
 class QKNormAttention(Attention):

@@ -1,8 +1,8 @@
 """The model's fields, with their defaults: declared here once (no torch).
 
 `model=NAME` presets (conf/model/) and overrides set them; each family's Args dataclass
-(models/llama.py, ...) declares which of them its model reads, without defaults of its own, and
-`models.build` refuses a field that is not one of these.
+(launcher/models/llama.py, ...) declares which of them its model reads, without defaults of its own,
+and `models.build` refuses a field that is not one of these.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ class ModelConfig:
     top_k: int = 0
     moe_ffn_dim: int = 0
     n_dense_layers: int = 0  # the first layers keep a dense MLP of ffn_dim
-    # Routing (models/moe.py): softmax top-k (Mixtral, DeepSeek-V2) or sigmoid scores with a
-    # per-expert correction bias and group-limited choice (DeepSeek-V3, Kimi K2).
+    # Routing (launcher/models/moe.py): softmax top-k (Mixtral, DeepSeek-V2) or sigmoid scores with
+    # a per-expert correction bias and group-limited choice (DeepSeek-V3, Kimi K2).
     score_func: str = "softmax"
     n_group: int = 1  # expert groups; a token's experts come from its topk_group best groups
     topk_group: int = 1

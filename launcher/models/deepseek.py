@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.layers import IGNORE, AttentionCore, RMSNorm, apply_rope, rope_table
-from models.llama import LlamaArgs, Transformer, TransformerBlock
-from models.moe import MoE, Router, attach_loss
+from launcher.models.layers import IGNORE, AttentionCore, RMSNorm, apply_rope, rope_table
+from launcher.models.llama import LlamaArgs, Transformer, TransformerBlock
+from launcher.models.moe import MoE, Router, attach_loss
 
 # The latent norms' epsilon: DeepSeek's reference code and transformers' both build them with
 # their default, whatever rms_norm_eps the block norms use.
@@ -32,7 +32,7 @@ LATENT_NORM_EPS = 1e-6
 
 @dataclass(kw_only=True)
 class DeepSeekArgs(LlamaArgs):
-    """The model config fields this family reads (their defaults: models/config.py)."""
+    """The model config fields this family reads (their defaults: launcher/models/config.py)."""
 
     n_routed_experts: int
     n_shared_experts: int
@@ -51,7 +51,7 @@ class DeepSeekArgs(LlamaArgs):
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
-    # YaRN (models/config.py says what each does); factor <= 1: plain RoPE.
+    # YaRN (launcher/models/config.py says what each does); factor <= 1: plain RoPE.
     rope_yarn_factor: float
     rope_yarn_original_max_seq_len: int
     rope_yarn_beta_fast: float

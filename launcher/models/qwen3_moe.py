@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from models.llama import LlamaArgs, Transformer, TransformerBlock
-from models.mixtral import softmax_experts
-from models.qwen3 import QKNormAttention
+from launcher.models.llama import LlamaArgs, Transformer, TransformerBlock
+from launcher.models.mixtral import softmax_experts
+from launcher.models.qwen3 import QKNormAttention
 
 
 @dataclass(kw_only=True)
 class Qwen3MoEArgs(LlamaArgs):
-    """The model config fields this family reads (their defaults: models/config.py)."""
+    """The model config fields this family reads (their defaults: launcher/models/config.py)."""
 
     n_routed_experts: int
     top_k: int

@@ -1,7 +1,8 @@
 """Mixtral: Llama 3 attention with a sparse mixture of SwiGLU experts in place of the MLP.
 
 Each token goes to its top_k experts by a softmax router; their outputs are summed with the
-router weights renormalised over the chosen k (models/moe.py). Plain torch, no distributed import.
+router weights renormalised over the chosen k (launcher/models/moe.py). Plain torch, no distributed
+import.
 """
 
 from __future__ import annotations
@@ -10,13 +11,13 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from models.llama import LlamaArgs, Transformer, TransformerBlock
-from models.moe import MoE, Router
+from launcher.models.llama import LlamaArgs, Transformer, TransformerBlock
+from launcher.models.moe import MoE, Router
 
 
 @dataclass(kw_only=True)
 class MixtralArgs(LlamaArgs):
-    """The model config fields this family reads (their defaults: models/config.py)."""
+    """The model config fields this family reads (their defaults: launcher/models/config.py)."""
 
     n_routed_experts: int
     top_k: int
