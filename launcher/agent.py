@@ -1,5 +1,5 @@
-"""`python -m launcher.agent [torchrun options] -m launcher.train [overrides]`: torchrun
-for the launcher's local runs, with ranks forked from a process that has imported the engine.
+"""`python -m launcher.agent --hold -- LAUNCHER_ARGS`: torchrun for launcher.train's local runs,
+with ranks forked from a process that has imported the engine.
 
 torchrun starts each rank as a new Python, which imports torch and the engine again (about five
 CPU-seconds each here, the largest part of a small run's start, paid again at every restart).
@@ -11,8 +11,11 @@ death signal of its parent's (the rank watches its parent: failures.watch_parent
 standard streams, `launcher.train`'s entry with the overrides, the atexit handlers at its end.
 
 Nothing in the agent may start a thread pool, touch a GPU or open a process group before the
-forks: it only imports. launcher.train hands it its composed config on the standard input
-(`--composed-on-stdin`), which the ranks take rather than composing the same config again.
+forks: it only imports. launcher.train starts it at its own start (launcher.runtime.early) and,
+its checks passed, writes one line on its standard input: torchrun's arguments (`--standalone
+--nproc-per-node=N ... -m launcher.train OVERRIDES`), the ranks' environment and the launcher's
+composed config, which the ranks take rather than composing the same config again. The end of
+the input instead (the launcher starts no ranks): exit 0.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ os.environ.setdefault(STARTED_ENV, repr(time.time()))
 import atexit  # noqa: E402
 import base64  # noqa: E402
 import ctypes  # noqa: E402
+import json  # noqa: E402
 import logging  # noqa: E402
 import traceback  # noqa: E402
 
@@ -38,8 +42,8 @@ from torch.distributed.launcher.api import elastic_launch  # noqa: E402
 import launcher.train  # noqa: E402
 import launcher.training.engine  # noqa: E402, F401  (what every rank imports, done once here)
 from launcher.cli import exit_steps, quick_exit  # noqa: E402
+from launcher.runtime import early  # noqa: E402
 from launcher.runtime.failures import hold_stops  # noqa: E402
-from launcher.runtime.launch import COMPOSED_ON_STDIN  # noqa: E402
 
 
 def rank(argv: list[str], composed: bytes) -> None:
@@ -101,10 +105,15 @@ def agent(argv: list[str], composed: bytes = b"") -> None:
 
 
 def main() -> None:
-    argv, composed = sys.argv[1:], b""
-    if argv[:1] == [COMPOSED_ON_STDIN]:  # launcher.train's composed config, one base64 line
-        argv, composed = argv[1:], base64.b64decode(sys.stdin.readline())
-    record(agent)(argv, composed)
+    argv = sys.argv[1:]
+    if argv[:1] != [early.HOLD]:
+        sys.exit(f"usage: python -m launcher.agent {early.HOLD} -- ARGS (launcher.train starts it)")
+    line = sys.stdin.readline()  # (its imports done) what launcher.train has decided
+    if not line:  # no run here: the launcher ended without starting ranks
+        quick_exit(0)
+    word = json.loads(line)
+    os.environ.update(word["env"])
+    record(agent)(word["args"], base64.b64decode(word["composed"]))
     quick_exit(0)
 
 

@@ -15,10 +15,12 @@ import pickle
 import sys
 from pathlib import Path
 
+from launcher.runtime import early
 from launcher.runtime.failures import hold_stops, resume_mode, stop_before_start
 
 if __name__ == "__main__":
     hold_stops()
+    early.start(sys.argv[1:])  # the agent of a local relaunch imports beside this process
 
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
@@ -104,6 +106,9 @@ def task(dcfg: DictConfig) -> None:
     if first and hc.mode == RunMode.MULTIRUN:  # the sweep's summary reads these (sweep.py)
         sweep_files.write_json(run_dir / sweep_files.OVERRIDES, list(hc.overrides.task))
     cfg = to_config(dcfg)
+    hw = cfg.hardware
+    if launch.in_distributed_env() or hw.nodes * hw.devices_per_node == 1:
+        early.end()  # no ranks of this process's to start: its agent's CPU back at once
     if cfg.parallel.auto:
         if cfg.plan.candidate >= 0:
             fail("parallel.auto=true chooses the layout itself: drop plan.candidate")

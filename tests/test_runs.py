@@ -169,7 +169,8 @@ def test_a_second_ctrl_c_ends_the_run_as_stopped_with_130(tmp_path):
     import sys
     import threading
 
-    from launcher.runtime.launch import spawn, supervise
+    from launcher.runtime.early import spawn
+    from launcher.runtime.launch import supervise
 
     # A torchrun whose rank ignores the first Ctrl-C (it would save and stop).
     rank = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(60)"
@@ -201,7 +202,8 @@ def test_a_stop_while_torchrun_starts_ends_the_run_in_one_line(tmp_path, capfd):
     import sys
     import threading
 
-    from launcher.runtime.launch import spawn, supervise
+    from launcher.runtime.early import spawn
+    from launcher.runtime.launch import supervise
 
     marker = tmp_path / "torchrun started"
     starting = (  # a torchrun still importing: Python's own Ctrl-C handling, no child yet

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import ctypes
 import hashlib
 import json
 import os
@@ -19,7 +17,7 @@ from pathlib import Path
 
 from launcher.cli import fail
 from launcher.config import Config
-from launcher.runtime import rendezvous
+from launcher.runtime import early, rendezvous
 from launcher.runtime.failures import (
     EXIT_FILE,
     EXIT_STOPPED,
@@ -151,31 +149,7 @@ def relaunch(cfg: Config, overrides: list[str], run_dir: str, composed: bytes = 
     with contextlib.ExitStack() as stack:
         if rendezvous:
             stack.enter_context(joined(rendezvous, Path(run_dir), stop_timeout_s))
-        return supervise(lambda: start_agent(args, env, composed), Path(run_dir), stop_timeout_s)
-
-
-AGENT = [sys.executable, "-m", "launcher.agent"]  # torchrun, forking the ranks
-COMPOSED_ON_STDIN = "--composed-on-stdin"  # the agent's option: read the composed config first
-
-
-def start_agent(args: list[str], env: dict, composed: bytes) -> subprocess.Popen:
-    """The agent that starts the ranks, given this process's composed config on its standard
-    input (without one, its ranks compose their own)."""
-    if not composed:
-        return spawn([*AGENT, *args], env)
-    agent = spawn([*AGENT, COMPOSED_ON_STDIN, *args], env, stdin=subprocess.PIPE)
-    with contextlib.suppress(OSError):  # (an agent that ended at once says why itself)
-        agent.stdin.write(base64.b64encode(composed) + b"\n")
-        agent.stdin.close()
-    return agent
-
-
-def spawn(cmd: list[str], env: dict, **popen) -> subprocess.Popen:
-    """A process of the launcher's: in a session of its own (a terminal's Ctrl-C reaches the
-    launcher only), ended with SIGTERM when the launcher dies."""
-    return subprocess.Popen(
-        cmd, env=env, start_new_session=True, preexec_fn=die_with_parent, **popen
-    )
+        return supervise(lambda: early.take(args, env, composed), Path(run_dir), stop_timeout_s)
 
 
 # Workers of one rendezvous round connect to an address of their own round: without this a
@@ -299,12 +273,6 @@ def hydra_quoted(value: str) -> str:
 
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
-
-
-def die_with_parent() -> None:
-    """In the child before exec: get SIGTERM when the launcher process dies (Linux)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def kill_tree(pid: int) -> None:
