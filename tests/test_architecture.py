@@ -347,9 +347,10 @@ def flag_reads(text: str, name: str, fields: set[str]) -> list[str]:
 
 def test_no_shared_code_tests_a_familys_flag():
     """A family answers for itself (issue 62): shared code asks its record for parts, tables and
-    functions (models/shapes.py's attention and MLP, Family.problems), never decodes a flag.
-    A record has no yes/no field, and nothing outside models/ tests the truth of a field naming
-    a kind (its blocks' feed-forward, its torchtitan peer) or compares one with a constant."""
+    functions (launcher/models/shapes.py's attention and MLP, Family.problems), never decodes a
+    flag. A record has no yes/no field, and nothing outside launcher/models/ tests the truth of a
+    field naming a kind (its blocks' feed-forward, its torchtitan peer) or compares one with a
+    constant."""
     flags = [f.name for f in dataclasses.fields(Family) if f.type in ("bool", bool)]
     assert not flags, f"Family's yes/no fields: {flags}"
     kinds = {f.name for f in dataclasses.fields(Family) if f.type in ("str", str)} - NAMES
