@@ -8,7 +8,8 @@ membership changes unchanged) given a function instead of a command: it imports 
 and forks every rank of every attempt from itself (`start_method=fork`), so that a rank starts
 with its imports done. Each rank is then what torchrun's would be: in a session of its own, no
 death signal of its parent's (the rank watches its parent: failures.watch_parent), unbuffered
-standard streams, `launcher.train`'s entry with the overrides, the atexit handlers at its end.
+standard streams, launcher.train's task on the launcher's composed config, the atexit handlers
+at its end.
 
 Nothing in the agent may start a thread pool, touch a GPU or open a process group before the
 forks: it only imports. launcher.train starts it at its own start (launcher.runtime.early) and,
@@ -46,9 +47,9 @@ from launcher.runtime import early  # noqa: E402
 from launcher.runtime.failures import hold_stops  # noqa: E402
 
 
-def rank(argv: list[str], composed: bytes) -> None:
-    """One rank, forked from the agent: `python -u -m launcher.train ARGV` as torchrun starts it,
-    from the launcher's `composed` config where it sent one."""
+def rank(composed: bytes) -> None:
+    """One rank, forked from the agent: launcher.train's task as a rank torchrun started would
+    run it, from the launcher's `composed` config (launcher.train.rank_config)."""
     hold_stops()  # before anything else: the agent's handlers are torchrun's
     atexit._clear()  # the agent's handlers are the agent's; the rank's own run at its end
     os.setsid()  # torchrun starts each rank in a session of its own
@@ -58,13 +59,9 @@ def rank(argv: list[str], composed: bytes) -> None:
         stream.reconfigure(write_through=True)  # python -u
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         os.environ.pop(STARTED_ENV, None)  # a restart starts at its fork, imports done
-    sys.argv = ["launcher.train", *argv]
     status = 0
     try:
-        if composed:
-            launcher.train.rank_task(composed)
-        else:
-            launcher.train.main()
+        launcher.train.rank_task(composed)
     except SystemExit as e:
         status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except Exception:  # what Python prints of an uncaught exception, and its status
@@ -87,7 +84,9 @@ class OneLine(logging.Filter):
         return True
 
 
-def agent(argv: list[str], composed: bytes = b"") -> None:
+def agent(argv: list[str], composed: bytes) -> None:
+    """torchrun with `argv` (its options, then `-m launcher.train OVERRIDES`, which its own
+    parser requires and `ps` shows), every rank `rank(composed)`."""
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(OneLine())
     args = torchrun.parse_args(argv)
     if args.standalone:  # what torch.distributed.run.run does before config_from_args
@@ -101,7 +100,7 @@ def agent(argv: list[str], composed: bytes = b"") -> None:
         raise RuntimeError("the agent initialised CUDA before forking its ranks")
     sys.stdout.flush()
     sys.stderr.flush()
-    elastic_launch(config=config, entrypoint=rank)(list(args.training_script_args), composed)
+    elastic_launch(config=config, entrypoint=rank)(composed)
 
 
 def main() -> None:

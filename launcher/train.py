@@ -193,7 +193,7 @@ def task(dcfg: DictConfig) -> None:
     if not launch.in_distributed_env() and plan.world_size > 1:
         stop_before_start()  # until relaunch forwards stop signals to the ranks it starts
         overrides = list(hc.overrides.task)
-        status = launch.relaunch(cfg, overrides, str(run_dir), composed=rank_config(given))
+        status = launch.relaunch(cfg, overrides, str(run_dir), rank_config(given))
         if status:
             sys.exit(status)
         return  # a multirun goes on to its next job

@@ -100,7 +100,7 @@ def is_child() -> bool:
     return os.environ.get(CHILD_ENV) == "1"
 
 
-def relaunch(cfg: Config, overrides: list[str], run_dir: str, composed: bytes = b"") -> int:
+def relaunch(cfg: Config, overrides: list[str], run_dir: str, composed: bytes) -> int:
     """Run this command again under torchrun with one process per device
     (cfg.hardware.devices_per_node), restarted cfg.train.max_restarts times; its status.
 
@@ -115,7 +115,7 @@ def relaunch(cfg: Config, overrides: list[str], run_dir: str, composed: bytes = 
     this command: the agents meet in a c10d rendezvous there, elastic between launch.min_nodes
     and nodes when 0 < min_nodes < nodes (launcher.runtime.rendezvous holds the store).
     `composed` is this process's composed config (launcher.train.rank_config), which the ranks
-    take instead of composing their own.
+    start from.
     """
     nodes, devices_per_node = cfg.hardware.nodes, cfg.hardware.devices_per_node
     rendezvous, stop_timeout_s = cfg.launch.rendezvous, cfg.train.timeout_s
