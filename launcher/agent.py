@@ -25,8 +25,9 @@ import os
 import sys
 import time
 
-STARTED_ENV = "LAUNCHER_AGENT_STARTED"  # the agent's start (time.time()), for the ranks' start_s
-os.environ.setdefault(STARTED_ENV, repr(time.time()))
+from launcher.runtime.early import STARTED_ENV
+
+os.environ[STARTED_ENV] = repr(time.time())  # before the imports: they are the ranks' start
 
 import atexit  # noqa: E402
 import base64  # noqa: E402

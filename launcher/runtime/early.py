@@ -29,6 +29,8 @@ HOLD = "--hold"  # the agent's option: its arguments come on its standard input
 NO_RANKS_HERE = ("-h", "--help", "--hydra-help", "--info", "-c", "--cfg", "--shell-completion")
 SWEEP = ("-m", "--multirun")
 _held: list[subprocess.Popen] = []
+# Set by the agent to its start (time.time()): a rank's start_s counts its imports.
+STARTED_ENV = "LAUNCHER_AGENT_STARTED"
 
 
 def start(argv: list[str]) -> None:

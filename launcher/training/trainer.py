@@ -62,7 +62,7 @@ from launcher.parallel.expert_parallel import (
 from launcher.plan import Plan
 from launcher.plan.context import loss_compiled
 from launcher.plan.report import plan_json
-from launcher.runtime import distributed
+from launcher.runtime import distributed, early
 from launcher.runtime.failures import (
     STOPPED_FILE,
     NonFinite,
@@ -756,7 +756,7 @@ def seconds_since_start() -> float:
     """Seconds since this process started (Linux: /proc), else since this module's import; a
     rank forked by launcher.agent on its first attempt counts from the agent's start
     (its imports are the rank's)."""
-    if agent_started := os.environ.get("LAUNCHER_AGENT_STARTED"):
+    if agent_started := os.environ.get(early.STARTED_ENV):
         return time.time() - float(agent_started)
     try:
         ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
