@@ -26,6 +26,7 @@ import sys
 import time
 
 from launcher.runtime.early import STARTED_ENV
+from launcher.runtime.imports import uncollected
 
 os.environ[STARTED_ENV] = repr(time.time())  # before the imports: they are the ranks' start
 
@@ -34,18 +35,20 @@ import base64  # noqa: E402
 import ctypes  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import shutil  # noqa: E402
 import traceback  # noqa: E402
 
-import torch  # noqa: E402
-import torch.distributed.run as torchrun  # noqa: E402
-from torch.distributed.elastic.multiprocessing.errors import record  # noqa: E402
-from torch.distributed.launcher.api import elastic_launch  # noqa: E402
+with uncollected():  # the ranks' objects too: frozen before the forks
+    import torch
+    import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.errors import record
+    from torch.distributed.launcher.api import elastic_launch
 
-import launcher.train  # noqa: E402
-import launcher.training.engine  # noqa: E402, F401  (what every rank imports, done once here)
-from launcher.cli import exit_steps, quick_exit  # noqa: E402
-from launcher.runtime import early  # noqa: E402
-from launcher.runtime.failures import hold_stops  # noqa: E402
+    import launcher.train
+    import launcher.training.engine  # noqa: F401  (what every rank imports, done once here)
+    from launcher.cli import exit_steps, quick_exit
+    from launcher.runtime import early
+    from launcher.runtime.failures import hold_stops
 
 
 def rank(composed: bytes) -> None:
@@ -101,7 +104,12 @@ def agent(argv: list[str], composed: bytes) -> None:
         raise RuntimeError("the agent initialised CUDA before forking its ranks")
     sys.stdout.flush()
     sys.stderr.flush()
-    elastic_launch(config=config, entrypoint=rank)(composed)
+    try:
+        elastic_launch(config=config, entrypoint=rank)(composed)
+    finally:  # the temporary torchelastic_* directory torchrun makes for its logs, never removed
+        logs = config.logs_specs.root_log_dir
+        if args.log_dir is None and os.path.basename(logs).startswith("torchelastic_"):
+            shutil.rmtree(logs, ignore_errors=True)
 
 
 def main() -> None:

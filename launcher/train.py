@@ -42,6 +42,7 @@ from launcher.plan import auto, engine_plan
 from launcher.plan.report import plan_json, print_plan, problems_message
 from launcher.plan.search import candidate_overrides, with_overrides
 from launcher.runtime import launch, rundir, sweep_files
+from launcher.runtime.imports import uncollected
 
 
 def check_devices(device_type: str, devices_per_node: int) -> None:
@@ -198,7 +199,8 @@ def task(dcfg: DictConfig) -> None:
             sys.exit(status)
         return  # a multirun goes on to its next job
 
-    from launcher.training.engine import run  # torch.distributed only past this point
+    with uncollected():  # torch.distributed only past this point
+        from launcher.training.engine import run
 
     run(cfg, plan, str(run_dir), dcfg)
 

@@ -15,6 +15,13 @@ from pathlib import Path
 # tests/e2e/test_own_data.py 15 s alone, 100 s beside the groups with torch's default pool).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import gc  # noqa: E402
+
+# The collection's imports (torch, transformers, the engine) without the cyclic collector, their
+# objects frozen once it ends (`pytest_collection_finish`), as launcher/runtime/imports.py does
+# for the engine's processes.
+gc.disable()
+
 import pytest  # noqa: E402
 from group import Group, Job  # noqa: E402
 from hypothesis import settings  # noqa: E402
@@ -66,6 +73,15 @@ def pytest_collection_modifyitems(config, items):
         return 1 if item.get_closest_marker("dist") or item.get_closest_marker("e2e") else 0
 
     items.sort(key=order)  # stable: file order within each part
+
+
+def pytest_collection_finish(session):
+    gc.freeze()
+    gc.enable()
+
+
+def pytest_unconfigure(config):
+    gc.unfreeze()  # (frozen objects outlive the interpreter: nanobind calls them leaked)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,7 +22,13 @@ KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu"}
 
 
 @pytest.fixture(scope="module")
-def default_run(tmp_path_factory):
+def default_tmp(tmp_path_factory):
+    """The default run's temporary directory (TMPDIR)."""
+    return tmp_path_factory.mktemp("default-tmp")
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory, default_tmp):
     """The default config (2 processes, FSDP, wandb with no API key, TensorBoard) for 30 steps."""
     run_dir = tmp_path_factory.mktemp("default")
     result = run_cli(
@@ -31,9 +37,15 @@ def default_run(tmp_path_factory):
         "train.eval_interval=15",
         "logging.tensorboard=true",
         f"hydra.run.dir={run_dir}",
+        env={"TMPDIR": str(default_tmp)},
     )
     assert result.returncode == 0, result.stderr[-4000:]
     return run_dir, result
+
+
+def test_torchrun_agent_leaves_no_log_directory_behind(default_run, default_tmp):
+    # torchrun makes a torchelastic_* directory for its ranks' logs and never removes it.
+    assert list(default_tmp.glob("torchelastic_*")) == []
 
 
 def test_plan_is_printed_before_step_1(default_run):
@@ -169,8 +181,8 @@ def test_crash_in_one_rank_stops_all_with_its_error(tmp_path):
         "launcher.train",
         "train.steps=20",
         "logging.wandb.mode=disabled",
-        f"hydra.run.dir={tmp_path}",
-        env={"LAUNCHER_FAULT_INJECT": "1:3"},
+        f"hydra.run.dir={tmp_path / 'run'}",
+        env={"LAUNCHER_FAULT_INJECT": "1:3", "TMPDIR": str(tmp_path)},
         timeout=180,
     )
     assert result.returncode not in (0, 2)
@@ -178,7 +190,8 @@ def test_crash_in_one_rank_stops_all_with_its_error(tmp_path):
     assert "FAILED" in result.stderr  # torchrun's summary names the failed rank
     assert time.monotonic() - start < 120, "the other rank hung before being stopped"
     # Rank 0 logged no step past the fault (it may be stopped before logging step 2).
-    assert [r["step"] for r in read_metrics(tmp_path)] in ([1], [1, 2])
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] in ([1], [1, 2])
+    assert list(tmp_path.glob("torchelastic_*")) == []  # (torchrun's logs' directory)
 
 
 # The parity files' single-process reference (one job for all of them), and another seed.

@@ -5,14 +5,15 @@ over a whole (one-step) run, beside the planner's figures for that rank.
 mapping, unmapped when freed (mallopt's M_MMAP_THRESHOLD, fixed; M_TRIM_THRESHOLD likewise), so
 that the resident set follows the bytes the engine holds rather than what malloc's heaps keep
 after a free (with the default, dynamic threshold the peaks of the same run differ by 100 MB and
-more between ranks; the group's later jobs keep the setting, which changes their speed, not their
-results). Then for each case (space-separated overrides) in turn, on this group: the memory freed
-by the jobs before it is handed back to the system (malloc_trim) and the peak resident set reset
-(/proc/self/clear_refs, 5); then the engine's Trainer is built (the meta
+more between ranks). Then for each case (space-separated overrides) in turn, on this group: the
+memory freed by the jobs before it is handed back to the system (malloc_trim) and the peak
+resident set reset (/proc/self/clear_refs, 5); then the engine's Trainer is built (the meta
 build, each rank materialising its share) and the peak read (`start`); the run trains and the
 peak is read again (`run`). Writes OUT/RANK.json: {case: {"start": bytes above the resident
 set before the build, "run": the same over the run, "planned": the planner's figure for this
 rank without its reserve (states, activations, the gathered blocks and the loss's logits)}}.
+At its end the thresholds are set to the largest the dynamic ones grow to (32 MiB, and twice that
+to trim): with 1 MiB every later job of the group would map and unmap its tensors.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def status(key: str) -> int:
 
 LIBC = ctypes.CDLL("libc.so.6")
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # malloc.h
+MMAP_THRESHOLD_MAX = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64 bits
 
 
 def fresh_peak() -> int:
@@ -67,3 +69,5 @@ def job(out: Path, *cases: str) -> None:
         result[case] = {"start": start, "run": run, "planned": planned}
         del trainer
     (out / f"{dist.get_rank()}.json").write_text(json.dumps(result))
+    LIBC.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)
+    LIBC.mallopt(M_TRIM_THRESHOLD, 2 * MMAP_THRESHOLD_MAX)
