@@ -19,7 +19,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from launcher.checkpoint import reader, stream
+from launcher.runtime.imports import uncollected
+
+with uncollected():  # torch's distributed checkpoint
+    from launcher.checkpoint import reader, stream
 from launcher.checkpoint.store import (
     CheckpointError,
     list_checkpoints,
