@@ -78,7 +78,7 @@ def main(jobs_file: Path) -> None:
 
     # The imports' objects live as long as the group: frozen, so that a full collection (the
     # automatic ones, and the one after each job) scans only what the jobs made (0.3 CPU-s a
-    # collection otherwise; measured with the compose per job below: a tenth of a group's CPU).
+    # collection otherwise; with a job composed once, tests/jobs.py: a tenth of a group's CPU).
     with uncollected():
         import torch
         import torch.distributed as dist
