@@ -216,8 +216,9 @@ class Group:
     def _launch(self, nproc: int, jobs_file: Path, outs: list[Path], log: Path) -> tuple[int, bool]:
         """One torchrun group over the jobs file (its jobs' directories `outs`); its exit
         status, and whether it was killed for making no progress."""
+        # (--log-dir: torchrun's own temporary directory for it would stay in $TMPDIR)
         cmd = [sys.executable, "-m", "torch.distributed.run",
-               "--standalone", f"--nproc-per-node={nproc}",
+               "--standalone", f"--nproc-per-node={nproc}", f"--log-dir={log}.d",
                str(WORKER), str(jobs_file)]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true"}
         env.pop("WANDB_API_KEY", None)
