@@ -181,12 +181,15 @@ def listing(directory: Path) -> list[str]:
 
 
 def main(out: Path, world: int) -> None:
-    # The engine's imports, once, before the forks.
-    import jobs  # noqa: F401
+    from launcher.runtime.imports import uncollected
 
-    import launcher.training.trainer  # noqa: F401
-    from launcher.checkpoint.reader import checkpoint_damage
-    from launcher.checkpoint.store import newest_complete
+    # The engine's imports, once, before the forks, frozen as launcher.agent freezes its own.
+    with uncollected():
+        import jobs  # noqa: F401
+
+        import launcher.training.trainer  # noqa: F401
+        from launcher.checkpoint.reader import checkpoint_damage
+        from launcher.checkpoint.store import newest_complete
 
     results = {"reference": run(out / "reference", world)}
     for point in POINTS:
