@@ -15,12 +15,12 @@ from pathlib import Path
 # tests/e2e/test_own_data.py 15 s alone, 100 s beside the groups with torch's default pool).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import gc  # noqa: E402
+from launcher.runtime.imports import uncollected  # noqa: E402
 
 # The collection's imports (torch, transformers, the engine) without the cyclic collector, their
-# objects frozen once it ends (`pytest_collection_finish`), as launcher/runtime/imports.py does
-# for the engine's processes.
-gc.disable()
+# objects frozen once it ends (`pytest_collection_finish`), as for the engine's processes.
+COLLECTING = uncollected()
+COLLECTING.__enter__()
 
 import pytest  # noqa: E402
 from group import Group, Job  # noqa: E402
@@ -76,12 +76,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    gc.freeze()
-    gc.enable()
-
-
-def pytest_unconfigure(config):
-    gc.unfreeze()  # (frozen objects outlive the interpreter: nanobind calls them leaked)
+    COLLECTING.__exit__(None, None, None)
 
 
 @pytest.fixture(scope="session", autouse=True)
