@@ -127,7 +127,11 @@ def test_a_terminal_gets_one_line_rewritten_every_step(tmp_path, monkeypatch, ca
 
 def test_wandb_starts_beside_the_first_step_and_gets_every_row(tmp_path, monkeypatch):
     """wandb.init runs on a thread of its own: the logger returns at once, and the first row
-    waits for wandb (a row in metrics.jsonl is one wandb holds too); every row reaches it."""
+    waits for wandb (a row in metrics.jsonl is one wandb holds too); every row reaches it.
+    A rank whose launcher is gone finishes its wandb run on the watcher's thread while its
+    training goes on: the next step's log waits for the rank's exit and writes no row (a
+    resumed run sends wandb the steps after metrics.jsonl's last row: such a row would be a
+    step wandb never gets, and a checkpoint after it would leave rows out)."""
     import threading
 
     import wandb
@@ -147,7 +151,15 @@ def test_wandb_starts_beside_the_first_step_and_gets_every_row(tmp_path, monkeyp
     up.set()
     for step in range(1, 5):
         log.log(step, {**METRICS, "loss": float(step)})
+    orphaned = threading.Thread(target=log._orphaned)  # as failures.watch_parent runs it
+    orphaned.start()
+    orphaned.join()
+    after = threading.Thread(target=log.log, args=(5, {**METRICS, "loss": 5.0}), daemon=True)
+    after.start()
+    after.join(1.0)
+    assert after.is_alive()  # held until watch_parent's os._exit
     log.close()
+    assert [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").open()] == [1, 2, 3, 4]
     # A rank's exit ends wandb's service, which writes out its run file; finish() alone does
     # not wait for that (the rows were missing from the file under load, in CI).
     wandb.teardown()

@@ -55,5 +55,6 @@ def one_wandb_run(run_dir: Path, starts: int, steps: int) -> None:
     """The offline wandb files of `starts` starts: one run id, every step sent once."""
     files = sorted(run_dir.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == starts and len({f.name for f in files}) == 1, files
-    sent = [r["_step"] for f in files for r in history(str(f)) if "loss" in r]
-    assert sorted(sent) == list(range(1, steps + 1))
+    sent = {f.parent.name: [r["_step"] for r in history(str(f)) if "loss" in r] for f in files}
+    every = sorted(step for steps_of in sent.values() for step in steps_of)
+    assert every == list(range(1, steps + 1)), sent

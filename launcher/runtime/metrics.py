@@ -131,6 +131,10 @@ class MetricsLogger:
         self.wandb_done = 0  # steps up to this one are in the wandb run already
         self.tensorboard = None
         self.failed: str | None = None  # what could not be written, and why (a full disk)
+        # A row, and the wandb run's finish when the launcher is gone (_orphaned, on the
+        # watcher's thread while this one trains on): one at a time, and no row after it.
+        self._lock = threading.Lock()
+        self._ended = False
         if not enabled:
             return
         path = Path(run_dir) / "metrics.jsonl"
@@ -220,6 +224,16 @@ class MetricsLogger:
             self._progress(step, metrics, stays)
 
     def _write(self, step: int, record: dict, metrics: dict) -> None:
+        with self._lock:
+            ended = self._ended
+            if not ended:
+                self._write_row(step, record, metrics)
+        if ended:
+            # The launcher is gone and failures.watch_parent is ending this process: no row
+            # that wandb would not hold, and no step or checkpoint after the last row.
+            threading.Event().wait()
+
+    def _write_row(self, step: int, record: dict, metrics: dict) -> None:
         self.file.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self.file.flush()
         if self.wandb_run is not None and step > self.wandb_done:
@@ -262,8 +276,16 @@ class MetricsLogger:
             print(("\r" if sys.stdout.isatty() else "") + line, flush=True)
 
     def _orphaned(self) -> None:
-        if self.wandb_run is not None:
-            self.wandb_run.finish(exit_code=1)
+        self._finish_wandb(exit_code=1)
+
+    def _finish_wandb(self, exit_code: int) -> None:
+        """The wandb run finished once, after the last row, and no row after it: a row in
+        metrics.jsonl is one wandb holds (a resumed run sends only the steps after the file's)."""
+        with self._lock:
+            self._ended = True  # no row after it (close: none comes)
+            run, self.wandb_run = self.wandb_run, None
+            if run is not None:
+                run.finish(exit_code=exit_code)
 
     def close(self, ok: bool = True) -> None:
         self._wandb_started()  # stopped before its first row: wandb ends, not starting
@@ -272,8 +294,7 @@ class MetricsLogger:
         if self.file is not None:
             with contextlib.suppress(OSError):  # said already (failed), or said now by the trainer
                 self.file.close()
-        if self.wandb_run is not None:
-            self.wandb_run.finish(exit_code=0 if ok else 1)
+        self._finish_wandb(exit_code=0 if ok else 1)
         if self.tensorboard is not None:
             with contextlib.suppress(OSError):  # as the file's
                 self.tensorboard.close()
