@@ -91,6 +91,14 @@ class PlanFormat(str, Enum):
     json = "json"
 
 
+class SelftestFault(str, Enum):
+    """A collective launcher.selftest corrupts, to show that its rows catch a broken axis."""
+
+    none = "none"
+    all_to_all = "all_to_all"  # expert parallelism's dispatch and combine
+    send = "send"  # point to point: the pipeline's activations and gradients, CP's ring
+
+
 class WandbMode(str, Enum):
     online = "online"
     offline = "offline"
@@ -369,6 +377,19 @@ class PlanConfig:
 
 
 @dataclass
+class SelftestConfig:
+    """Options of `python -m launcher.selftest`."""
+
+    steps: int = 3  # optimizer steps of each correctness row and of its one-process reference
+    # The rows started within this many seconds of the first run; the others are reported as
+    # not run (the budget), never left out silently.
+    budget_s: float = 300.0
+    # A test switch: this collective's results are corrupted on every rank (the rows that use
+    # it must fail, the others pass). none: the engine as it is.
+    fault: SelftestFault = SelftestFault.none
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
@@ -386,6 +407,7 @@ class Config:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     plan: PlanConfig = field(default_factory=PlanConfig)
+    selftest: SelftestConfig = field(default_factory=SelftestConfig)
 
 
 def register_configs() -> None:

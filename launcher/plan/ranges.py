@@ -165,6 +165,8 @@ RANGES: dict[str, Range] = {
     "launch.min_nodes": at_least(0, "0: all of hardware.nodes"),
     "plan.top_k": POSITIVE,
     "plan.candidate": at_least(-1, "-1: off"),
+    "selftest.steps": at_least(2, "a step after the first shows the update"),
+    "selftest.budget_s": above(0, "seconds"),
 }
 
 

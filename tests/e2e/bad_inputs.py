@@ -35,7 +35,7 @@ ACCEPTED = "accepted: "  # a case whose `expect` starts so must exit 0
 @dataclass(frozen=True)
 class Case:
     id: str
-    command: str  # plan, train, prepare, checkpoint, convert, generate
+    command: str  # plan, train, prepare, checkpoint, convert, generate, runs, selftest, ...
     args: tuple[str, ...]  # "{W}" stands for the work directory
     expect: str  # a substring of the output, or ACCEPTED + the reason
     status: int = 2  # 1: a write that failed part-way (a disk that filled), not a bad input
@@ -645,6 +645,20 @@ SIDE = [
          ("model-config", "{W}/hf/no_config"), "config.json"),
 ]  # fmt: skip
 
+SELFTEST = [
+    Case("selftest on one rank", "selftest", ("hardware.devices_per_node=1",),
+         "hardware.nodes x hardware.devices_per_node = 1: the self-test compares"),
+    Case("selftest.steps=1", "selftest", ("selftest.steps=1",), "selftest.steps=1 must be >= 2"),
+    Case("selftest.budget_s=nan", "selftest", ("selftest.budget_s=nan",), "selftest.budget_s=nan"),
+    Case("selftest.fault=bogus", "selftest", ("selftest.fault=bogus",),
+         "selftest.fault takes one of none, all_to_all, send"),
+    Case("selftest into an earlier one's directory", "selftest",
+         ("hydra.run.dir={W}/selftest_done",),
+         "{W}/selftest_done holds a self-test already: give hydra.run.dir another directory"),
+    Case("selftest on 2 nodes without torchrun", "selftest", ("hardware.nodes=2",),
+         "hardware.nodes=2: a multi-node self-test runs under SLURM or torchrun"),
+]  # fmt: skip
+
 # The commands that print one table of the planner's (docs/architecture.md's tables).
 TABLES = ("options", "composes", "limitations")
 SIDE += [
@@ -702,7 +716,19 @@ DISKS += [
 ]  # fmt: skip
 DISK_MOUNTS = {"ro": "256k", "full": "256k", "nearly": "256k"}
 
-CASES = CONFIG + TOKENS + SOURCES + PREPARE + CHECKPOINTS + HF + GENERATE + RUNS + SIDE + DISKS
+CASES = (
+    CONFIG
+    + TOKENS
+    + SOURCES
+    + PREPARE
+    + CHECKPOINTS
+    + HF
+    + GENERATE
+    + RUNS
+    + SIDE
+    + SELFTEST
+    + DISKS
+)
 
 # The tiny model every train case and the checkpoint use (one process, seconds), and the
 # runs of tests/e2e/test_failures.py and test_survivors.py that need no reference.
@@ -735,6 +761,7 @@ def build(w: Path) -> None:
 
     (w / "in").mkdir(parents=True)
     (w / "out").mkdir()
+    (w / "selftest_done" / "rows").mkdir(parents=True)  # an earlier self-test's directory
     # run directories whose files a run reads back lead to devices read without end
     for name, target in ENDLESS:
         run = case_run_dir(w, endless_case_id(name, target))
@@ -1001,6 +1028,8 @@ def entry(command: str):
         from launcher.plan.calibrate import main
     elif command == "bench.gpu":
         from launcher.bench.gpu import main
+    elif command == "selftest":
+        from launcher.selftest.__main__ import main
     elif command in TABLES:
         from launcher.cli import print_table
 
@@ -1009,7 +1038,7 @@ def entry(command: str):
         return lambda args: print_table(module, table.markdown, table.__doc__, args), False
     else:
         from launcher.convert import main
-    return main, command in ("plan", "train")
+    return main, command in ("plan", "train", "selftest")
 
 
 def run_case(case: Case, w: Path) -> dict:

@@ -1,0 +1,117 @@
+"""`python -m launcher.selftest [overrides]`: prove the engine's collectives on this machine's
+devices before a long run.
+
+Each correctness row (launcher/selftest/rows.py: every axis, and compositions of them, that fit
+the world) trains a tiny model for a few steps on the real backend (NCCL on GPUs, gloo on CPU)
+and is compared, step by step and down to the final parameters, with one process training the
+same model on the same batch. Prints a table, writes RUN_DIR/selftest.md and selftest.json,
+and exits 0 when every row passes, 1 when one fails.
+
+On one node it starts its ranks under torchrun itself (hardware.devices_per_node of them);
+under torchrun or SLURM (every node running this command) it joins that group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig
+
+from launcher.cli import fail, hydra_app, quick_exit, to_config
+from launcher.plan.ranges import range_problems
+from launcher.runtime import launch
+from launcher.runtime.imports import uncollected
+from launcher.selftest.report import REPORT_JSON, write_report
+from launcher.selftest.rows import rows_for
+
+RUN_DIR = "outputs/selftest/${run_id:}"
+
+
+def hardware_overrides(overrides: list[str]) -> list[str]:
+    """The command line's hardware choices, which every row and reference take; the rest of
+    the run's settings (model, layout, batch) are the rows' own."""
+    return [o for o in overrides if o.lstrip("+~").split("=")[0].split(".")[0] == "hardware"]
+
+
+def task(dcfg: DictConfig) -> None:
+    launch.slurm_env()
+    cfg = to_config(dcfg)
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
+    if problems := range_problems(cfg):
+        fail("; ".join(message for _, message in problems))
+    hw = cfg.hardware
+    world = hw.nodes * hw.devices_per_node
+    rows = rows_for(world)
+    if not rows:
+        fail(
+            f"hardware.nodes x hardware.devices_per_node = {world}: the self-test compares a "
+            "layout over several ranks with one process, so it needs 2 or more"
+        )
+    overrides = list(hc.overrides.task)
+    if not launch.in_distributed_env():
+        if (run_dir / "rows").exists():
+            fail(f"{run_dir} holds a self-test already: give hydra.run.dir another directory")
+        if hw.nodes > 1:
+            fail(
+                f"hardware.nodes={hw.nodes}: a multi-node self-test runs under SLURM or torchrun, "
+                "this command on every node"
+            )
+        print(
+            f"self-test: {len(rows)} rows on {world} {hw.device_type.value} rank(s), each "
+            f"against one process; directory {run_dir}",
+            flush=True,
+        )
+        env = dict(os.environ, **{launch.CHILD_ENV: "1"})
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        status = subprocess.call(
+            [*torchrun, f"--nproc-per-node={hw.devices_per_node}", "-m", "launcher.selftest",
+             *overrides, f"hydra.run.dir={run_dir}"],
+            env=env,
+        )  # fmt: skip
+        report = run_dir / REPORT_JSON
+        if status == 0 and report.exists():
+            status = 1 if json.loads(report.read_text())["failed"] else 0
+        elif status == 0:
+            status = 1  # the ranks ended without a report: their output says why
+        quick_exit(status)
+    if launch.world_size() != world:
+        fail(
+            f"this process group has WORLD_SIZE={launch.world_size()} but hardware.nodes x "
+            f"hardware.devices_per_node = {world}"
+        )
+    with uncollected():  # torch and the engine only in the ranks: the launcher starts them
+        import torch.distributed as dist
+
+        from launcher.selftest.run import run
+    results = run(cfg, rows, hardware_overrides(overrides), run_dir)
+    failed = 0
+    if launch.global_rank() == 0:
+        failed = write_report(results, cfg, run_dir)
+    dist.barrier()
+    dist.destroy_process_group()
+    # Started by this command (launch.CHILD_ENV), the ranks end well and the launcher reads
+    # the report; under the user's torchrun or srun, rank 0's status is the verdict.
+    quick_exit(1 if failed and not launch.is_child() else 0)
+
+
+def main() -> None:
+    given = {a.lstrip("+~").split("=", 1)[0] for a in sys.argv[1:]}
+    # No .hydra/ record: nothing is written before the directory is checked (the report
+    # holds what ran); the help is the self-test's own.
+    own = (("hydra.run.dir", RUN_DIR), ("hydra.output_subdir", "null"), ("hydra/help", "selftest"))
+    for key, value in own:
+        if key not in given:
+            sys.argv.append(f"{key}={value}")
+    hydra_app(task)()
+    quick_exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The self-test's report: a table on standard output, RUN_DIR/selftest.md for people and
+RUN_DIR/selftest.json for tools (one record per row, its figures and what it compared)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from launcher.runtime.sweep_files import write_json
+from launcher.selftest.compare import GRAD_RTOL, LOSS_RTOL, PARAM_RTOL
+
+REPORT_MD, REPORT_JSON = "selftest.md", "selftest.json"
+
+
+def figure(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return "inf" if not math.isfinite(x) else f"{x:.1e}"
+
+
+def records(results) -> list[dict]:
+    out = []
+    for r in results:
+        v = r.verdict
+        out.append(
+            {
+                "row": r.row.name,
+                "axes": list(r.row.axes),
+                "overrides": [*r.row.reference, *r.row.layout],
+                "status": r.status,
+                "seconds": round(r.seconds, 2),
+                "loss_rel": None if v is None or not math.isfinite(v.loss) else v.loss,
+                "grad_norm_rel": None
+                if v is None or not math.isfinite(v.grad_norm)
+                else v.grad_norm,
+                "params_abs": None if v is None or not math.isfinite(v.params) else v.params,
+                "reason": r.reason,
+            }
+        )
+    return out
+
+
+def markdown(rows: list[dict], head: str) -> str:
+    lines = [
+        head,
+        "",
+        "| row | axes | result | loss (rel) | grad norm (rel) | parameters (abs) | s |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['row']} | {' '.join(r['axes'])} | {r['status']} | {figure(r['loss_rel'])} | "
+            f"{figure(r['grad_norm_rel'])} | {figure(r['params_abs'])} | {r['seconds']:.1f} |"
+        )
+    reasons = [f"- {r['row']}: {r['reason']}" for r in rows if r["reason"]]
+    return "\n".join([*lines, *([""] if reasons else []), *reasons]) + "\n"
+
+
+def write_report(results, cfg, run_dir: Path) -> int:
+    """Print and write the report; the number of rows that failed."""
+    import torch
+
+    hw = cfg.hardware
+    world = hw.nodes * hw.devices_per_node
+    backend = "nccl" if hw.device_type.value == "cuda" else "gloo"
+    rows = records(results)
+    failed = sum(r["status"] == "FAIL" for r in rows)
+    passed = sum(r["status"] == "pass" for r in rows)
+    head = (
+        f"self-test on {world} rank(s) ({hw.nodes} node(s) x {hw.devices_per_node}, "
+        f"{hw.device_type.value}, {backend}), torch {torch.__version__}: {passed} of {len(rows)} "
+        f"rows pass, {failed} fail. Each row against one process of the same model and batch "
+        f"over {cfg.selftest.steps} steps, fp32: losses within {LOSS_RTOL:g} relative, gradient "
+        f"norms within {GRAD_RTOL:g}, final parameters within 1e-4 (2e-4 with cp) + "
+        f"{PARAM_RTOL:g} x |reference|."
+    )
+    text = markdown(rows, head)
+    print(text, end="", flush=True)
+    (run_dir / REPORT_MD).write_text(text)
+    write_json(
+        run_dir / REPORT_JSON,
+        {
+            "world": world,
+            "nodes": hw.nodes,
+            "devices_per_node": hw.devices_per_node,
+            "device_type": hw.device_type.value,
+            "backend": backend,
+            "torch": torch.__version__,
+            "steps": cfg.selftest.steps,
+            "fault": cfg.selftest.fault.value,
+            "passed": passed,
+            "failed": failed,
+            "rows": rows,
+        },
+    )
+    print(f"report: {run_dir / REPORT_MD} and {REPORT_JSON}", flush=True)
+    return failed

@@ -1,0 +1,80 @@
+"""launcher.selftest's rows and its comparison, without a process group (the command itself:
+tests/e2e/test_selftest.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from launcher.cli import compose
+from launcher.plan import engine_plan
+from launcher.selftest.compare import compare
+from launcher.selftest.rows import BASE, rows_for
+
+
+@pytest.mark.parametrize("world", [3, 4, 6, 8, 16])  # 2: tests/e2e/test_selftest.py
+def test_each_row_fills_the_world_splits_the_axes_it_names_and_is_planned(world):
+    """Every row drawn for a world uses all of it, splits each axis it names (so a row that
+    passes proves that axis), and is a layout launcher.train runs: no row is drawn to be
+    refused. On 2, 4 and 8 ranks every axis of the engine is drawn."""
+    rows = rows_for(world)
+    assert len({r.name for r in rows}) == len(rows)
+    for row in rows:
+        cfg = compose([f"hardware.devices_per_node={world}", *BASE, *row.reference, *row.layout])
+        plan = engine_plan(cfg)
+        assert plan.ok, (row.name, plan.errors)
+        assert plan.world_size == world
+        for axis in row.axes:
+            assert getattr(plan.layout, axis) > 1, (row.name, axis)
+    drawn = {axis for r in rows for axis in r.axes}
+    if world in (4, 8, 16):
+        assert drawn == {"dp_replicate", "dp_shard", "tp", "pp", "cp", "ep"}
+    assert rows_for(1) == []
+
+
+def write_run(path, losses, norms, params):
+    path.mkdir(parents=True)
+    rows = [
+        {"step": i, "loss": x, "grad_norm": g}
+        for i, (x, g) in enumerate(zip(losses, norms, strict=True), 1)
+    ]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    torch.save(params, path / "final_model.pt")
+
+
+def test_a_row_fails_on_each_kind_of_difference_and_says_where(tmp_path):
+    """Losses beyond 1e-5 relative, a gradient norm beyond 5e-4, one parameter element beyond
+    1e-4 + 1e-4 x |reference|, a missing parameter: each fails the row by itself, and the
+    reason names the step or the parameter; differences inside every tolerance pass."""
+    weight = torch.linspace(-1, 1, 12).reshape(3, 4)
+    ref = tmp_path / "ref"
+    write_run(ref, [5.0, 4.0], [2.0, 1.5], {"w": weight})
+
+    def verdict(name, losses=(5.0, 4.0), norms=(2.0, 1.5), params=None):
+        write_run(tmp_path / name, list(losses), list(norms), params or {"w": weight})
+        return compare(ref, tmp_path / name, cp=1)
+
+    near = weight.clone()
+    near[0, 0] += 5e-5
+    ok = verdict("ok", (5.0 * (1 + 5e-6), 4.0), (2.0 * (1 + 4e-4), 1.5), {"w": near})
+    assert (
+        ok.passed
+        and ok.detail == ""
+        and 0 < ok.loss < 1e-5
+        and ok.params == pytest.approx(5e-5, rel=1e-3)
+    )
+    loss = verdict("loss", (5.0, 4.0 * (1 + 3e-5)))
+    assert not loss.passed and "loss at step 2" in loss.detail
+    norm = verdict("norm", norms=(2.0, 1.5 * (1 + 1e-3)))
+    assert not norm.passed and "grad_norm at step 2" in norm.detail and "loss" not in norm.detail
+    far = weight.clone()
+    far[2, 3] += 2.5e-4  # |reference| 1.0: over 1e-4 + 1e-4, inside CP's 2e-4 + 1e-4
+    param = verdict("param", params={"w": far})
+    assert not param.passed and "final parameters, w: max difference 0.00025" in param.detail
+    assert compare(ref, tmp_path / "param", cp=2).passed
+    missing = verdict("missing", params={"v": weight})
+    assert not missing.passed and "parameter names differ" in missing.detail
+    short = verdict("short", (5.0,), (2.0,))
+    assert not short.passed and "1 steps against the reference's 2" in short.detail
