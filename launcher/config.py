@@ -387,6 +387,9 @@ class SelftestConfig:
     # A test switch: this collective's results are corrupted on every rank (the rows that use
     # it must fail, the others pass). none: the engine as it is.
     fault: SelftestFault = SelftestFault.none
+    # Only the rows that exercise one of these mesh dimensions (dp_replicate, dp_shard, tp,
+    # pp, cp, ep), e.g. [pp,cp]; empty: every row that fits the world.
+    axes: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -11,7 +11,7 @@ import torch
 from launcher.cli import compose
 from launcher.plan import engine_plan
 from launcher.selftest.compare import compare
-from launcher.selftest.rows import BASE, rows_for
+from launcher.selftest.rows import BASE, recipe_row, rows_for
 
 
 @pytest.mark.parametrize("world", [3, 4, 6, 8, 16])  # 2: tests/e2e/test_selftest.py
@@ -78,3 +78,59 @@ def test_a_row_fails_on_each_kind_of_difference_and_says_where(tmp_path):
     assert not missing.passed and "parameter names differ" in missing.detail
     short = verdict("short", (5.0,), (2.0,))
     assert not short.passed and "1 steps against the reference's 2" in short.detail
+
+
+def recipe_choices(name: str, world: int):
+    """A recipe composed as the command composes it (its Hydra choices too), on `world` CPU
+    ranks of one node."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import open_dict
+
+    from launcher.cli import CONF_DIR, hydra_app, to_config
+
+    hydra_app(lambda cfg: None)
+    overrides = [f"recipe={name}", "hardware=cpu", "hardware.nodes=1"]
+    overrides.append(f"hardware.devices_per_node={world}")
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
+        d = hydra_compose("config", overrides=overrides, return_hydra_config=True)
+    choices = dict(d.hydra.runtime.choices)
+    with open_dict(d):
+        del d["hydra"]
+    return to_config(d), choices
+
+
+# Recipes whose rows differ in every way a row can: all four axes (mixtral_8x22b_nemo,
+# qwen3_235b_a22b_h100), pp x ep with DualPipeV and ZeRO-1 (deepseek_v3_h800), interleaved with
+# ZeRO-2 (kimi_k2_h800), DDP with selective recompute and SP (korthikanti_gpt_175b), tp x pp x
+# cp all-gather (llama3_405b_16384gpu_ctx128k), HSDP (llama3_debug_hsdp), data parallel only.
+RECIPES = {
+    "mixtral_8x22b_nemo": {"tp", "pp", "cp", "ep"},
+    "qwen3_235b_a22b_h100": {"tp", "pp", "cp", "ep"},
+    "deepseek_v3_h800": {"pp", "ep"},
+    "kimi_k2_h800": {"pp", "ep"},
+    "korthikanti_gpt_175b": {"tp", "pp"},
+    "llama3_405b_16384gpu_ctx128k": {"tp", "pp", "cp"},
+    "llama3_debug_hsdp": {"dp_replicate"},
+    "megatron_gpt_1_7b": set(),
+}
+
+
+@pytest.mark.parametrize("name", RECIPES)
+def test_a_recipe_row_keeps_what_fits_of_its_axes_and_styles_and_is_planned(name):
+    """On 8 ranks a recipe that splits more than the batch gets a row on its family's debug
+    model with each of its axes at 2 that fits, its styles where their axis is kept, and the
+    planner accepts it; one that only splits the batch gets none."""
+    cfg, choices = recipe_choices(name, 8)
+    row = recipe_row(name, cfg, choices, 8)
+    if not RECIPES[name]:
+        assert row is None
+        return
+    assert set(row.axes) == RECIPES[name], row
+    plan = engine_plan(compose(["hardware.devices_per_node=8", *BASE, *row.reference, *row.layout]))
+    assert plan.ok, (name, plan.errors)
+    for axis in row.axes:
+        assert getattr(plan.layout, axis) == 2, (name, axis)
+    for group, axis in (("pipeline", "pp"), ("tensor", "tp"), ("context", "cp")):
+        assert (f"{group}={choices[group]}" in row.layout) == (axis in row.axes), (name, group)
+    assert f"data_parallel={choices['data_parallel']}" in row.layout

@@ -13,10 +13,12 @@ under torchrun or SLURM (every node running this command) it joins that group.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+from enum import Enum
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -27,15 +29,23 @@ from launcher.plan.ranges import range_problems
 from launcher.runtime import launch
 from launcher.runtime.imports import uncollected
 from launcher.selftest.report import REPORT_JSON, write_report
-from launcher.selftest.rows import rows_for
+from launcher.selftest.rows import AXES, recipe_row, rows_for
 
 RUN_DIR = "outputs/selftest/${run_id:}"
 
 
-def hardware_overrides(overrides: list[str]) -> list[str]:
-    """The command line's hardware choices, which every row and reference take; the rest of
-    the run's settings (model, layout, batch) are the rows' own."""
-    return [o for o in overrides if o.lstrip("+~").split("=")[0].split(".")[0] == "hardware"]
+def hardware_overrides(hw) -> list[str]:
+    """The composed hardware (the command line's, a recipe's, the user's preset), field by
+    field, which every row and reference take; the rest of the run's settings (model,
+    layout, batch) are the rows' own."""
+    out = []
+    for f in dataclasses.fields(hw):
+        value = getattr(hw, f.name)
+        value = value.value if isinstance(value, Enum) else value
+        out.append(
+            f"hardware.{f.name}={launch.hydra_quoted(value) if isinstance(value, str) else value}"
+        )
+    return out
 
 
 def task(dcfg: DictConfig) -> None:
@@ -47,11 +57,23 @@ def task(dcfg: DictConfig) -> None:
         fail("; ".join(message for _, message in problems))
     hw = cfg.hardware
     world = hw.nodes * hw.devices_per_node
-    rows = rows_for(world)
-    if not rows:
+    if world < 2:
         fail(
             f"hardware.nodes x hardware.devices_per_node = {world}: the self-test compares a "
             "layout over several ranks with one process, so it needs 2 or more"
+        )
+    if unknown := [a for a in cfg.selftest.axes if a not in AXES]:
+        fail(f"selftest.axes: {unknown[0]} is not an axis; the axes are {', '.join(AXES)}")
+    rows = rows_for(world)
+    recipe = hc.runtime.choices.get("recipe")
+    if recipe and (row := recipe_row(recipe, cfg, dict(hc.runtime.choices), world)):
+        rows.append(row)
+    if cfg.selftest.axes:
+        rows = [r for r in rows if set(r.axes) & set(cfg.selftest.axes)]
+    if not rows:
+        fail(
+            f"selftest.axes=[{','.join(cfg.selftest.axes)}]: no row on {world} ranks "
+            f"exercises them (the rows: {', '.join(r.name for r in rows_for(world))})"
         )
     overrides = list(hc.overrides.task)
     if not launch.in_distributed_env():
@@ -90,7 +112,7 @@ def task(dcfg: DictConfig) -> None:
         import torch.distributed as dist
 
         from launcher.selftest.run import run
-    results = run(cfg, rows, hardware_overrides(overrides), run_dir)
+    results = run(cfg, rows, hardware_overrides(hw), run_dir)
     failed = 0
     if launch.global_rank() == 0:
         failed = write_report(results, cfg, run_dir)

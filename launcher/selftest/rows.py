@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")  # what a row may exercise
+
 # The models the rows train: every dense axis on a Llama, expert parallelism on a Mixtral.
 DENSE = ("model=llama3_debug",)
 MOE = ("model=mixtral_debug",)
@@ -116,3 +118,45 @@ def rows_for(world: int) -> list[Row]:
         batch = batch_for(world // s.splits, s.micro_batches)
         out.append(Row(f"{s.name} {shown}".strip(), s.axes, s.model, layout, batch))
     return out
+
+
+# The styles a recipe's row takes from it (its Hydra choices), each with the axis it styles
+# (None: every layout has it); a style of an axis the row does not keep is left at its default.
+STYLES = {"data_parallel": None, "recompute": None, "tensor": "tp", "pipeline": "pp",
+          "context": "cp"}  # fmt: skip
+CUT = ("dp_replicate", "tp", "pp", "cp", "ep")  # the axes a recipe's row keeps, at degree 2
+
+
+def recipe_row(recipe: str, cfg, choices: dict, world: int) -> Row | None:
+    """The composition a recipe uses, cut to fit `world`: each of its axes split 2 ways (as
+    many as the world holds, in CUT's order), with its styles, on its family's debug model;
+    data parallelism takes the rest. None when it uses no axis but data parallelism."""
+    from launcher.models import families
+
+    used = [a for a in CUT if getattr(cfg.parallel, a) > 1]
+    kept, splits, needs = [], 1, 1
+    for axis in used:
+        if axis == "ep":  # carved from dp_shard x cp x tp: those ranks must split 2 ways
+            carved = world // needs * 2 ** len({"cp", "tp"} & set(kept))
+            if carved % 2 == 0:
+                kept.append(axis)
+            continue
+        if world % (needs * 2) == 0:
+            kept.append(axis)
+            needs *= 2
+            splits *= 2 if axis != "dp_replicate" else 1
+    if not kept:
+        return None
+    rest = world // needs
+    layout = (
+        *(f"parallel.{a}=2" for a in kept),
+        f"parallel.dp_shard={rest}",
+        *(f"{g}={choices[g]}" for g, a in STYLES.items() if g in choices and a in (None, *kept)),
+    )
+    debug = families.of(cfg.model).debug
+    pp = 2 if "pp" in kept else 1
+    name = f"{recipe}: {debug} " + " x ".join(f"{a}=2" for a in kept)
+    if rest > 1:
+        name += f" dp_shard={rest}"
+    batch = batch_for(world // splits, 2 * pp)
+    return Row(name, tuple(kept), (f"model={debug}",), layout, batch)

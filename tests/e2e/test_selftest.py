@@ -18,35 +18,49 @@ def report(run_dir) -> dict:
     return json.loads((run_dir / "selftest.json").read_text())
 
 
-def test_every_row_passes_on_4_ranks_and_the_report_says_so(tmp_path):
-    proc = run_cli("launcher.selftest", "hardware.devices_per_node=4", f"hydra.run.dir={tmp_path}")
+def test_every_row_and_a_recipe_s_composition_pass_on_4_ranks(tmp_path):
+    """Every axis row of 4 ranks, and mixtral_8x22b_debug's tp x pp x ep (interleaved, SP,
+    full recompute) cut to 4 ranks on mixtral_debug, each against one process: all pass,
+    exit 0, the table printed and written."""
+    proc = run_cli(
+        "launcher.selftest",
+        "recipe=mixtral_8x22b_debug",
+        "hardware.devices_per_node=4",
+        f"hydra.run.dir={tmp_path}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = report(tmp_path)
-    assert [r["row"] for r in got["rows"]] == [r.name for r in rows_for(4)]
+    names = [r.name for r in rows_for(4)]
+    assert [r["row"] for r in got["rows"]][:-1] == names
+    recipe = got["rows"][-1]
+    assert recipe["row"] == "mixtral_8x22b_debug: mixtral_debug tp=2 x pp=2 x ep=2"
+    assert "pipeline=interleaved_1f1b" in recipe["overrides"]
     assert got["world"] == 4 and got["backend"] == "gloo" and got["failed"] == 0
     for r in got["rows"]:
         assert r["status"] == "pass", r
         assert r["loss_rel"] <= 1e-5 and r["grad_norm_rel"] <= 5e-4 and r["params_abs"] < 1e-3
     table = (tmp_path / "selftest.md").read_text()
-    assert "8 of 8 rows pass, 0 fail" in table and table in proc.stdout
-    assert "Traceback" not in proc.stderr
+    assert f"{len(names) + 1} of {len(names) + 1} rows pass, 0 fail" in table
+    assert table in proc.stdout and "Traceback" not in proc.stderr
 
 
 def test_a_corrupted_send_fails_the_pipeline_and_ring_rows_and_no_other(tmp_path):
-    """selftest.fault=send scales every floating-point point-to-point send by 1.01: the
-    pipeline's and CP's ring rows fail, naming what differed; the rest pass; exit 1."""
+    """selftest.fault=send scales every floating-point point-to-point send by 1.01: of the
+    rows of pp, cp and dp_replicate (selftest.axes), the pipeline's and CP's ring rows fail,
+    naming what differed, DDP's passes; exit 1."""
     proc = run_cli(
         "launcher.selftest",
         "hardware.devices_per_node=2",
         "selftest.fault=send",
+        "selftest.axes=[pp,cp,dp_replicate]",
         f"hydra.run.dir={tmp_path}",
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     rows = {r["row"]: r for r in report(tmp_path)["rows"]}
-    failed = {name for name, r in rows.items() if r["status"] == "FAIL"}
-    assert failed == {"pp=2 1f1b", "cp=2 ring"}, rows
-    assert all(r["status"] == "pass" for name, r in rows.items() if name not in failed)
-    for name in failed:
+    assert set(rows) == {"ddp dp_replicate=2", "pp=2 1f1b", "cp=2 ring"}
+    assert rows["ddp dp_replicate=2"]["status"] == "pass"
+    for name in ("pp=2 1f1b", "cp=2 ring"):
+        assert rows[name]["status"] == "FAIL"
         assert "loss at step" in rows[name]["reason"] and "> 1e-05" in rows[name]["reason"]
         assert f"- {name}: loss at step" in proc.stdout
-    assert "5 of 7 rows pass, 2 fail" in proc.stdout
+    assert "1 of 3 rows pass, 2 fail" in proc.stdout
