@@ -110,6 +110,9 @@ class HardwareConfig:
     name: str = "cpu"
     # The device as sold (power, memory type): the part the preset's figures were fitted on.
     part: str = ""
+    # What launcher.selftest measured the preset's fitted figures on (when, which world and
+    # backend); the plan shows it. Empty: the figures are the preset's own.
+    fitted: str = ""
     nodes: int = 1
     devices_per_node: int = 2
     device_type: DeviceType = DeviceType.cpu
@@ -390,6 +393,11 @@ class SelftestConfig:
     # Only the rows that exercise one of these mesh dimensions (dp_replicate, dp_shard, tp,
     # pp, cp, ep), e.g. [pp,cp]; empty: every row that fits the world.
     axes: list[str] = field(default_factory=list)
+    fabric: bool = True  # also time the collectives and fit a preset (false: the rows only)
+    # The hardware preset written with the fabric's fitted collective figures: NAME.yaml in
+    # the first of the user's config directories' hardware/ (else RUN_DIR/conf/hardware/).
+    # Empty: HARDWARE_selftest after the preset the self-test ran on.
+    preset: str = ""
 
 
 @dataclass

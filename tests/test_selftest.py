@@ -3,6 +3,7 @@ tests/e2e/test_selftest.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -134,3 +135,59 @@ def test_a_recipe_row_keeps_what_fits_of_its_axes_and_styles_and_is_planned(name
     for group, axis in (("pipeline", "pp"), ("tensor", "tp"), ("context", "cp")):
         assert (f"{group}={choices[group]}" in row.layout) == (axis in row.axes), (name, group)
     assert f"data_parallel={choices['data_parallel']}" in row.layout
+
+
+@pytest.mark.parametrize(("world", "per_node"), [(8, 8), (16, 8), (4, 2)])
+def test_the_fabric_fit_recovers_the_constants_timings_were_made_with(world, per_node):
+    """Timings the collective model itself computes for known constants (inside a node and,
+    on several nodes, across them) fit back to those constants; every rank is in exactly one
+    group of each shape the fabric times."""
+    from launcher.selftest import fabric
+
+    hw = compose([f"hardware.devices_per_node={per_node}", f"hardware.nodes={world // per_node}"])
+    hw = hw.hardware
+    true = {
+        "collective_latency_us": 40.0,
+        "intra_node_hop_us": 7.0,
+        "intra_node_gbps": 150.0,
+        "inter_node_hop_us": 25.0,
+        "inter_node_gbps": 20.0,
+    }
+    made = fabric.links_of(dataclasses.replace(hw, **true))
+    timings = []
+    for spot in fabric.spots(world, per_node):
+        groups = fabric.members(world, spot)
+        assert sorted(r for g in groups for r in g) == list(range(world)), spot
+        assert all(len(g) == spot.size for g in groups), spot
+        for kind in fabric.KINDS:
+            for nbytes in fabric.SIZES["cuda"]:
+                t = fabric.Timing(spot, kind, nbytes, 0.0)
+                t.seconds = fabric.predicted(made, t)
+                timings.append(t)
+    fitted = fabric.fit(fabric.links_of(hw), timings)
+    expected = true if world > per_node else {k: v for k, v in true.items() if "inter" not in k}
+    assert fitted.keys() == expected.keys()
+    for key, value in expected.items():
+        assert fitted[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_the_preset_is_written_where_plans_find_it_and_never_over_a_foreign_file(tmp_path):
+    from launcher.selftest import preset
+
+    cfg = compose(["hardware.devices_per_node=4"])
+    path = preset.write(cfg, {"intra_node_gbps": 2.5}, "on this machine", tmp_path)[0]
+    assert path == tmp_path / "conf" / "hardware" / "cpu_selftest.yaml"
+    text = path.read_text()
+    assert text.startswith(preset.MARK) and "intra_node_gbps: 2.5\n" in text
+    assert 'fitted: "on this machine"' in text and "devices_per_node: 4\n" in text
+    again = preset.write(cfg, {"intra_node_gbps": 3.0}, "again", tmp_path)[
+        0
+    ]  # its own: kept up to date
+    assert "intra_node_gbps: 3.0\n" in again.read_text()
+    cfg.selftest.preset = "mine"
+    (path.parent / "mine.yaml").write_text("name: mine\n")
+    with pytest.raises(preset.PresetProblem, match="launcher.selftest did not write it"):
+        preset.write(cfg, {}, "x", tmp_path)
+    cfg.selftest.preset = "../up"
+    with pytest.raises(preset.PresetProblem, match="letters, digits"):
+        preset.target(cfg, tmp_path)

@@ -114,6 +114,8 @@ def plan_table(plan: Plan) -> Group:
         f"{hw.name}: {hw.nodes} node(s) x {hw.devices_per_node} "
         f"{hw.device_type.value} = {plan.world_size} ranks, {hw.memory_gib:g} GiB each",
     )
+    if hw.fitted:
+        main.add_row("  fitted", escape(hw.fitted))
     main.add_row("degrees", "  ".join(f"{a}={plan.degrees[a]}" for a in AXES))
     for dim, text in mesh_rows(plan):
         main.add_row(f"  mesh {dim}", text)

@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from enum import Enum
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from launcher.cli import fail, hydra_app, quick_exit, to_config
 from launcher.plan.ranges import range_problems
 from launcher.runtime import launch
 from launcher.runtime.imports import uncollected
+from launcher.selftest import preset
 from launcher.selftest.report import REPORT_JSON, write_report
 from launcher.selftest.rows import AXES, recipe_row, rows_for
 
@@ -75,6 +77,11 @@ def task(dcfg: DictConfig) -> None:
             f"selftest.axes=[{','.join(cfg.selftest.axes)}]: no row on {world} ranks "
             f"exercises them (the rows: {', '.join(r.name for r in rows_for(world))})"
         )
+    try:
+        if cfg.selftest.fabric:
+            preset.target(cfg, run_dir)  # its name and place, before any rank starts
+    except preset.PresetProblem as e:
+        fail(str(e))
     overrides = list(hc.overrides.task)
     if not launch.in_distributed_env():
         if (run_dir / "rows").exists():
@@ -111,11 +118,14 @@ def task(dcfg: DictConfig) -> None:
     with uncollected():  # torch and the engine only in the ranks: the launcher starts them
         import torch.distributed as dist
 
-        from launcher.selftest.run import run
-    results = run(cfg, rows, hardware_overrides(hw), run_dir)
+        from launcher.selftest.run import measure_fabric, run
+    started = time.monotonic()
+    hardware = hardware_overrides(hw)
+    results = run(cfg, rows, hardware, run_dir, started)
+    timings = measure_fabric(cfg, started)
     failed = 0
     if launch.global_rank() == 0:
-        failed = write_report(results, cfg, run_dir)
+        failed = write_report(results, timings, cfg, run_dir)
     dist.barrier()
     dist.destroy_process_group()
     # Started by this command (launch.CHILD_ENV), the ranks end well and the launcher reads

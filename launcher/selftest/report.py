@@ -3,11 +3,15 @@ RUN_DIR/selftest.json for tools (one record per row, its figures and what it com
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
 from pathlib import Path
 
 from launcher.runtime.sweep_files import write_json
+from launcher.selftest import fabric, preset
 from launcher.selftest.compare import GRAD_RTOL, LOSS_RTOL, PARAM_RTOL
+from launcher.selftest.fabric import KIB, MIB
 
 REPORT_MD, REPORT_JSON = "selftest.md", "selftest.json"
 
@@ -56,8 +60,48 @@ def markdown(rows: list[dict], head: str) -> str:
     return "\n".join([*lines, *([""] if reasons else []), *reasons]) + "\n"
 
 
-def write_report(results, cfg, run_dir: Path) -> int:
-    """Print and write the report; the number of rows that failed."""
+def fabric_records(timings, links, fitted_links) -> list[dict]:
+    return [
+        {
+            "group": t.spot.name,
+            "ranks": t.spot.size,
+            "collective": t.kind,
+            "bytes": t.nbytes,
+            "seconds": t.seconds,
+            "bus_gbps": round(t.bus_gbps, 4),
+            "predicted_s": fabric.predicted(links, t),
+            "fitted_s": fabric.predicted(fitted_links, t),
+        }
+        for t in timings
+    ]
+
+
+def size(nbytes: int) -> str:
+    return f"{nbytes // MIB} MiB" if nbytes >= MIB else f"{nbytes // KIB} KiB"
+
+
+def fabric_markdown(rows: list[dict], hw_name: str, fitted: dict, preset: str) -> str:
+    lines = [
+        f"Fabric: each collective's slowest rank, median of its repeats, against the planner's "
+        f"collective model with {hw_name}'s figures and with the fitted ones.",
+        "",
+        "| group | ranks | collective | size | ms | bus GB/s | preset ms | x preset | fitted ms |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        ratio = r["seconds"] / r["predicted_s"] if r["predicted_s"] else math.inf
+        lines.append(
+            f"| {r['group']} | {r['ranks']} | {r['collective']} | {size(r['bytes'])} | "
+            f"{r['seconds'] * 1e3:.3g} | {r['bus_gbps']:.3g} | {r['predicted_s'] * 1e3:.3g} | "
+            f"{ratio:.2f} | {r['fitted_s'] * 1e3:.3g} |"
+        )
+    shown = ", ".join(f"{k}={v:.4g}" for k, v in sorted(fitted.items()))
+    lines += ["", f"Fitted: {shown}; written as the preset {preset}."]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results, timings, cfg, run_dir: Path) -> int:
+    """Print and write the report, and the fitted preset; the number of rows that failed."""
     import torch
 
     hw = cfg.hardware
@@ -75,6 +119,26 @@ def write_report(results, cfg, run_dir: Path) -> int:
         f"{PARAM_RTOL:g} x |reference|."
     )
     text = markdown(rows, head)
+    links = fabric.links_of(hw)
+    fitted, wire, written = {}, [], None
+    if timings:
+        fitted = fabric.fit(links, timings)
+        on = (
+            f"launcher.selftest {time.strftime('%Y-%m-%d')}: {world} x {hw.name} "
+            f"({hw.device_type.value}, {backend}), torch {torch.__version__}"
+        )
+        written, searched = preset.write(cfg, fitted, on, run_dir)
+        name = preset.preset_name(cfg)
+        use = (
+            f"hardware={name}"
+            if searched
+            else f"--config-dir {written.parent.parent} hardware={name}"
+        )
+        fitted_hw = dataclasses.replace(hw, **fitted)
+        wire = fabric_records(timings, links, fabric.links_of(fitted_hw))
+        text += "\n" + fabric_markdown(wire, hw.name, fitted, f"{written} (plan with: {use})")
+    elif cfg.selftest.fabric:
+        text += f"\nFabric: not run (selftest.budget_s={cfg.selftest.budget_s:g} spent).\n"
     print(text, end="", flush=True)
     (run_dir / REPORT_MD).write_text(text)
     write_json(
@@ -91,6 +155,9 @@ def write_report(results, cfg, run_dir: Path) -> int:
             "passed": passed,
             "failed": failed,
             "rows": rows,
+            "fabric": wire,
+            "fitted": fitted,
+            "preset": str(written) if written else None,
         },
     )
     print(f"report: {run_dir / REPORT_MD} and {REPORT_JSON}", flush=True)

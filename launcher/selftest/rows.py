@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.models import families
+
 AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")  # what a row may exercise
 
 # The models the rows train: every dense axis on a Llama, expert parallelism on a Mixtral.
@@ -131,8 +133,6 @@ def recipe_row(recipe: str, cfg, choices: dict, world: int) -> Row | None:
     """The composition a recipe uses, cut to fit `world`: each of its axes split 2 ways (as
     many as the world holds, in CUT's order), with its styles, on its family's debug model;
     data parallelism takes the rest. None when it uses no axis but data parallelism."""
-    from launcher.models import families
-
     used = [a for a in CUT if getattr(cfg.parallel, a) > 1]
     kept, splits, needs = [], 1, 1
     for axis in used:

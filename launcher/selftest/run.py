@@ -25,8 +25,9 @@ from launcher.cli import to_config
 from launcher.plan import engine_plan
 from launcher.plan.report import problems_message
 from launcher.runtime import distributed, launch
+from launcher.selftest import fabric
 from launcher.selftest.compare import Verdict, compare
-from launcher.selftest.rows import BASE, Row
+from launcher.selftest.rows import BASE, DENSE, Row, batch_for
 from launcher.training.trainer import Trainer
 
 
@@ -133,12 +134,11 @@ def agreed_over_budget(started: float, budget_s: float) -> bool:
     return bool(flag.item())
 
 
-def run(cfg, rows: list[Row], hardware: list[str], run_dir: Path) -> list[Result]:
+def run(cfg, rows: list[Row], hardware: list[str], run_dir: Path, started: float) -> list[Result]:
     """Every row over this process group, compared on rank 0; the results on rank 0 (empty
     elsewhere). A row the planner refuses is reported with its reason, not run."""
     st, rank = cfg.selftest, launch.global_rank()
     device_type = cfg.hardware.device_type.value
-    started = time.monotonic()
     planned = []
     for row in rows:
         row_cfg = compose(overrides_of((*row.reference, *row.layout), hardware, st.steps))
@@ -148,6 +148,7 @@ def run(cfg, rows: list[Row], hardware: list[str], run_dir: Path) -> list[Result
         for model, out in refs.items():
             say(f"reference: {' '.join(model)} on one process")
             train_reference(model, hardware, st.steps, out)
+    join(cfg, hardware)
     results: list[Result] = []
     for i, (row, row_cfg, plan) in enumerate(planned, 1):
         if not plan.ok:
@@ -170,6 +171,27 @@ def run(cfg, rows: list[Row], hardware: list[str], run_dir: Path) -> list[Result
             seconds = time.monotonic() - row_started
             results.append(Result(row, status, seconds, verdict, verdict.detail))
     return results
+
+
+def measure_fabric(cfg, started: float) -> list[fabric.Timing]:
+    """The fabric's timings over this process group (every rank), within the budget."""
+    if not cfg.selftest.fabric or agreed_over_budget(started, cfg.selftest.budget_s):
+        return []
+    hw = cfg.hardware
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local) if hw.device_type.value == "cuda" else torch.device("cpu")
+    if launch.global_rank() == 0:
+        say("fabric: each collective over pairs, the node" + (", across nodes" * (hw.nodes > 1)))
+    return fabric.measure(device, hw.nodes * hw.devices_per_node, hw.devices_per_node)
+
+
+def join(cfg, hardware: list[str]) -> None:
+    """The process group of the whole world (every rank; rank 0 after its references), for
+    the rows and the fabric: joined through a plain data-parallel layout's meshes."""
+    world = cfg.hardware.nodes * cfg.hardware.devices_per_node
+    batch = f"train.global_batch_size={batch_for(world, 1)}"
+    plain = compose(overrides_of((*DENSE, batch, f"parallel.dp_shard={world}"), hardware, 2))
+    distributed.init(cfg.hardware.device_type.value, engine_plan(plain).layout, cfg.train.timeout_s)
 
 
 def say(line: str) -> None:

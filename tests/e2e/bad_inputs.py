@@ -657,9 +657,12 @@ SELFTEST = [
          "{W}/selftest_done holds a self-test already: give hydra.run.dir another directory"),
     Case("selftest on 2 nodes without torchrun", "selftest", ("hardware.nodes=2",),
          "hardware.nodes=2: a multi-node self-test runs under SLURM or torchrun"),
+    Case("selftest.preset a path", "selftest", ("selftest.preset=../up",),
+         "selftest.preset=../up: a preset's name is letters, digits, _ . -"),
     Case("selftest.axes of no axis", "selftest", ("selftest.axes=[tq]",),
          "selftest.axes: tq is not an axis; the axes are dp_replicate, dp_shard, tp, pp, cp, ep"),
-    Case("selftest.axes no row has", "selftest", ("selftest.axes=[ep]", "hardware.devices_per_node=3"),
+    Case("selftest.axes no row has", "selftest",
+         ("selftest.axes=[ep]", "hardware.devices_per_node=3"),
          "selftest.axes=[ep]: no row on 3 ranks exercises them"),
 ]  # fmt: skip
 

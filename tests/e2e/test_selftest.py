@@ -9,6 +9,7 @@ import json
 import pytest
 from conftest import run_cli
 
+from launcher.selftest import fabric
 from launcher.selftest.rows import rows_for
 
 pytestmark = pytest.mark.e2e
@@ -26,6 +27,7 @@ def test_every_row_and_a_recipe_s_composition_pass_on_4_ranks(tmp_path):
         "launcher.selftest",
         "recipe=mixtral_8x22b_debug",
         "hardware.devices_per_node=4",
+        "selftest.steps=2",
         f"hydra.run.dir={tmp_path}",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -42,6 +44,18 @@ def test_every_row_and_a_recipe_s_composition_pass_on_4_ranks(tmp_path):
     table = (tmp_path / "selftest.md").read_text()
     assert f"{len(names) + 1} of {len(names) + 1} rows pass, 0 fail" in table
     assert table in proc.stdout and "Traceback" not in proc.stderr
+    # The fabric: every collective over pairs and the node at every size, a preset fitted to
+    # them, which the planner then plans with by name (saying what it was fitted on).
+    wire = got["fabric"]
+    assert {(r["group"], r["ranks"]) for r in wire} == {("pairs", 2), ("node", 4)}
+    assert {r["collective"] for r in wire} == set(fabric.KINDS)
+    assert all(r["seconds"] > 0 and r["predicted_s"] > 0 for r in wire)
+    assert got["fitted"]["intra_node_gbps"] > 0
+    preset = tmp_path / "conf" / "hardware" / "cpu_selftest.yaml"
+    assert got["preset"] == str(preset) and preset.exists()
+    plan = run_cli("launcher.plan", "--config-dir", str(tmp_path / "conf"), "hardware=cpu_selftest")
+    assert plan.returncode == 0, plan.stderr
+    assert "launcher.selftest" in plan.stdout and "4 x cpu (cpu, gloo)" in plan.stdout
 
 
 def test_a_corrupted_send_fails_the_pipeline_and_ring_rows_and_no_other(tmp_path):
@@ -53,6 +67,8 @@ def test_a_corrupted_send_fails_the_pipeline_and_ring_rows_and_no_other(tmp_path
         "hardware.devices_per_node=2",
         "selftest.fault=send",
         "selftest.axes=[pp,cp,dp_replicate]",
+        "selftest.steps=2",
+        "selftest.fabric=false",
         f"hydra.run.dir={tmp_path}",
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
@@ -64,3 +80,4 @@ def test_a_corrupted_send_fails_the_pipeline_and_ring_rows_and_no_other(tmp_path
         assert "loss at step" in rows[name]["reason"] and "> 1e-05" in rows[name]["reason"]
         assert f"- {name}: loss at step" in proc.stdout
     assert "1 of 3 rows pass, 2 fail" in proc.stdout
+    assert report(tmp_path)["fabric"] == [] and not (tmp_path / "conf").exists()
