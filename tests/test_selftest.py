@@ -191,3 +191,27 @@ def test_the_preset_is_written_where_plans_find_it_and_never_over_a_foreign_file
     cfg.selftest.preset = "../up"
     with pytest.raises(preset.PresetProblem, match="letters, digits"):
         preset.target(cfg, tmp_path)
+
+
+def test_the_speed_row_cuts_to_the_pipeline_s_fewest_layers_and_fits_the_efficiency():
+    """The cut keeps the command line's run (its recipe, minus the self-test's and Hydra's
+    own options) at the fewest layers its pipeline splits into; the fitted efficiency makes
+    the planner's step time the measured one."""
+    from launcher.plan import make_plan
+    from launcher.selftest import speed
+
+    cfg = compose(["recipe=mixtral_8x22b_debug"])
+    given = ["recipe=mixtral_8x22b_debug", "selftest.steps=2", "hydra.run.dir=/x"]
+    cut = speed.cut_overrides(cfg, given)
+    assert cut[:2] == ["recipe=mixtral_8x22b_debug", "model.n_layers=4"]  # pp=2 x 2 stages
+    assert not [o for o in cut if o.startswith(("selftest.", "hydra."))]
+    plain = speed.cut_overrides(compose([]), [])
+    assert plain[0] == "model.n_layers=1"
+    cut_cfg = compose(plain)
+    before = make_plan(cut_cfg).estimate.time.step
+    for measured in (3 * before, 1.2 * before):
+        efficiency, after = speed.fit_efficiency(cut_cfg, {}, measured, make_plan)
+        assert 0 < efficiency < 1 and after == pytest.approx(measured, rel=1e-4)
+    # Faster than the planner allows at every kernel's peak (its other terms): capped at 1.
+    efficiency, after = speed.fit_efficiency(cut_cfg, {}, 0.1 * before, make_plan)
+    assert efficiency == 1.0 and after > 0.1 * before

@@ -118,14 +118,15 @@ def task(dcfg: DictConfig) -> None:
     with uncollected():  # torch and the engine only in the ranks: the launcher starts them
         import torch.distributed as dist
 
-        from launcher.selftest.run import measure_fabric, run
+        from launcher.selftest.run import measure_fabric, measure_speed, run
     started = time.monotonic()
     hardware = hardware_overrides(hw)
     results = run(cfg, rows, hardware, run_dir, started)
     timings = measure_fabric(cfg, started)
+    timed = measure_speed(cfg, overrides, run_dir, started)
     failed = 0
     if launch.global_rank() == 0:
-        failed = write_report(results, timings, cfg, run_dir)
+        failed = write_report(results, timings, timed, cfg, run_dir)
     dist.barrier()
     dist.destroy_process_group()
     # Started by this command (launch.CHILD_ENV), the ranks end well and the launcher reads

@@ -50,7 +50,7 @@ def text(cfg, fitted: dict[str, float], measured_on: str) -> str:
     for f in dataclasses.fields(hw):
         value = getattr(hw, f.name)
         values[f.name] = value.value if isinstance(value, Enum) else value
-    values.update({k: round(v, 3) for k, v in fitted.items()})
+    values.update({k: float(f"{v:.4g}") for k, v in fitted.items()})
     values["name"] = preset_name(cfg)
     values["fitted"] = measured_on
     lines = [

@@ -8,8 +8,9 @@ import math
 import time
 from pathlib import Path
 
+from launcher.plan import make_plan
 from launcher.runtime.sweep_files import write_json
-from launcher.selftest import fabric, preset
+from launcher.selftest import fabric, preset, speed
 from launcher.selftest.compare import GRAD_RTOL, LOSS_RTOL, PARAM_RTOL
 from launcher.selftest.fabric import KIB, MIB
 
@@ -100,7 +101,33 @@ def fabric_markdown(rows: list[dict], hw_name: str, fitted: dict, preset: str) -
     return "\n".join(lines) + "\n"
 
 
-def write_report(results, timings, cfg, run_dir: Path) -> int:
+def speed_record(timed, fitted: dict) -> tuple[dict | None, str]:
+    """The speed row's record and its lines; `fitted` gains the efficiency fitted to it."""
+    if timed is None:
+        return None, ""
+    if timed.reason:
+        return {"overrides": timed.overrides, "reason": timed.reason}, (
+            f"\nSpeed: the cut is refused by the planner: {timed.reason}\n"
+        )
+    efficiency, after = speed.fit_efficiency(timed.cfg, fitted, timed.measured_s, make_plan)
+    fitted["efficiency"] = efficiency
+    record = {
+        "overrides": timed.overrides,
+        "measured_s": timed.measured_s,
+        "predicted_s": timed.predicted_s,
+        "fitted_s": after,
+        "efficiency": efficiency,
+    }
+    lines = (
+        f"\nSpeed: `{' '.join(timed.overrides)}`: measured {timed.measured_s:.3g} s a step "
+        f"(median after a warm-up), the planner {timed.predicted_s:.3g} s with the preset's "
+        f"figures ({timed.predicted_s / timed.measured_s:.2f} x), {after:.3g} s with the "
+        f"fitted ones (hardware.efficiency={efficiency:.4g}).\n"
+    )
+    return record, lines
+
+
+def write_report(results, timings, timed, cfg, run_dir: Path) -> int:
     """Print and write the report, and the fitted preset; the number of rows that failed."""
     import torch
 
@@ -121,8 +148,10 @@ def write_report(results, timings, cfg, run_dir: Path) -> int:
     text = markdown(rows, head)
     links = fabric.links_of(hw)
     fitted, wire, written = {}, [], None
+    speed_row = None
     if timings:
         fitted = fabric.fit(links, timings)
+        speed_row, speed_lines = speed_record(timed, fitted)
         on = (
             f"launcher.selftest {time.strftime('%Y-%m-%d')}: {world} x {hw.name} "
             f"({hw.device_type.value}, {backend}), torch {torch.__version__}"
@@ -137,6 +166,7 @@ def write_report(results, timings, cfg, run_dir: Path) -> int:
         fitted_hw = dataclasses.replace(hw, **fitted)
         wire = fabric_records(timings, links, fabric.links_of(fitted_hw))
         text += "\n" + fabric_markdown(wire, hw.name, fitted, f"{written} (plan with: {use})")
+        text += speed_lines
     elif cfg.selftest.fabric:
         text += f"\nFabric: not run (selftest.budget_s={cfg.selftest.budget_s:g} spent).\n"
     print(text, end="", flush=True)
@@ -157,6 +187,7 @@ def write_report(results, timings, cfg, run_dir: Path) -> int:
             "rows": rows,
             "fabric": wire,
             "fitted": fitted,
+            "speed": speed_row,
             "preset": str(written) if written else None,
         },
     )

@@ -25,7 +25,7 @@ from launcher.cli import to_config
 from launcher.plan import engine_plan
 from launcher.plan.report import problems_message
 from launcher.runtime import distributed, launch
-from launcher.selftest import fabric
+from launcher.selftest import fabric, speed
 from launcher.selftest.compare import Verdict, compare
 from launcher.selftest.rows import BASE, DENSE, Row, batch_for
 from launcher.training.trainer import Trainer
@@ -183,6 +183,41 @@ def measure_fabric(cfg, started: float) -> list[fabric.Timing]:
     if launch.global_rank() == 0:
         say("fabric: each collective over pairs, the node" + (", across nodes" * (hw.nodes > 1)))
     return fabric.measure(device, hw.nodes * hw.devices_per_node, hw.devices_per_node)
+
+
+@dataclass
+class Speed:
+    """The speed row on rank 0: the cut's overrides and config, its measured step (median
+    after a warm-up), the planner's for it with the preset's figures; or why it did not run."""
+
+    overrides: list[str]
+    cfg: object = None
+    measured_s: float = 0.0
+    predicted_s: float = 0.0
+    reason: str = ""
+
+
+def measure_speed(cfg, overrides: list[str], run_dir: Path, started: float) -> Speed | None:
+    """A few timed steps of the command line's run cut to fit (launcher/selftest/speed.py),
+    over this process group (every rank); the result on rank 0."""
+    if not cfg.selftest.fabric or agreed_over_budget(started, cfg.selftest.budget_s):
+        return None
+    cut = speed.cut_overrides(cfg, overrides)
+    cut_cfg = compose(cut)
+    plan = engine_plan(cut_cfg)
+    rank = launch.global_rank()
+    if not plan.ok:
+        return Speed(cut, reason=problems_message(plan)) if rank == 0 else None
+    if rank == 0:
+        say(f"speed: {' '.join(cut)}")
+    out = run_dir / "speed"
+    d = distributed.init(cfg.hardware.device_type.value, plan.layout, cfg.train.timeout_s)
+    with quiet(out / "train.log"):
+        Trainer(cut_cfg, plan, str(out), OmegaConf.structured(cut_cfg), d).train(NoStops())
+    dist.barrier()  # metrics.jsonl written (by the rank holding the loss) before rank 0 reads it
+    if rank:
+        return None
+    return Speed(cut, cut_cfg, speed.measured_step(out), plan.estimate.time.step)
 
 
 def join(cfg, hardware: list[str]) -> None:

@@ -53,9 +53,20 @@ def test_every_row_and_a_recipe_s_composition_pass_on_4_ranks(tmp_path):
     assert got["fitted"]["intra_node_gbps"] > 0
     preset = tmp_path / "conf" / "hardware" / "cpu_selftest.yaml"
     assert got["preset"] == str(preset) and preset.exists()
-    plan = run_cli("launcher.plan", "--config-dir", str(tmp_path / "conf"), "hardware=cpu_selftest")
+    # The speed row: the recipe's run cut to its pipeline's fewest layers, timed; the preset
+    # (its fitted efficiency) plans that cut within 10% of what was measured.
+    timed = got["speed"]
+    assert "model.n_layers=4" in timed["overrides"] and timed["measured_s"] > 0
+    conf = ("--config-dir", str(tmp_path / "conf"))
+    plan = run_cli("launcher.plan", *conf, *timed["overrides"], "hardware=cpu_selftest",
+                   "plan.format=json")  # fmt: skip
     assert plan.returncode == 0, plan.stderr
-    assert "launcher.selftest" in plan.stdout and "4 x cpu (cpu, gloo)" in plan.stdout
+    planned = json.loads(plan.stdout)
+    assert planned["config_files"]["hardware=cpu_selftest"].endswith("cpu_selftest.yaml")
+    step = planned["predicted"]["step_time_s"]
+    assert abs(step - timed["measured_s"]) <= 0.1 * timed["measured_s"], (step, timed)
+    shown = run_cli("launcher.plan", *conf, "hardware=cpu_selftest")
+    assert "launcher.selftest" in shown.stdout and "4 x cpu (cpu, gloo)" in shown.stdout
 
 
 def test_a_corrupted_send_fails_the_pipeline_and_ring_rows_and_no_other(tmp_path):
