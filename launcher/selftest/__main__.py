@@ -101,7 +101,7 @@ def task(dcfg: DictConfig) -> None:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
         status = subprocess.call(
             [*torchrun, f"--nproc-per-node={hw.devices_per_node}", "-m", "launcher.selftest",
-             *overrides, f"hydra.run.dir={run_dir}"],
+             *overrides, f"hydra.run.dir={launch.hydra_quoted(str(run_dir))}"],
             env=env,
         )  # fmt: skip
         report = run_dir / REPORT_JSON
