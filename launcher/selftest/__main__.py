@@ -26,12 +26,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from launcher.cli import fail, hydra_app, quick_exit, to_config
+from launcher.layout import AXES
 from launcher.plan.ranges import range_problems
 from launcher.runtime import launch
 from launcher.runtime.imports import uncollected
 from launcher.selftest import preset
 from launcher.selftest.report import REPORT_JSON, write_report
-from launcher.selftest.rows import AXES, recipe_row, rows_for
+from launcher.selftest.rows import recipe_row, rows_for
 
 RUN_DIR = "outputs/selftest/${run_id:}"
 

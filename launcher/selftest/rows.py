@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 from launcher.models import families
 
-AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp", "ep")  # what a row may exercise
-
 # The models the rows train: every dense axis on a Llama, expert parallelism on a Mixtral.
 DENSE = ("model=llama3_debug",)
 MOE = ("model=mixtral_debug",)
