@@ -18,6 +18,9 @@
 #                               on a GPU) / foreach (torch's default on CUDA)
 #   llama_fp8, llama_fp8_row    the default compiled in precision=fp8, tensorwise / rowwise
 #   l8b, l8b_fp8                Llama 3 8B's shape cut to 8 layers, compiled, bf16 / fp8
+#   selftest                    launcher.selftest on the one GPU (world 1: the speed row alone,
+#                               Llama 3.2 1B cut to one layer, its efficiency fitted into a
+#                               preset): $OUT/selftest/selftest.json, .md, conf/hardware/
 # Tried on CPU at debug size first: EXTRA="model=deepseek_debug hardware=cpu train.seq_len=64
 # train.compile=false" bash docs/measured/gpu_jobs.sh dsv2_eager (nvidia-smi absent: h100_80g).
 set -u
@@ -67,6 +70,10 @@ for job in "$@"; do
     llama_fp8_row) bench llama_fp8_row 150 llama3_2_1b 2 "" precision=fp8 precision.fp8=rowwise ;;
     l8b) bench l8b 180 llama3_8b_8l 2 "" ;;
     l8b_fp8) bench l8b_fp8 180 llama3_8b_8l 2 "" precision=fp8 ;;
+    selftest) timeout "$(left 180)" python -m launcher.selftest "hardware=$HW" \
+                hardware.nodes=1 hardware.devices_per_node=1 model=llama3_2_1b \
+                train.seq_len=2048 "hydra.run.dir=$OUT/selftest" ${EXTRA:-} \
+                > "$OUT/selftest.log" 2>&1; echo "exit $?" >> "$OUT/selftest.log" ;;
     *) echo "unknown job $job (see the script's header)" >&2; exit 2 ;;
   esac
 done

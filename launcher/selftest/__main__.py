@@ -35,6 +35,7 @@ from launcher.selftest.report import REPORT_JSON, write_report
 from launcher.selftest.rows import recipe_row, rows_for
 
 RUN_DIR = "outputs/selftest/${run_id:}"
+OUTPUTS = ("rows", "speed", REPORT_JSON)  # what a self-test leaves in its directory
 
 
 def hardware_overrides(hw) -> list[str]:
@@ -60,11 +61,6 @@ def task(dcfg: DictConfig) -> None:
         fail("; ".join(message for _, message in problems))
     hw = cfg.hardware
     world = hw.nodes * hw.devices_per_node
-    if world < 2:
-        fail(
-            f"hardware.nodes x hardware.devices_per_node = {world}: the self-test compares a "
-            "layout over several ranks with one process, so it needs 2 or more"
-        )
     if unknown := [a for a in cfg.selftest.axes if a not in AXES]:
         fail(f"selftest.axes: {unknown[0]} is not an axis; the axes are {', '.join(AXES)}")
     rows = rows_for(world)
@@ -73,7 +69,7 @@ def task(dcfg: DictConfig) -> None:
         rows.append(row)
     if cfg.selftest.axes:
         rows = [r for r in rows if set(r.axes) & set(cfg.selftest.axes)]
-    if not rows:
+    if not rows and (world > 1 or cfg.selftest.axes):
         fail(
             f"selftest.axes=[{','.join(cfg.selftest.axes)}]: no row on {world} ranks "
             f"exercises them (the rows: {', '.join(r.name for r in rows_for(world))})"
@@ -84,9 +80,15 @@ def task(dcfg: DictConfig) -> None:
     except preset.PresetProblem as e:
         fail(str(e))
     overrides = list(hc.overrides.task)
-    if not launch.in_distributed_env():
-        if (run_dir / "rows").exists():
-            fail(f"{run_dir} holds a self-test already: give hydra.run.dir another directory")
+    if not launch.in_distributed_env() and any((run_dir / d).exists() for d in OUTPUTS):
+        fail(f"{run_dir} holds a self-test already: give hydra.run.dir another directory")
+    if world == 1:
+        print(
+            f"self-test on one {hw.device_type.value} rank: no layout to compare with one "
+            f"process, so the speed row alone; directory {run_dir}",
+            flush=True,
+        )
+    if not launch.in_distributed_env() and world > 1:
         if hw.nodes > 1:
             fail(
                 f"hardware.nodes={hw.nodes}: a multi-node self-test runs under SLURM or torchrun, "
@@ -111,7 +113,7 @@ def task(dcfg: DictConfig) -> None:
         elif status == 0:
             status = 1  # the ranks ended without a report: their output says why
         quick_exit(status)
-    if launch.world_size() != world:
+    if launch.in_distributed_env() and launch.world_size() != world:
         fail(
             f"this process group has WORLD_SIZE={launch.world_size()} but hardware.nodes x "
             f"hardware.devices_per_node = {world}"
@@ -128,8 +130,9 @@ def task(dcfg: DictConfig) -> None:
     failed = 0
     if launch.global_rank() == 0:
         failed = write_report(results, timings, timed, cfg, run_dir)
-    dist.barrier()
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
     # Started by this command (launch.CHILD_ENV), the ranks end well and the launcher reads
     # the report; under the user's torchrun or srun, rank 0's status is the verdict.
     quick_exit(1 if failed and not launch.is_child() else 0)

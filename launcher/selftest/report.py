@@ -147,11 +147,10 @@ def write_report(results, timings, timed, cfg, run_dir: Path) -> int:
     )
     text = markdown(rows, head)
     links = fabric.links_of(hw)
-    fitted, wire, written = {}, [], None
-    speed_row = None
-    if timings:
-        fitted = fabric.fit(links, timings)
-        speed_row, speed_lines = speed_record(timed, fitted)
+    fitted = fabric.fit(links, timings) if timings else {}
+    speed_row, speed_lines = speed_record(timed, fitted)  # fitted gains the efficiency
+    wire, written = [], None
+    if fitted:
         on = (
             f"launcher.selftest {time.strftime('%Y-%m-%d')}: {world} x {hw.name} "
             f"({hw.device_type.value}, {backend}), torch {torch.__version__}"
@@ -163,12 +162,16 @@ def write_report(results, timings, timed, cfg, run_dir: Path) -> int:
             if searched
             else f"--config-dir {written.parent.parent} hardware={name}"
         )
-        fitted_hw = dataclasses.replace(hw, **fitted)
-        wire = fabric_records(timings, links, fabric.links_of(fitted_hw))
-        text += "\n" + fabric_markdown(wire, hw.name, fitted, f"{written} (plan with: {use})")
-        text += speed_lines
-    elif cfg.selftest.fabric:
+        where = f"{written} (plan with: {use})"
+        if timings:
+            fitted_hw = dataclasses.replace(hw, **fitted)
+            wire = fabric_records(timings, links, fabric.links_of(fitted_hw))
+            text += "\n" + fabric_markdown(wire, hw.name, fitted, where)
+        else:
+            text += f"\nFitted: efficiency={fitted['efficiency']:.4g}; the preset {where}.\n"
+    elif cfg.selftest.fabric and world > 1:
         text += f"\nFabric: not run (selftest.budget_s={cfg.selftest.budget_s:g} spent).\n"
+    text += speed_lines
     print(text, end="", flush=True)
     (run_dir / REPORT_MD).write_text(text)
     write_json(

@@ -130,8 +130,15 @@ def fault(kind: str) -> Iterator[None]:
 def agreed_over_budget(started: float, budget_s: float) -> bool:
     """Rank 0's clock decides, for every rank: the rows start together or not at all."""
     flag = torch.tensor([float(time.monotonic() - started > budget_s)])
-    dist.broadcast(flag, src=0)
+    if dist.is_initialized():
+        dist.broadcast(flag, src=0)
     return bool(flag.item())
+
+
+def barrier() -> None:
+    """Every rank here (nothing to wait for on one process)."""
+    if dist.is_initialized():
+        dist.barrier()
 
 
 def run(cfg, rows: list[Row], hardware: list[str], run_dir: Path, started: float) -> list[Result]:
@@ -164,7 +171,7 @@ def run(cfg, rows: list[Row], hardware: list[str], run_dir: Path, started: float
         out = run_dir / "rows" / slug(row.name)
         with fault(st.fault.value), quiet(out / "train.log"):
             Trainer(row_cfg, plan, str(out), OmegaConf.structured(row_cfg), d).train(NoStops())
-        dist.barrier()  # metrics.jsonl and final_model.pt written before rank 0 reads them
+        barrier()  # metrics.jsonl and final_model.pt written before rank 0 reads them
         if rank == 0:
             verdict = compare(refs[row.reference], out, plan.layout.cp)
             status = "pass" if verdict.passed else "FAIL"
@@ -175,7 +182,8 @@ def run(cfg, rows: list[Row], hardware: list[str], run_dir: Path, started: float
 
 def measure_fabric(cfg, started: float) -> list[fabric.Timing]:
     """The fabric's timings over this process group (every rank), within the budget."""
-    if not cfg.selftest.fabric or agreed_over_budget(started, cfg.selftest.budget_s):
+    world = cfg.hardware.nodes * cfg.hardware.devices_per_node
+    if world < 2 or not cfg.selftest.fabric or agreed_over_budget(started, cfg.selftest.budget_s):
         return []
     hw = cfg.hardware
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -214,7 +222,7 @@ def measure_speed(cfg, overrides: list[str], run_dir: Path, started: float) -> S
     d = distributed.init(cfg.hardware.device_type.value, plan.layout, cfg.train.timeout_s)
     with quiet(out / "train.log"):
         Trainer(cut_cfg, plan, str(out), OmegaConf.structured(cut_cfg), d).train(NoStops())
-    dist.barrier()  # metrics.jsonl written (by the rank holding the loss) before rank 0 reads it
+    barrier()  # metrics.jsonl written (by the rank holding the loss) before rank 0 reads it
     if rank:
         return None
     return Speed(cut, cut_cfg, speed.measured_step(out), plan.estimate.time.step)

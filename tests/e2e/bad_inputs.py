@@ -646,8 +646,6 @@ SIDE = [
 ]  # fmt: skip
 
 SELFTEST = [
-    Case("selftest on one rank", "selftest", ("hardware.devices_per_node=1",),
-         "hardware.nodes x hardware.devices_per_node = 1: the self-test compares"),
     Case("selftest.steps=1", "selftest", ("selftest.steps=1",), "selftest.steps=1 must be >= 2"),
     Case("selftest.budget_s=nan", "selftest", ("selftest.budget_s=nan",), "selftest.budget_s=nan"),
     Case("selftest.fault=bogus", "selftest", ("selftest.fault=bogus",),

@@ -92,3 +92,19 @@ def test_a_corrupted_send_fails_the_pipeline_and_ring_rows_and_no_other(tmp_path
         assert f"- {name}: loss at step" in proc.stdout
     assert "1 of 3 rows pass, 2 fail" in proc.stdout
     assert report(tmp_path)["fabric"] == [] and not (tmp_path / "conf").exists()
+
+
+def test_one_rank_times_the_speed_row_alone_and_fits_its_efficiency(tmp_path):
+    """One device (a machine with one GPU): no layout to compare and no fabric, the speed row
+    alone, its efficiency fitted into the preset; the directory is then refused to another."""
+    proc = run_cli("launcher.selftest", "hardware.devices_per_node=1", f"hydra.run.dir={tmp_path}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = report(tmp_path)
+    assert got["rows"] == [] and got["fabric"] == [] and list(got["fitted"]) == ["efficiency"]
+    assert got["speed"]["measured_s"] > 0
+    assert got["speed"]["fitted_s"] == pytest.approx(got["speed"]["measured_s"], rel=1e-3)
+    preset = (tmp_path / "conf" / "hardware" / "cpu_selftest.yaml").read_text()
+    written = float(f"{got['fitted']['efficiency']:.4g}")  # four digits, as the preset holds it
+    assert f"efficiency: {written}\n" in preset
+    again = run_cli("launcher.selftest", "hardware.devices_per_node=1", f"hydra.run.dir={tmp_path}")
+    assert again.returncode == 2 and "holds a self-test already" in again.stderr
