@@ -215,3 +215,31 @@ def test_the_speed_row_cuts_to_the_pipeline_s_fewest_layers_and_fits_the_efficie
     # Faster than the planner allows at every kernel's peak (its other terms): capped at 1.
     efficiency, after = speed.fit_efficiency(cut_cfg, {}, 0.1 * before, make_plan)
     assert efficiency == 1.0 and after > 0.1 * before
+
+
+@pytest.mark.parametrize("kind", ["all_to_all", "send"])
+def test_a_fault_scales_floating_point_payloads_only_and_is_undone(kind, monkeypatch):
+    """selftest.fault corrupts the activations and gradients a collective carries, never the
+    integer counts and sizes beside them (the dispatch's splits, send_object_list's lengths:
+    corrupting those crashes the row instead of failing it), and puts the collective back."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from launcher.selftest.run import fault
+
+    name = {"all_to_all": "all_to_all_single", "send": "isend"}[kind]
+    got = []
+
+    def fake(tensor, *args, **kwargs):  # the collective: records what it was given
+        got.append(tensor.clone())
+
+    monkeypatch.setattr(dist, name, fake)
+    monkeypatch.setattr(c10d, name, fake)
+    floats, counts = torch.ones(4), torch.ones(4, dtype=torch.int64)
+    with fault(kind):
+        assert dist.__dict__[name] is c10d.__dict__[name] is not fake
+        getattr(dist, name)(floats)
+        getattr(dist, name)(counts)
+    seen = got if kind == "send" else [floats, counts]  # all_to_all: its output, in place
+    assert torch.equal(seen[0], torch.full((4,), 1.01)) and torch.equal(seen[1], counts)
+    assert getattr(dist, name) is fake and getattr(c10d, name) is fake
