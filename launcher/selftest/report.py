@@ -124,6 +124,12 @@ def speed_record(timed, fitted: dict) -> tuple[dict | None, str]:
         f"figures ({timed.predicted_s / timed.measured_s:.2f} x), {after:.3g} s with the "
         f"fitted ones (hardware.efficiency={efficiency:.4g}).\n"
     )
+    if abs(after - timed.measured_s) > 0.01 * timed.measured_s:
+        lines += (
+            "The planner cannot reach the measured step by the efficiency alone (it stops at "
+            f"{efficiency:g}): its other terms (host overhead, collectives) "
+            f"{'exceed' if after > timed.measured_s else 'fall short of'} it.\n"
+        )
     return record, lines
 
 
