@@ -135,6 +135,7 @@ class MetricsLogger:
         # watcher's thread while this one trains on): one at a time, and no row after it.
         self._lock = threading.Lock()
         self._ended = False
+        self._orphan = False  # ended by _orphaned: watch_parent is ending the process
         if not enabled:
             return
         path = Path(run_dir) / "metrics.jsonl"
@@ -225,10 +226,10 @@ class MetricsLogger:
 
     def _write(self, step: int, record: dict, metrics: dict) -> None:
         with self._lock:
-            ended = self._ended
+            ended, orphan = self._ended, self._orphan
             if not ended:
                 self._write_row(step, record, metrics)
-        if ended:
+        if orphan:
             # The launcher is gone and failures.watch_parent is ending this process: no row
             # that wandb would not hold, and no step or checkpoint after the last row.
             threading.Event().wait()
@@ -276,13 +277,13 @@ class MetricsLogger:
             print(("\r" if sys.stdout.isatty() else "") + line, flush=True)
 
     def _orphaned(self) -> None:
-        self._finish_wandb(exit_code=1)
+        self._finish_wandb(exit_code=1, orphan=True)
 
-    def _finish_wandb(self, exit_code: int) -> None:
+    def _finish_wandb(self, exit_code: int, orphan: bool = False) -> None:
         """The wandb run finished once, after the last row, and no row after it: a row in
         metrics.jsonl is one wandb holds (a resumed run sends only the steps after the file's)."""
         with self._lock:
-            self._ended = True  # no row after it (close: none comes)
+            self._ended, self._orphan = True, self._orphan or orphan
             run, self.wandb_run = self.wandb_run, None
             if run is not None:
                 run.finish(exit_code=exit_code)
