@@ -97,6 +97,9 @@ def test_a_wheel_without_extras_trains_from_an_empty_directory(tmp_path):
     assert "run finished at step 3 of 3" in trained.stdout
     (run_dir,) = (empty / "outputs").iterdir()
     assert run_dir.name.startswith("llama3_debug")
+    # Every command ships: the self-test's package and its own help among them.
+    selftest = run(python, "-m", "launcher.selftest", "--help", cwd=empty)
+    assert selftest.returncode == 0 and "Proves the engine's collectives" in selftest.stdout
 
     # What the extras bring, asked for without them: one line naming the extra, exit 2.
     fp8 = run(
