@@ -21,6 +21,8 @@ from pathlib import Path
 
 from group import Job
 
+from launcher.runtime.failures import NoStops
+
 
 def last_value(overrides, key: str, default: str) -> str:
     """What the last `key=` among overrides sets (later overrides win), else `default`."""
@@ -37,16 +39,6 @@ def train_job(overrides: list[str], label: str = "", nproc: int = 0) -> Job:
     """The job that trains these overrides on as many processes as they ask for (`nproc` where
     they ask through a recipe)."""
     return Job("jobs:train", nproc or devices(overrides), tuple(overrides), label)
-
-
-class _NoSignals:
-    """The stop check without signal handlers: in a test group a SIGTERM comes from torchrun
-    ending the group after another rank failed, and must end this process."""
-
-    signum = 0
-
-    def agreed(self, failed: bool = False) -> tuple[int, bool]:
-        return 0, failed
 
 
 def composed(overrides) -> object:
@@ -85,7 +77,7 @@ def train(out: Path, *overrides: str) -> None:
     if problems:
         raise ValueError("; ".join(problems))
     d = distributed.init("cpu", plan.layout)
-    Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), d).train(_NoSignals())
+    Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), d).train(NoStops())
 
 
 def trainer_of(out: Path, overrides, timeout_s: float = 120.0):

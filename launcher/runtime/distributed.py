@@ -106,10 +106,7 @@ def init(device_type: str, layout: Layout, timeout_s: float = 600) -> Dist:
         device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
         return mesh_dist(layout, device_type, device, dist.get_rank(), local_rank)
     if "WORLD_SIZE" not in os.environ or int(os.environ["WORLD_SIZE"]) == 1:
-        device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
-        if device_type == "cuda":
-            torch.cuda.set_device(device)
-        return Dist(0, 1, 0, device, None, None)
+        return single(device_type)
     timeout = timedelta(seconds=timeout_s)
     store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
     # torchrun restarts reuse the rendezvous store, which still holds the previous attempt's
@@ -128,6 +125,15 @@ def init(device_type: str, layout: Layout, timeout_s: float = 600) -> Dist:
         device = torch.device("cpu")
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     return mesh_dist(layout, device_type, device, rank, local_rank)
+
+
+def single(device_type: str, local_rank: int = 0) -> Dist:
+    """One process outside any group, on cuda:local_rank (or the CPU): a run of one device, or
+    a rank's own one-process work before its group forms (launcher.selftest's references)."""
+    device = torch.device("cuda", local_rank) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    return Dist(0, 1, 0, device, None, None)
 
 
 def mesh_dist(

@@ -250,6 +250,16 @@ def watch_parent(period_s: float = 1.0) -> None:
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
 
 
+class NoStops:
+    """The trainer's stop check with no signal handlers: for work that is never resumed (the
+    self-test's rows, the tests' jobs), which a signal simply ends."""
+
+    signum = 0
+
+    def agreed(self, failed: bool = False) -> tuple[int, bool]:
+        return 0, failed
+
+
 class CollectiveTimeout(RuntimeError):
     pass
 

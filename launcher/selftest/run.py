@@ -25,20 +25,11 @@ from launcher.cli import to_config
 from launcher.plan import engine_plan
 from launcher.plan.report import problems_message
 from launcher.runtime import distributed, launch
+from launcher.runtime.failures import NoStops
 from launcher.selftest import fabric, speed
 from launcher.selftest.compare import Verdict, compare
 from launcher.selftest.rows import BASE, DENSE, Row, batch_for
 from launcher.training.trainer import Trainer
-
-
-class NoStops:
-    """The trainer's stop check with no signal handlers: a self-test is not resumed; a signal
-    ends it (torchrun passes it to the ranks)."""
-
-    signum = 0
-
-    def agreed(self, failed: bool = False) -> tuple[int, bool]:
-        return 0, failed
 
 
 @dataclass
@@ -81,12 +72,8 @@ def train_reference(model: tuple[str, ...], hardware: list[str], steps: int, out
     plan = engine_plan(cfg)
     if not plan.ok:
         raise RuntimeError(f"the reference {' '.join(model)} is refused:\n{problems_message(plan)}")
-    device_type = cfg.hardware.device_type.value
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local) if device_type == "cuda" else torch.device("cpu")
-    if device_type == "cuda":
-        torch.cuda.set_device(device)
-    single = distributed.Dist(0, 1, 0, device, None, None)
+    single = distributed.single(cfg.hardware.device_type.value, local)
     with quiet(out / "train.log"):
         Trainer(cfg, plan, str(out), OmegaConf.structured(cfg), single).train(NoStops())
 
@@ -187,8 +174,7 @@ def measure_fabric(cfg, started: float) -> list[fabric.Timing]:
     if world < 2 or not cfg.selftest.fabric or agreed_over_budget(started, cfg.selftest.budget_s):
         return []
     hw = cfg.hardware
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    device = torch.device("cuda", local) if hw.device_type.value == "cuda" else torch.device("cpu")
+    device = distributed.single(hw.device_type.value, int(os.environ.get("LOCAL_RANK", "0"))).device
     if launch.global_rank() == 0:
         say("fabric: each collective over pairs, the node" + (", across nodes" * (hw.nodes > 1)))
     return fabric.measure(device, hw.nodes * hw.devices_per_node, hw.devices_per_node)

@@ -24,9 +24,10 @@ import json
 from pathlib import Path
 
 import torch.distributed as dist
-from jobs import _NoSignals, trainer_of
+from jobs import trainer_of
 
 from launcher.plan.estimate import layout_ranks, rank_memory
+from launcher.runtime.failures import NoStops
 
 
 def status(key: str) -> int:
@@ -60,7 +61,7 @@ def job(out: Path, *cases: str) -> None:
         before = fresh_peak()
         _, d, trainer = trainer_of(out / str(i), case.split())
         start = status("VmHWM") - before
-        trainer.train(_NoSignals())
+        trainer.train(NoStops())
         run = status("VmHWM") - before
         ctx, lay = trainer.plan.context, trainer.plan.layout
         pp_rank = d.local_rank_of("pp")
