@@ -217,6 +217,46 @@ def test_the_speed_row_cuts_to_the_pipeline_s_fewest_layers_and_fits_the_efficie
     assert efficiency == 1.0 and after > 0.1 * before
 
 
+# What the speed row's cut of a recipe keeps on one node of 8 of its own devices (the rest of
+# its overrides: the batch, the stage split), or the planner's reason it cannot run there.
+CUTS = {
+    # ep=8 carved from tp x cp at pp=1 beats pp=2 at ep=4: the experts' share is the memory
+    "mixtral_8x22b_nemo": ("model.n_layers=1", "parallel.pp=1", "pipeline.stages_per_rank=1"),
+    "qwen3_235b_a22b_h100": ("model.n_layers=1", "parallel.pp=1", "pipeline.layers_per_stage=[]"),
+    # DualPipeV's V on one rank: two layers, one of them the routed experts (not all dense)
+    "deepseek_v3_h800": ("model.n_layers=2", "model.n_dense_layers=1", "parallel.ep=8"),
+    "kimi_k2_h800": ("model.n_layers=1", "model.n_dense_layers=0", "parallel.ep=8"),
+    "llama3_405b_16384gpu_ctx128k": ("model.n_layers=1", "parallel.pp=1"),
+    "llama3_debug_hsdp": ("model.n_layers=1", "parallel.dp_shard=4",
+                          "train.global_batch_size=32"),
+    "mixtral_8x22b_nemo_debug": ("model.n_layers=4",),  # every axis fits: nothing else cut
+}  # fmt: skip
+TOO_BIG = {  # the planner's reason, on 8 devices
+    "deepseek_v3_h800": "[memory] model=deepseek_v3 needs",
+    "llama3_405b_16384gpu_ctx128k": "tp=8 x pp=1 x cp=16 = 128 does not divide",
+}
+
+
+@pytest.mark.parametrize("name", CUTS)
+def test_the_speed_row_cuts_a_recipe_to_what_one_node_holds_at_its_own_widths(name):
+    """A recipe's cut keeps its widths, tp and cp; takes the pp (and its stages) that leaves
+    the most of its ep carved, a layer a stage, an expert layer past the dense ones, and a
+    batch of a few micro-batches; the planner runs it on 8 devices, or says why not."""
+    from launcher.plan.report import problems_message
+    from launcher.selftest import speed
+
+    given = [f"recipe={name}", "hardware.nodes=1", "hardware.devices_per_node=8"]
+    cfg = compose(given)
+    cut = speed.cut_overrides(cfg, given)
+    assert set(CUTS[name]) <= set(cut), cut
+    plan = engine_plan(compose(cut))
+    assert plan.ok == (name not in TOO_BIG), problems_message(plan)
+    if not plan.ok:
+        assert TOO_BIG[name] in problems_message(plan)
+    else:
+        assert compose(cut).model.dim == cfg.model.dim
+
+
 @pytest.mark.parametrize("kind", ["all_to_all", "send"])
 def test_a_fault_scales_floating_point_payloads_only_and_is_undone(kind, monkeypatch):
     """selftest.fault corrupts the activations and gradients a collective carries, never the

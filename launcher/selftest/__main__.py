@@ -90,9 +90,12 @@ def task(dcfg: DictConfig) -> None:
         )
     if not launch.in_distributed_env() and world > 1:
         if hw.nodes > 1:
+            given = any(o.startswith("hardware.nodes=") for o in overrides)
+            origin = f" (recipe={recipe}'s)" if recipe and not given else ""
             fail(
-                f"hardware.nodes={hw.nodes}: a multi-node self-test runs under SLURM or torchrun, "
-                "this command on every node"
+                f"hardware.nodes={hw.nodes}{origin}: "
+                "a multi-node self-test runs under SLURM or torchrun, this command on every "
+                "node; hardware.nodes=1 tests this node alone"
             )
         print(
             f"self-test: {len(rows)} rows on {world} {hw.device_type.value} rank(s), each "

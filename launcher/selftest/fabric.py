@@ -77,16 +77,21 @@ def members(world: int, spot: Spot) -> list[list[int]]:
     ]
 
 
+# torch 2.13's names (the older ones warn there); torch 2.11's (the GPU image's) before them
+ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def run_once(kind: str, group, nbytes: int, device, me: int, size: int) -> None:
     numel = max(size, nbytes // 4 // size * size)  # fp32, a multiple of the group's size
     if kind == "all_reduce":
         dist.all_reduce(torch.ones(numel, device=device), group=group)
     elif kind == "all_gather":
         out = torch.empty(numel, device=device)
-        dist.all_gather_into_tensor(out, torch.ones(numel // size, device=device), group=group)
+        ALL_GATHER(out, torch.ones(numel // size, device=device), group=group)
     elif kind == "reduce_scatter":
         out = torch.empty(numel // size, device=device)
-        dist.reduce_scatter_tensor(out, torch.ones(numel, device=device), group=group)
+        REDUCE_SCATTER(out, torch.ones(numel, device=device), group=group)
     elif kind == "all_to_all":
         dist.all_to_all_single(
             torch.empty(numel, device=device), torch.ones(numel, device=device), group=group

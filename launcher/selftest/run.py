@@ -10,6 +10,7 @@ its reference. Each row's files are under RUN_DIR/rows/, its training output in 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -57,11 +58,18 @@ def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "=." else "_" for c in text)
 
 
+# torch's advice that a DTensor redistribution takes two all-gathers (a TP row's gathered
+# parameters): a line per rank and row, about torch's choice, not about what the row checks.
+logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+
+
 @contextlib.contextmanager
 def quiet(path: Path) -> Iterator[None]:
-    """The trainer's progress lines and summary into `path`, not the self-test's output."""
+    """The trainer's progress lines and summary, and the warnings training raises (torch's
+    advisories on every rank), into `path`, not the self-test's output; a row's error still
+    reaches it (raised through, reported by the row's line)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f, contextlib.redirect_stdout(f):
+    with open(path, "w") as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
         yield
 
 

@@ -655,6 +655,10 @@ SELFTEST = [
          "{W}/selftest_done holds a self-test already: give hydra.run.dir another directory"),
     Case("selftest on 2 nodes without torchrun", "selftest", ("hardware.nodes=2",),
          "hardware.nodes=2: a multi-node self-test runs under SLURM or torchrun"),
+    Case("selftest of a multi-node recipe without torchrun", "selftest",
+         ("recipe=mixtral_8x22b_nemo",),
+         "hardware.nodes=4 (recipe=mixtral_8x22b_nemo's): a multi-node self-test runs under "
+         "SLURM or torchrun, this command on every node; hardware.nodes=1 tests this node alone"),
     Case("selftest.preset a path", "selftest", ("selftest.preset=../up",),
          "selftest.preset=../up: a preset's name is letters, digits, _ . -"),
     Case("selftest.axes of no axis", "selftest", ("selftest.axes=[tq]",),
