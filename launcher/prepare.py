@@ -28,6 +28,16 @@ Output:
   ... of at most N tokens each, cut between documents (a longer document is a shard of its own):
   `data.sources=[{path: DIR/NAME, weight: W}]` reads them as one stream.
 
+Chat (--chat, for fine-tuning; launcher/data/chat.py):
+  each JSON-lines record (or Parquet row) is a conversation: "messages", a list of
+  {"role": "system" | "user" | "assistant", "content": ...}, or a "prompt" and a
+  "completion". It is rendered with the chat template beside --tokenizer (chat_template.jinja,
+  or tokenizer_config.json's chat_template) and tokenized; DIR/NAME.mask beside the tokens holds
+  1 on each assistant turn's tokens (its end-of-turn included), 0 elsewhere, where the loss is
+  taken. --max-tokens N with --long refuse (default) | truncate | drop: a conversation longer
+  than N tokens stops prepare naming it, is cut to its first N, or is left out; the summary
+  counts them.
+
 Example:
   python -m launcher.prepare --tokenizer llama3/tokenizer.json --out data/web \\
       web-00.jsonl web-01.jsonl notes.txt
@@ -58,6 +68,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from tokenizers import Tokenizer
 
+from launcher.data import chat
 from launcher.data.batches import ByteTokenizer, token_file_base, write_tokens
 from launcher.runtime.rundir import write_failure
 from launcher.runtime.scratch import (
@@ -316,6 +327,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="input files tokenized at a time, each in a process of its own (1)",
     )
     parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="conversations, rendered with --tokenizer's chat template, and a loss mask",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        metavar="N",
+        help="with --chat: the most tokens a conversation may have (see --long)",
+    )
+    parser.add_argument(
+        "--long",
+        choices=chat.LONG_RULES,
+        default="refuse",
+        help="with --chat: a conversation over --max-tokens stops prepare (refuse), is cut to "
+        "its first N tokens (truncate) or left out (drop)",
+    )
+    parser.add_argument(
         "--shard-tokens",
         type=int,
         metavar="N",
@@ -339,6 +368,10 @@ def prepare(args: argparse.Namespace) -> str:
         raise InputError(f"--workers {args.workers} must be at least 1")
     if args.shard_tokens is not None and args.shard_tokens < 1:
         raise InputError(f"--shard-tokens {args.shard_tokens} must be at least 1")
+    if args.chat:
+        return prepare_chat(args)
+    if args.max_tokens is not None:
+        raise InputError("--max-tokens applies to --chat: a document is never cut")
     if args.tokenizer is None:
         if args.eos is not None:
             raise InputError("--eos needs --tokenizer: the byte-level tokenizer's EOS is id 256")
@@ -376,9 +409,142 @@ def prepare(args: argparse.Namespace) -> str:
         else:
             header, shards = write_shards(base, chunks, tok.header, sources, args.shard_tokens)
             where = f"{base}/ in {shards} shard(s) of at most {args.shard_tokens:,} tokens"
+    base.with_name(base.name + ".mask").unlink(missing_ok=True)  # an earlier chat set's
     return (
         f"wrote {header['n_tokens']:,} tokens from {n_docs:,} document(s) to {where} "
         f"({header['dtype']}, vocabulary {header['vocab_size']:,}, {eos})"
+    )
+
+
+def records(files: list[Path], read) -> Iterator[tuple[object, str]]:
+    """Each conversation record of the inputs, with where it is (FILE:LINE, FILE: row N)."""
+    for path in files:
+        if path.suffix == ".parquet":
+            yield from parquet_records(path, read)
+            continue
+        if path.suffix != ".jsonl":
+            raise InputError(f"{path}: --chat reads conversations from .jsonl or .parquet files")
+        found = 0
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                blank = not line.strip()
+                read(len(line), 0 if blank else 1)
+                if blank:
+                    continue
+                found += 1
+                where = f"{path}:{lineno}"
+                try:
+                    yield json.loads(text_of(line.rstrip(b"\r\n"), where)), where
+                except json.JSONDecodeError as e:
+                    raise InputError(
+                        f"{where}: not valid JSON ({e.msg} at column {e.pos + 1})"
+                    ) from None
+        if not found:
+            raise InputError(f"{path} holds no JSON-lines records: nothing to tokenize")
+
+
+def parquet_records(path: Path, read) -> Iterator[tuple[object, str]]:
+    """Each row of a Parquet file as a record (its columns: messages, or prompt and completion)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        f = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{path} is not a Parquet file ({str(e)[:200]})") from None
+    if f.metadata.num_rows == 0:
+        raise InputError(f"{path} holds no rows: nothing to tokenize")
+    row, share = 0, path.stat().st_size / max(f.metadata.num_row_groups, 1)
+    for group in range(f.metadata.num_row_groups):
+        rows = f.read_row_group(group).to_pylist()
+        read(int(share), len(rows))
+        for i, record in enumerate(rows):
+            yield record, f"{path}: row {row + i:,}"
+        row += len(rows)
+
+
+def prepare_chat(args: argparse.Namespace) -> str:
+    """--chat: the conversations' tokens, NAME.mask beside them, and the header's account."""
+    if args.tokenizer is None:
+        raise InputError(
+            "--chat needs --tokenizer: a Hugging Face tokenizer.json with its chat template "
+            "beside it (the byte-level tokenizer has none)"
+        )
+    if args.workers != 1 or args.shard_tokens is not None:
+        given = "--workers" if args.workers != 1 else "--shard-tokens"
+        raise InputError(f"{given} with --chat: a chat set is prepared in one process, whole")
+    if args.max_tokens is not None and args.max_tokens < 2:
+        raise InputError(f"--max-tokens {args.max_tokens} must be at least 2")
+    hf = Tokenizer.from_file(str(args.tokenizer))
+    hf.no_truncation()
+    hf.no_padding()
+    # Conversations are documents: they end with an end-of-text token, not the end of a turn
+    # (a chat model's tokenizer_config.json names that its eos_token, <|eot_id|>, <|im_end|>).
+    end = args.eos or next((t for t in END_TOKENS if hf.token_to_id(t) is not None), None)
+    tok, source = hf_encoder(args.tokenizer, end)
+    source = "--eos" if args.eos else "a well-known end token" if end else source
+    try:
+        template = chat.template_of(args.tokenizer)
+    except chat.ChatError as e:
+        raise InputError(str(e)) from None
+    base = token_file_base(args.out)
+    if problem := out_problem(base, False) or output_problem(
+        base.with_name(base.name + ".mask"), "--out"
+    ):
+        raise InputError(problem)
+    counts, mask_out = chat.Counts(), base.with_name(base.name + ".mask")
+    console = Console(stderr=True)
+    columns = (TextColumn("preparing {task.fields[docs]:,} conversations"), BarColumn())
+    progress = Progress(*columns, DownloadColumn(), console=console, transient=True,
+                        disable=not console.is_terminal)  # fmt: skip
+
+    def read(n_bytes: int, docs: int) -> None:
+        progress.update(task, advance=n_bytes, docs=counts.conversations)
+
+    base.parent.mkdir(parents=True, exist_ok=True)
+    with progress, staged(mask_out) as partial, open(partial, "wb") as masks:
+        task = progress.add_task("", total=sum(f.stat().st_size for f in args.files), docs=0)
+
+        def chunks() -> Iterator[np.ndarray]:
+            eos = tok.header["eos_id"]
+            convs = chat.conversations(
+                template, hf, records(args.files, read), eos, args.max_tokens, args.long, counts
+            )
+            try:
+                for ids, mask in convs:
+                    mask.tofile(masks)
+                    yield ids
+            except chat.ChatError as e:
+                raise InputError(str(e)) from None
+
+        def finish() -> dict:
+            masks.close()
+            os.replace(partial, mask_out)
+            return {
+                "loss_mask": {"file": mask_out.name, "trained_tokens": counts.trained_tokens},
+                "chat": {
+                    "template": str(template.source.resolve()),
+                    "template_sha256": hashlib.sha256(template.text.encode()).hexdigest(),
+                    "conversations": counts.conversations,
+                    "longest": counts.longest,
+                    "max_tokens": args.max_tokens,
+                    "long": args.long,
+                    "truncated": counts.truncated,
+                    "dropped": counts.dropped,
+                },
+            }
+
+        header = write_tokens(args.out, chunks(), tok.header, [str(f) for f in args.files], finish)
+    if not counts.conversations:
+        raise InputError("no conversation is left to train on (every one was dropped)")
+    left = [f"{n:,} {what}" for n, what in ((counts.truncated, "truncated"),
+                                            (counts.dropped, "dropped")) if n]  # fmt: skip
+    return (
+        f"wrote {header['n_tokens']:,} tokens from {counts.conversations:,} conversation(s) "
+        f"to {base}.bin, {counts.trained_tokens:,} of them trained on ({mask_out.name}); "
+        f"longest {counts.longest:,} tokens{'; ' + ', '.join(left) if left else ''} "
+        f"({header['dtype']}, vocabulary {header['vocab_size']:,}, eos "
+        f"{tok.header['eos_token']} from {source}, template {template.source.name})"
     )
 
 

@@ -8,6 +8,9 @@ Token file format (written by `python -m launcher.prepare`):
   "tokenizer": "bytes" | "huggingface", "tokenizer_path": str | null,
   "tokenizer_sha256": str | null, "sources": [...]}. Version 1 (still read) lacks the
   eos_token and tokenizer_* fields. The header is written after the .bin is complete.
+- A chat set (`launcher.prepare --chat`, launcher/data/chat.py) has `NAME.mask` beside them,
+  one uint8 a token (1: the loss is taken on it), named by the header's "loss_mask" ({"file",
+  "trained_tokens"}) with a "chat" field (the template, the conversations' counts).
 
 Batching: the stream is cut into non-overlapping windows of seq_len + 1 tokens (inputs and
 shifted targets). Each epoch visits the windows in a seeded permutation; global batch k is
@@ -23,7 +26,7 @@ import gzip
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,7 +143,26 @@ def data_sizes(path: str | None) -> tuple[int, int]:
             f"{bin_path} has {found:,} bytes but its header promises n_tokens="
             f"{header['n_tokens']:,} of {header['dtype']} ({expected:,} bytes)"
         )
+    if mask := mask_path(path, header):
+        found = mask.stat().st_size if mask.is_file() else None
+        if found != header["n_tokens"]:
+            held = "is missing" if found is None else f"has {found:,} bytes"
+            raise ValueError(
+                f"its loss mask {mask} {held}, but the tokens beside it are "
+                f"{header['n_tokens']:,}: the mask does not match its tokens (prepare it again)"
+            )
     return header["n_tokens"], header["vocab_size"]
+
+
+def mask_path(path: str, header: dict) -> Path | None:
+    """A chat set's loss mask (launcher.prepare --chat: one uint8 a token, 1 where the loss is
+    taken), beside its .bin; None for a token file without one."""
+    mask = header.get("loss_mask")
+    if mask is None:
+        return None
+    if not isinstance(mask, dict) or not isinstance(mask.get("file"), str) or "/" in mask["file"]:
+        raise ValueError(f"loss_mask={mask!r} must name a file beside the header")
+    return Path(path).with_suffix(".json").with_name(mask["file"])
 
 
 def token_file_base(path: str) -> Path:
@@ -150,7 +172,11 @@ def token_file_base(path: str) -> Path:
 
 
 def write_tokens(
-    path: str, chunks: Iterable[np.ndarray], tokenizer: dict, sources: list[str]
+    path: str,
+    chunks: Iterable[np.ndarray],
+    tokenizer: dict,
+    sources: list[str],
+    finish: Callable[[], dict] | None = None,
 ) -> dict:
     """Stream chunks of token ids (EOS already in place) into NAME.bin, then write NAME.json.
 
@@ -158,7 +184,9 @@ def write_tokens(
     tokenizer_sha256. The ids go to a partial file beside NAME.bin first (removed however the
     write ends, a SIGKILL included: runtime/scratch.py): a failed or interrupted write leaves
     any earlier NAME.bin and NAME.json as they were, and NAME.json never describes a .bin it
-    was not written for. Returns the header.
+    was not written for. `finish()`, called once NAME.bin is in place and before NAME.json is
+    written, puts what goes beside it in place (a chat set's loss mask) and returns the
+    header's fields of it. Returns the header.
     """
     vocab_size = tokenizer["vocab_size"]
     dtype = "uint16" if vocab_size <= 2**16 else "uint32"
@@ -184,6 +212,7 @@ def write_tokens(
         "n_tokens": n_tokens,
         **tokenizer,
         "sources": sources,
+        **(finish() if finish else {}),
     }
     header_path.write_text(json.dumps(header, indent=2) + "\n")
     return header

@@ -117,6 +117,12 @@ def read_source(label: str, path: str | None, weight: float) -> Source:
             header = read_header(f)
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"{f} is not a readable token file ({e})") from e
+        if "loss_mask" in header:
+            raise ValueError(
+                f"{f} is a chat set (a loss mask beside its tokens, from launcher.prepare "
+                "--chat): this launcher cannot take the loss on its mask yet, and training on "
+                "every token would teach the prompts too"
+            )
         this = (header["vocab_size"], header["eos_id"], _tokenizer_of(header))
         if described is not None and this != described:
             raise ValueError(

@@ -351,6 +351,33 @@ PREPARE = [
     Case("prepare no --out", "prepare", ("{W}/in/ok.txt",), "the following arguments are required"),
 ]
 
+# -- prepare --chat (a WordLevel tokenizer with a chat template under {W}/chat/tok, one without
+# under {W}/chat/plain: build_chat) ----------------------------------------------------------
+CHAT_TOK = ("--chat", "--tokenizer", "{W}/chat/tok/tokenizer.json")
+PREPARE += [
+    prepare_case("chat without a tokenizer", "--chat needs --tokenizer", "--chat",
+                 "{W}/chat/ok.jsonl"),
+    prepare_case("chat tokenizer without a template",
+                 "{W}/chat/plain/tokenizer.json has no chat template", "--chat", "--tokenizer",
+                 "{W}/chat/plain/tokenizer.json", "{W}/chat/ok.jsonl"),
+    prepare_case("chat no assistant turn", "noanswer.jsonl:1: no assistant turn", *CHAT_TOK,
+                 "{W}/chat/noanswer.jsonl"),
+    prepare_case("chat unknown role", "role.jsonl:1: turn 0 has role 'narrator', which the "
+                 "chat template does not know", *CHAT_TOK, "{W}/chat/role.jsonl"),
+    prepare_case("chat over max tokens", "ok.jsonl:1: 7 tokens, over --max-tokens 4 (--long "
+                 "refuse", *CHAT_TOK, "--max-tokens", "4", "{W}/chat/ok.jsonl"),
+    prepare_case("chat --long bogus", "argument --long: invalid choice: 'bogus'", *CHAT_TOK,
+                 "--long", "bogus", "{W}/chat/ok.jsonl"),
+    prepare_case("chat a text file", "ok.txt: --chat reads conversations from .jsonl or "
+                 ".parquet files", *CHAT_TOK, "{W}/in/ok.txt"),
+    prepare_case("chat with --workers", "--workers with --chat", *CHAT_TOK, "--workers", "2",
+                 "{W}/chat/ok.jsonl", "{W}/chat/ok.jsonl"),
+    prepare_case("max tokens without chat", "--max-tokens applies to --chat", "--max-tokens",
+                 "8", "{W}/in/ok.txt"),
+    prepare_case("chat template not jinja", "is not a Jinja template", "--chat", "--tokenizer",
+                 "{W}/chat/broken/tokenizer.json", "{W}/chat/ok.jsonl"),
+]  # fmt: skip
+
 CKPT = "{W}/ckpt/checkpoints"
 
 
@@ -771,6 +798,7 @@ def build(w: Path) -> None:
     (w / "in").mkdir(parents=True)
     (w / "out").mkdir()
     (w / "selftest_done" / "rows").mkdir(parents=True)  # an earlier self-test's directory
+    build_chat(w / "chat")
     # run directories whose files a run reads back lead to devices read without end
     for name, target in ENDLESS:
         run = case_run_dir(w, endless_case_id(name, target))
@@ -917,6 +945,31 @@ class Evil:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
+
+
+def build_chat(w: Path) -> None:
+    """Tokenizers with a chat template (tok), without (plain), with a broken one (broken), and
+    conversations."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["<unk>", "<|endoftext|>", "<s>", "user:", "assistant:", "narrator:", "hi", "ok"]
+    template = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + ' ' }}{% endfor %}"
+                "{% if add_generation_prompt %}{{ 'assistant: ' }}{% endif %}")  # fmt: skip
+    for name, config in (("tok", {"chat_template": template}), ("plain", {}),
+                         ("broken", {"chat_template": "{% for m in messages %}"})):  # fmt: skip
+        (w / name).mkdir(parents=True)
+        tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(words)}, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tok.save(str(w / name / "tokenizer.json"))
+        (w / name / "tokenizer_config.json").write_text(json.dumps(config))
+    turn = lambda role, text: {"role": role, "content": text}  # noqa: E731
+    conversations = {
+        "ok": [turn("user", "hi hi"), turn("assistant", "ok ok")],
+        "noanswer": [turn("user", "hi")],
+        "role": [turn("narrator", "hi"), turn("assistant", "ok")],
+    }
+    for name, messages in conversations.items():
+        (w / f"{name}.jsonl").write_text(json.dumps({"messages": messages}) + "\n")
 
 
 def build_checkpoints(w: Path) -> None:
