@@ -200,9 +200,8 @@ def file_documents(path: Path, text_field: str, read: Callable[[int, int], None]
         raise InputError(f"{path} holds no JSON-lines records: nothing to tokenize")
 
 
-def parquet_documents(path: Path, text_field: str, read) -> Iterator[str]:
-    """The --text-field column of a Parquet file, a row group at a time; a row that is not a
-    string (a null) is refused naming it."""
+def open_parquet(path: Path):
+    """An input Parquet file, refused by name when it is not one or holds no rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -212,6 +211,15 @@ def parquet_documents(path: Path, text_field: str, read) -> Iterator[str]:
         raise InputError(f"{path} is not a Parquet file ({str(e)[:200]})") from None
     if f.metadata.num_rows == 0:
         raise InputError(f"{path} holds no rows: nothing to tokenize")
+    return f
+
+
+def parquet_documents(path: Path, text_field: str, read) -> Iterator[str]:
+    """The --text-field column of a Parquet file, a row group at a time; a row that is not a
+    string (a null) is refused naming it."""
+    import pyarrow as pa
+
+    f = open_parquet(path)
     names = f.schema_arrow.names
     if text_field not in names:
         raise InputError(
@@ -445,15 +453,7 @@ def records(files: list[Path], read) -> Iterator[tuple[object, str]]:
 
 def parquet_records(path: Path, read) -> Iterator[tuple[object, str]]:
     """Each row of a Parquet file as a record (its columns: messages, or prompt and completion)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        f = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
-        raise InputError(f"{path} is not a Parquet file ({str(e)[:200]})") from None
-    if f.metadata.num_rows == 0:
-        raise InputError(f"{path} holds no rows: nothing to tokenize")
+    f = open_parquet(path)
     row, share = 0, path.stat().st_size / max(f.metadata.num_row_groups, 1)
     for group in range(f.metadata.num_row_groups):
         rows = f.read_row_group(group).to_pylist()
