@@ -15,7 +15,7 @@ earlier turn's reasoning, say) is refused: the mask would not be what the model 
 
 The template is rendered as transformers' apply_chat_template renders it (a sandboxed Jinja
 environment, trim_blocks and lstrip_blocks, raise_exception, tojson, strftime_now, the
-tokenizer's special tokens as variables): tests/data/test_chat.py holds them equal.
+tokenizer's special tokens as variables): tests/test_chat.py holds them equal.
 """
 
 from __future__ import annotations

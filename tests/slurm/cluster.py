@@ -276,8 +276,12 @@ class Cluster:
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
         for node in self.nodes:
             self._spawn(f"slurmd_{node}", ["slurmd", "-D", "-f", str(self.conf), "-N", node])
-        self._wait(self._all_idle, 30, "nodes are not idle")
+        self.wait_idle(30)
         return self
+
+    def wait_idle(self, timeout: float = 60) -> None:
+        """Every node idle: no job of an earlier test still running or completing on one."""
+        self._wait(self._all_idle, timeout, "nodes are not idle")
 
     def _all_idle(self) -> bool:
         run = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False)

@@ -18,6 +18,14 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
 
 
+@pytest.fixture(autouse=True)
+def _idle_nodes(request):
+    """A test on the cluster starts with every node idle: an earlier test's job still completing
+    on n2 would start a `--nodes=1-2` job on n1 alone (seen in CI)."""
+    if "slurm_cluster" in request.fixturenames:
+        request.getfixturevalue("slurm_cluster").wait_idle()
+
+
 @pytest.fixture
 def slurm_env(slurm_cluster, monkeypatch):
     """Point this process at the cluster, for code that calls sbatch itself (submitit)."""
