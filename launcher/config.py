@@ -292,6 +292,7 @@ class CheckpointConfig:
 
 
 class Attention(str, Enum):
+    auto = "auto"  # document for a chat set among the training sources, else causal
     causal = "causal"  # every token sees every earlier one of its sequence
     document = "document"  # ... of its own document: no query sees across an EOS
 
@@ -314,7 +315,7 @@ class DataConfig:
     # Named validation sets, each evaluated at train.eval_interval as eval/<name> (then the
     # held-out tails are not); e.g. 'data.val_sources={wiki: val/wiki.bin}'.
     val_sources: dict[str, str] = field(default_factory=dict)
-    attention: Attention = Attention.causal
+    attention: Attention = Attention.auto
 
 
 @dataclass

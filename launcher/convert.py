@@ -60,8 +60,9 @@ from launcher.hf.names import check, held_depths, sources
 from launcher.runtime.scratch import command, output_problem, writing
 
 warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-# Copied into a to-hf directory from beside the tokenizer.json, when present.
-TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+# Copied into a to-hf directory from beside the tokenizer.json, when present: the chat template
+# too (in tokenizer_config.json, or chat_template.jinja as transformers 5 saves it).
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def run_tokenizer(meta: dict) -> tuple[Path, int] | None:
@@ -88,6 +89,22 @@ def explicit_tokenizer(path: Path) -> tuple[Path, int]:
     except InputError as e:
         fail(str(e))
     return path, encoder.header["eos_id"]
+
+
+def stop_ids(tok: Path, eos_id: int) -> int | list[int]:
+    """config.json's eos_token_id: the documents' EOS, and where the tokenizer has a chat
+    template, its end of turn (tokenizer_config.json's eos_token) too, so that generate stops
+    after an answer."""
+    from launcher.data import chat  # jinja2: only to read a template
+
+    try:
+        turn = chat.template_of(tok).variables.get("eos_token")
+    except chat.ChatError:
+        return eos_id
+    from tokenizers import Tokenizer
+
+    turn_id = Tokenizer.from_file(str(tok)).token_to_id(turn) if turn else None
+    return eos_id if turn_id is None or turn_id == eos_id else [eos_id, turn_id]
 
 
 def copy_tokenizer(tok: Path, out: Path) -> list[str]:
@@ -195,7 +212,7 @@ def to_hf_command(
         tok = explicit_tokenizer(tokenizer) if tokenizer else run_tokenizer(entry.meta or {})
         note = "; no tokenizer (pass --tokenizer PATH/tokenizer.json to add one)"
         if tok is not None:
-            config["eos_token_id"] = tok[1]
+            config["eos_token_id"] = stop_ids(*tok)
             note = f"; {', '.join(copy_tokenizer(tok[0], partial))} from {tok[0].parent}"
         (partial / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         partial.rename(out)

@@ -12,6 +12,10 @@ wrapped by CachedCore), so a new token costs one token's forward, not the whole 
 Sampling: greedy at --temperature 0, else softmax(logits / T) restricted to the smallest set
 of tokens whose probability reaches --top-p; --seed makes it repeatable. It stops at the
 tokenizer's EOS, after --max-new-tokens, or at the model's max_seq_len.
+
+--chat: the prompt is a user's turn, rendered with the chat template beside the tokenizer (the
+one a chat set was prepared with: launcher/data/chat.py) and its generation prompt; it also
+stops at the template's end of turn, and prints the answer alone.
 """
 
 from __future__ import annotations
@@ -82,11 +86,13 @@ def generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int = 0,
-    eos: int | None = None,
+    eos: int | set | None = None,
     vocab: int | None = None,
 ) -> list[int]:
-    """The new token ids after `prompt` (a model with_kv_cache, in eval mode). Only ids below
-    `vocab` are sampled (the model's vocabulary may be padded past the tokenizer's)."""
+    """The new token ids after `prompt` (a model with_kv_cache, in eval mode), up to the first
+    of `eos` (an id, or a set of them). Only ids below `vocab` are sampled (the model's
+    vocabulary may be padded past the tokenizer's)."""
+    stops = eos if isinstance(eos, set) else {eos}
     import torch
 
     device = next(model.parameters()).device
@@ -102,7 +108,7 @@ def generate(
                 logits = logits[:vocab]
             token = sample(logits, temperature, top_p, generator)
             out.append(token)
-            if token == eos:
+            if token in stops:
                 break
             tokens = torch.tensor([[token]], device=device)
             positions = positions[-1:] + 1
@@ -159,7 +165,8 @@ def load_model(entry, device: str):
 
 
 def tokenizer_of(entry, explicit: Path | None):
-    """(encode, decode, EOS id, vocabulary size, what it is) of the run's tokenizer."""
+    """(encode, decode, EOS id, vocabulary size, what it is, its tokenizer.json or None for
+    byte-level) of the run's tokenizer."""
     if explicit is None:
         found = run_tokenizer(entry.meta or {})
         data = first_token_file(((entry.meta or {}).get("config") or {}).get("data") or {})
@@ -179,7 +186,7 @@ def tokenizer_of(entry, explicit: Path | None):
         explicit = found[0] if found else None
     if explicit is None:
         tok = ByteTokenizer()
-        return tok.encode, tok.decode, tok.eos_id, 257, "byte-level"
+        return tok.encode, tok.decode, tok.eos_id, 257, "byte-level", None
     from tokenizers import Tokenizer
 
     try:
@@ -197,7 +204,27 @@ def tokenizer_of(entry, explicit: Path | None):
         eos,
         hf.get_vocab_size(),
         f"Hugging Face {explicit}",
+        explicit,
     )
+
+
+def chat_prompt(tokenizer: Path | None, text: str) -> tuple[list[int], int | None]:
+    """--chat: the ids of `text` as a user's turn with the template's generation prompt, and
+    the id of its end of turn (None: it names none)."""
+    from launcher.data import chat  # jinja2: only for --chat
+
+    if tokenizer is None:
+        fail("--chat needs a Hugging Face tokenizer with a chat template; this run's is byte-level")
+    try:
+        template = chat.template_of(tokenizer)
+        rendered = template.render([{"role": "user", "content": text}], generation_prompt=True)
+    except chat.ChatError as e:
+        fail(f"--chat: {e}")
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(str(tokenizer))
+    turn = template.variables.get("eos_token")
+    return hf.encode(rendered, add_special_tokens=False).ids, hf.token_to_id(turn) if turn else None
 
 
 @command("no text was generated")
@@ -209,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("path", type=Path, help="a run directory or a step_NNNNNNNN checkpoint")
     parser.add_argument("--prompt", required=True, help="the text to continue")
+    parser.add_argument(
+        "--chat", action="store_true", help="the prompt is a user's turn of the chat template"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=100)
     parser.add_argument("--temperature", type=float, default=0.8, help="0: greedy")
     parser.add_argument("--top-p", type=float, default=0.95, help="nucleus mass, (0, 1]")
@@ -235,8 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         entry = newest(args.path)
     except CheckpointError as e:
         fail(str(e))
-    encode, decode, eos, vocab, what = tokenizer_of(entry, args.tokenizer)
-    prompt = encode(args.prompt)
+    encode, decode, eos, vocab, what, tokenizer = tokenizer_of(entry, args.tokenizer)
+    stops = {eos}
+    if args.chat:
+        prompt, turn = chat_prompt(tokenizer, args.prompt)
+        stops.add(turn)
+    else:
+        prompt = encode(args.prompt)
     model, config = load_model(entry, args.device)
     if not prompt:
         fail("--prompt is empty once tokenized")
@@ -245,14 +280,14 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--prompt is {len(prompt)} tokens; the model's max_seq_len is {limit}")
     with_kv_cache(model)
     new = generate(
-        model, prompt, args.max_new_tokens, args.temperature, args.top_p, args.seed, eos, vocab
+        model, prompt, args.max_new_tokens, args.temperature, args.top_p, args.seed, stops, vocab
     )
     print(
         f"{entry.path} (step {entry.step}, {config['name']}), {what} tokenizer; "
         f"{len(prompt)} prompt + {len(new)} new tokens",
         file=sys.stderr,
     )
-    print(args.prompt + decode(new))
+    print(decode(new) if args.chat else args.prompt + decode(new))
     return 0
 
 

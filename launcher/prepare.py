@@ -69,7 +69,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from tokenizers import Tokenizer
 
 from launcher.data import chat
-from launcher.data.batches import ByteTokenizer, token_file_base, write_tokens
+from launcher.data.batches import LONG_RULES, ByteTokenizer, token_file_base, write_tokens
 from launcher.runtime.rundir import write_failure
 from launcher.runtime.scratch import (
     clear_leftovers,
@@ -347,7 +347,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--long",
-        choices=chat.LONG_RULES,
+        choices=LONG_RULES,
         default="refuse",
         help="with --chat: a conversation over --max-tokens stops prepare (refuse), is cut to "
         "its first N tokens (truncate) or left out (drop)",

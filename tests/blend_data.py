@@ -42,19 +42,16 @@ def _tokens(docs: list[bytes]) -> np.ndarray:
     )
 
 
-def make() -> Path:
-    """The blend's directory (made if missing; a concurrent maker renames into place)."""
-    key = hashlib.sha256(EMBEDDED.read_bytes() + VERSION.encode()).hexdigest()
-    root = Path(tempfile.gettempdir()) / f"llm-launcher-blend-{key[:12]}"
+def made_once(kind: str, version: str, write) -> Path:
+    """The directory of test data of a kind (made by write(directory) if missing, under the
+    system's temp directory, named by the corpus and the version; a concurrent maker renames
+    into place)."""
+    key = hashlib.sha256(EMBEDDED.read_bytes() + version.encode()).hexdigest()
+    root = Path(tempfile.gettempdir()) / f"llm-launcher-{kind}-{key[:12]}"
     if root.exists():
         return root
     staging = Path(tempfile.mkdtemp(prefix=root.name + ".", dir=root.parent))
-    sources = _documents()
-    code = sources[1]
-    parts = {"web.bin": sources[0], "code/part1.bin": code[: len(code) // 2],
-             "code/part2.bin": code[len(code) // 2 :], "books.bin": sources[2]}  # fmt: skip
-    for name, docs in parts.items():
-        write_tokens(str(staging / name.removesuffix(".bin")), [_tokens(docs)], HEADER, ["corpus"])
+    write(staging)
     try:
         os.rename(staging, root)
     except OSError:  # another process made it first
@@ -62,7 +59,16 @@ def make() -> Path:
     return root
 
 
-ROOT = make()
+def _write(staging: Path) -> None:
+    sources = _documents()
+    code = sources[1]
+    parts = {"web.bin": sources[0], "code/part1.bin": code[: len(code) // 2],
+             "code/part2.bin": code[len(code) // 2 :], "books.bin": sources[2]}  # fmt: skip
+    for name, docs in parts.items():
+        write_tokens(str(staging / name.removesuffix(".bin")), [_tokens(docs)], HEADER, ["corpus"])
+
+
+ROOT = made_once("blend", VERSION, _write)
 BLEND = (
     f"data.sources=[{{path: {ROOT}/web.bin, weight: 0.6}}, {{path: {ROOT}/code, weight: 0.3}},"
     f" {{path: {ROOT}/books.bin, weight: 0.1}}]",

@@ -223,18 +223,16 @@ def test_a_tokenizer_without_a_chat_template_is_refused(tmp_path):
     assert status == 2 and "has no chat template" in msg, msg
 
 
-def test_a_mask_that_does_not_match_its_tokens_is_refused_and_a_chat_set_not_trained_unmasked(
-    tmp_path,
-):
-    """A chat set whose mask was cut (or lost) is refused by name when read; a whole one is
-    refused as a training source until the loss takes its mask (not silently trained on every
-    token)."""
+def test_a_mask_that_does_not_match_its_tokens_is_refused(tmp_path):
+    """A whole chat set reads as a chat source (its loss on its mask, under the rule its
+    prepare applied to long conversations); one whose mask was cut (or lost) is refused by
+    name when read."""
     tok_dir = tokenizer_dir(tmp_path / "tok", "llama3")
     out = tmp_path / "chat"
     data = write_jsonl(tmp_path / "chat.jsonl", CONVERSATIONS)
     assert prepare("--chat", "--tokenizer", tok_dir / "tokenizer.json", "--out", out, data)[0] == 0
-    with pytest.raises(ValueError, match="cannot take the loss on its mask yet"):
-        read_source("data.path", str(out), 1.0)
+    source = read_source("data.path", str(out), 1.0)
+    assert source.chat and source.long == "refuse"
     mask = out.with_suffix(".mask")
     mask.write_bytes(mask.read_bytes()[:-3])
     with pytest.raises(ValueError, match="the mask does not match its tokens"):
@@ -242,3 +240,103 @@ def test_a_mask_that_does_not_match_its_tokens_is_refused_and_a_chat_set_not_tra
     mask.unlink()
     with pytest.raises(ValueError, match=r"chat.mask is missing"):
         data_sizes(str(out))
+
+
+def test_windows_hold_whole_conversations():
+    """Packing (launcher.data.batches.pack): every conversation of the test set sits whole in
+    one window, in order, except those longer than a window (cut to it under --long truncate);
+    windows never exceed seq_len + 1 tokens; the trained tokens are the masks' inside them."""
+    from chat_data import ROOT, conversations
+
+    from launcher.data.batches import conversation_ends, load_tokens, pack
+
+    tokens, _ = load_tokens(str(ROOT / "chat.bin"))
+    mask = np.fromfile(ROOT / "chat.mask", dtype=np.uint8)
+    width = 129
+    ends = conversation_ends(tokens, 256)
+    pairs = conversations()
+    assert ends.tolist() == np.cumsum([i.size for i, _ in pairs]).tolist()
+    p = pack(ends, mask, width, "truncate")
+    lengths = [i.size for i, _ in pairs]
+    long = [n for n in lengths if n > width]
+    assert long and p.truncated == len(long) and p.dropped == 0
+    assert (np.diff(p.bounds, axis=1) <= width).all() and (
+        p.bounds[1:, 0] >= p.bounds[:-1, 1]
+    ).all()
+    starts = set(np.concatenate([[0], ends[:-1]]).tolist())
+    assert set(p.bounds[:, 0].tolist()) <= starts  # a window starts where a conversation does
+    kept = sum(int(m[:width].sum()) if m.size > width else int(m.sum()) for _, m in pairs)
+    assert p.trained_tokens == kept
+    dropped = pack(ends, mask, width, "drop")
+    assert dropped.dropped == len(long) and dropped.conversations == len(pairs) - len(long)
+
+
+def test_the_plan_refuses_a_conversation_longer_than_a_window_under_the_refuse_rule(tmp_path):
+    """A set prepared with --long refuse (the default) holding a conversation longer than
+    train.seq_len + 1 is refused by the plan, naming it, its length and the ways out; the same
+    set prepared with truncate trains, and the plan's data row says what its loss is taken on."""
+    from chat_data import conversations, write
+    from conftest import compose_config
+
+    from launcher.plan import engine_plan
+    from launcher.plan.report import plan_json
+
+    pairs = conversations()
+    write(tmp_path / "refuse", pairs, long="refuse")
+    write(tmp_path / "cut", pairs, long="truncate")
+    plan = engine_plan(compose_config([f"data.path={tmp_path}/refuse.bin"]))
+    (problem,) = [str(p) for p in plan.errors]
+    first = next(i for i, (ids, _) in enumerate(pairs) if ids.size > 129)
+    assert f"conversation {first + 1} has {pairs[first][0].size} tokens" in problem, problem
+    assert "train.seq_len + 1 = 129 (prepared with --long refuse)" in problem, problem
+    assert "--max-tokens 129 and --long truncate or drop" in problem, problem
+    assert not engine_plan(compose_config([f"data.path={tmp_path}/refuse.bin",
+                                           "train.seq_len=256"])).errors  # fmt: skip
+    plan = engine_plan(compose_config([f"data.path={tmp_path}/cut.bin"]))
+    assert not plan.errors, plan.errors
+    (use,) = plan_json(plan)["data"]
+    long = sum(ids.size > 129 for ids, _ in pairs)
+    assert use["chat"]["truncated"] == long and use["chat"]["conversations"] == len(pairs)
+    assert plan.context.document_mask  # data.attention=auto: each conversation its document
+    causal = engine_plan(compose_config([f"data.path={tmp_path}/cut.bin",
+                                         "data.attention=causal"]))  # fmt: skip
+    assert not causal.context.document_mask
+
+
+def test_a_chat_set_blends_with_plain_text_and_mtp_is_refused_on_it(tmp_path):
+    """A blend of a chat set and a plain token file: the plain source's targets are all kept,
+    the chat set's masked; multi-token prediction on a chat set is refused by name."""
+    from blend_data import HEADER
+    from chat_data import conversations, write
+    from conftest import compose_config
+
+    from launcher.data.batches import IGNORE, Batches, write_tokens
+    from launcher.data.sources import run_data
+    from launcher.plan import engine_plan
+
+    write(tmp_path / "chat", conversations(), long="truncate")
+    tokens = np.random.default_rng(0).integers(0, 256, 20_000).astype(np.uint32)
+    write_tokens(str(tmp_path / "plain"), [tokens], HEADER, ["noise"])
+    blend = (f"data.sources=[{{path: {tmp_path}/chat.bin, weight: 0.5}}, "
+             f"{{path: {tmp_path}/plain.bin, weight: 0.5}}]")  # fmt: skip
+    cfg = compose_config([blend])
+    assert not engine_plan(cfg).errors
+    data = run_data(cfg.data, cfg.train.seq_len)
+    assert data.masked
+    batches = Batches(data.train, 64, 64, 0, 1, 0, True, data.blend)
+    ((x, y),) = batches.at(0)
+    chat = [i for i in range(64) if batches.locate(i)[0] is data.train[0]]
+    plain = [i for i in range(64) if i not in chat]
+    assert chat and plain
+    assert (y[chat] == IGNORE).any() and not (y[plain] == IGNORE).any()
+    assert (y[plain] == x[plain].roll(-1, 1))[:, :-1].all()
+    assert batches.trained_tokens(0) == int((y != IGNORE).sum())
+    mtp = engine_plan(compose_config(["model=deepseek_debug", "model.mtp_depth=1", blend]))
+    assert any("model.mtp_depth=1 with a chat set" in str(p) for p in mtp.errors), mtp.errors
+
+
+def test_the_data_and_the_models_skip_the_same_target():
+    from launcher.data.batches import IGNORE
+    from launcher.models import layers
+
+    assert IGNORE == layers.IGNORE == -100  # F.cross_entropy's ignore_index

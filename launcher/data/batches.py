@@ -13,7 +13,9 @@ Token file format (written by `python -m launcher.prepare`):
   "trained_tokens"}) with a "chat" field (the template, the conversations' counts).
 
 Batching: the stream is cut into non-overlapping windows of seq_len + 1 tokens (inputs and
-shifted targets). Each epoch visits the windows in a seeded permutation; global batch k is
+shifted targets); a chat set's into windows of whole conversations instead (`pack`: as many as
+fit, in order, the rest of the window EOS padding), whose targets are IGNORE where the mask is 0.
+Each epoch visits the windows in a seeded permutation; global batch k is
 windows k*G .. (k+1)*G - 1 of that sequence. Data-parallel rank r of D takes the r-th contiguous
 slice of G/D windows and splits it into micro-batches, so the global batches are identical for
 every layout and the loss of one step does not depend on how it was split.
@@ -35,6 +37,8 @@ import numpy as np
 from launcher.runtime.scratch import staged
 
 FORMAT = "llm-launcher-tokens"
+IGNORE = -100  # a target the loss skips (F.cross_entropy's ignore_index): masked or padding
+LONG_RULES = ("refuse", "truncate", "drop")  # a conversation longer than its window (prepare)
 VERSIONS = (1, 2)  # header versions read; write_tokens writes the last
 EMBEDDED = Path(__file__).parent / "python_docs.txt.gz"
 
@@ -243,6 +247,15 @@ class Concat:
         return out if dtype is None else out.astype(dtype)
 
 
+def load_mask_stream(files: tuple[str, ...]) -> np.ndarray | Concat:
+    """A chat set's loss masks (one uint8 a token) as one stream, memory-mapped."""
+    masks = []
+    for f in files:
+        path = mask_path(f, read_header(f))
+        masks.append(np.memmap(path, dtype=np.uint8, mode="r", shape=(path.stat().st_size,)))
+    return masks[0] if len(masks) == 1 else Concat(masks)
+
+
 def load_stream(files: tuple[str, ...]) -> np.ndarray | Concat:
     """A source's tokens: its token files as one stream, or the embedded corpus for ()."""
     if not files:
@@ -266,6 +279,119 @@ class Split:
     def window(self, i: int) -> np.ndarray:
         start = i * self.seq_len
         return np.asarray(self.tokens[start : start + self.seq_len + 1], dtype=np.int64)
+
+    def mask_window(self, i: int) -> None:
+        return None  # the loss is taken on every token
+
+
+@dataclass
+class Packed:
+    """Windows of whole conversations (a chat set, see `pack`): window i holds the stream's
+    tokens bounds[i, 0] .. bounds[i, 1] - 1, the rest of its seq_len + 1 tokens EOS padding
+    whose mask is 0."""
+
+    tokens: np.ndarray | Concat
+    mask: np.ndarray | Concat
+    bounds: np.ndarray  # (n_windows, 2) int64
+    seq_len: int
+    eos_id: int
+
+    @property
+    def n_windows(self) -> int:
+        return len(self.bounds)
+
+    def window(self, i: int) -> np.ndarray:
+        a, b = (int(x) for x in self.bounds[i])
+        out = np.full(self.seq_len + 1, self.eos_id, dtype=np.int64)
+        out[: b - a] = np.asarray(self.tokens[a:b])
+        return out
+
+    def mask_window(self, i: int) -> np.ndarray:
+        a, b = (int(x) for x in self.bounds[i])
+        out = np.zeros(self.seq_len + 1, dtype=np.uint8)
+        out[: b - a] = np.asarray(self.mask[a:b])
+        return out
+
+
+@dataclass(frozen=True)
+class Packing:
+    """How a chat set's conversations fill windows of seq_len + 1 tokens."""
+
+    bounds: np.ndarray  # (windows, 2): each window's first token and the one past its last
+    conversations: int  # those trained on, whole or cut
+    truncated: int  # cut to one window (prepare's --long truncate)
+    dropped: int  # left out (--long drop)
+    trained_tokens: int  # mask 1 inside the windows
+
+
+class LongConversation(ValueError):
+    """A conversation longer than a window under the refuse rule."""
+
+
+def conversation_ends(tokens: np.ndarray | Concat, eos_id: int, chunk: int = 1 << 24) -> np.ndarray:
+    """The position after each conversation's EOS (a chat set holds EOS only there), read a
+    chunk at a time."""
+    out = []
+    for start in range(0, len(tokens), chunk):
+        part = np.asarray(tokens[start : start + chunk])
+        out.append(np.flatnonzero(part == eos_id) + (start + 1))
+    ends = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+    if len(tokens) and (not ends.size or ends[-1] != len(tokens)):
+        ends = np.append(ends, len(tokens))  # a last conversation without its EOS still counts
+    return ends.astype(np.int64)
+
+
+def pack(ends: np.ndarray, mask, width: int, long: str) -> Packing:
+    """Conversations (each ends[k - 1] .. ends[k] - 1 of the stream) packed in order into
+    windows of at most `width` tokens: a conversation starts a new window where it does not fit
+    in the current one, so none is split between windows and its answers always see their
+    prompt. One longer than a window follows the rule its set was prepared with (`long`):
+    refused (LongConversation), cut to its first `width` tokens, or dropped."""
+    bounds: list[tuple[int, int]] = []
+    left_out: list[tuple[int, int]] = []  # what no window holds: dropped ones, cut tails
+    packed = truncated = dropped = 0
+    start = end = prev = 0  # the open window [start, end); end == start: none open
+    lengths = np.diff(ends, prepend=0)
+    for k in np.flatnonzero(lengths > width):  # the few long ones first: refuse before packing
+        if long == "refuse":
+            raise LongConversation(
+                f"conversation {int(k) + 1:,} has {int(lengths[k]):,} tokens, more than a "
+                f"window of train.seq_len + 1 = {width:,} (prepared with --long refuse)"
+            )
+    for e in ends.tolist():
+        n = e - prev
+        if n > width:
+            if end > start:
+                bounds.append((start, end))
+            start = end = e
+            if long == "truncate":
+                bounds.append((prev, prev + width))
+                left_out.append((prev + width, e))
+                truncated += 1
+                packed += 1
+            else:
+                left_out.append((prev, e))
+                dropped += 1
+        elif end - start + n <= width:
+            end = e
+            packed += 1
+        else:
+            if end > start:
+                bounds.append((start, end))
+            start, end = prev, e
+            packed += 1
+        prev = e
+    if end > start:
+        bounds.append((start, end))
+    out = np.array(bounds, dtype=np.int64).reshape(-1, 2)
+    trained = mask_sum(mask) - sum(mask_sum(mask[a:b]) for a, b in left_out)
+    return Packing(out, packed, truncated, dropped, trained)
+
+
+def mask_sum(mask, chunk: int = 1 << 24) -> int:
+    """The 1s of a mask (or a slice of one), read a chunk at a time."""
+    steps = range(0, len(mask), chunk)
+    return int(sum(np.count_nonzero(np.asarray(mask[i : i + chunk])) for i in steps))
 
 
 def split_sizes(n_tokens: int, seq_len: int, val_fraction: float) -> tuple[int, int]:
@@ -325,9 +451,24 @@ class Batches:
         self.g, self.micro = global_batch, micro_batch
         self.dp_rank, self.dp_size, self.seed, self.shuffle = dp_rank, dp_size, seed, shuffle
         self._orders: dict[tuple[int, int], np.ndarray] = {}
+        # A chat set among the splits: targets are IGNORE where its mask is 0 (the loss is
+        # then a sum over the rest, divided by the global batch's count of them: trainer).
+        self.masked = any(isinstance(s, Packed) for s in self.splits)
 
     def window(self, i: int) -> np.ndarray:
         """The window at position i of the endless stream (of the blend, or of the one split)."""
+        data, pos = self.locate(i)
+        return data.window(pos)
+
+    def targets(self, i: int, window: np.ndarray) -> np.ndarray:
+        """The targets of the window at position i: its tokens after the first, IGNORE where
+        a chat set's mask is 0."""
+        data, pos = self.locate(i)
+        mask = data.mask_window(pos)
+        return window[1:] if mask is None else np.where(mask[1:] == 1, window[1:], IGNORE)
+
+    def locate(self, i: int) -> tuple[Split | Packed, int]:
+        """The split and the window of it at position i of the endless stream."""
         s, k = self.blend.locate(i) if self.blend is not None else (0, i)
         data = self.splits[s]
         epoch, pos = divmod(k, data.n_windows)
@@ -340,7 +481,17 @@ class Batches:
                     (s, epoch): np.random.default_rng(seed).permutation(data.n_windows),
                 }
             pos = int(self._orders[(s, epoch)][pos])
-        return data.window(pos)
+        return data, pos
+
+    def trained_tokens(self, position: int) -> int:
+        """The targets the loss is taken on in the whole global batch whose first window is at
+        `position` (with a chat set: those its masks keep), the same on every rank."""
+        total = 0
+        for i in range(position, position + self.g):
+            data, pos = self.locate(i)
+            mask = data.mask_window(pos)
+            total += data.seq_len if mask is None else int(np.count_nonzero(mask[1:]))
+        return total
 
     def micro_batches(self, k: int) -> list:
         """[(inputs (b, S), targets (b, S))] for this rank's share of global batch k."""
@@ -354,8 +505,12 @@ class Batches:
         per_rank = self.g // self.dp_size
         first = position + self.dp_rank * per_rank
         windows = np.stack([self.window(first + j) for j in range(per_rank)])
+        if self.masked:
+            targets = np.stack([self.targets(first + j, w) for j, w in enumerate(windows)])
+        else:
+            targets = windows[:, 1:]
         out = []
         for start in range(0, per_rank, self.micro):
-            w = torch.from_numpy(windows[start : start + self.micro])
-            out.append((w[:, :-1], w[:, 1:]))
+            x = torch.from_numpy(windows[start : start + self.micro, :-1])
+            out.append((x, torch.from_numpy(targets[start : start + self.micro])))
         return out

@@ -32,7 +32,6 @@ import numpy as np
 ROLES = ("system", "user", "assistant")  # what every template is taken to know
 EXTRA_ROLES = ("tool", "ipython", "function", "developer")  # known where a template names them
 TRAINED = "assistant"  # the role whose turns the loss is taken on
-LONG_RULES = ("refuse", "truncate", "drop")  # --long: a conversation over --max-tokens
 SPECIAL = ("bos_token", "eos_token", "unk_token", "pad_token")  # the template's variables
 
 

@@ -16,19 +16,28 @@ Pure numpy: the planner reads headers and sizes through this module without torc
 
 from __future__ import annotations
 
+import functools
 import glob
 import heapq
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from launcher.data.batches import (
+    LONG_RULES,
     ByteTokenizer,
+    LongConversation,
+    Packed,
+    Packing,
     Split,
+    conversation_ends,
     data_sizes,
     embedded_n_tokens,
+    load_mask_stream,
     load_stream,
+    pack,
     read_header,
     split,
     split_sizes,
@@ -49,6 +58,13 @@ class Source:
     vocab_size: int
     eos_id: int
     tokenizer: str  # what the sources must agree on: "bytes" or the tokenizer's sha256
+    # A chat set (launcher.prepare --chat): the rule its prepare applied to a conversation too
+    # long (batches.LONG_RULES), which packing applies to one longer than a window; None: not.
+    long: str | None = None
+
+    @property
+    def chat(self) -> bool:
+        return self.long is not None
 
 
 def token_files(path: str) -> list[str]:
@@ -110,29 +126,88 @@ def read_source(label: str, path: str | None, weight: float) -> Source:
             label, weight, (), embedded_n_tokens(), tok.vocab_size, tok.eos_id, "byte-level"
         )
     files = token_files(path)
-    n_tokens, described = 0, None
+    n_tokens, described, long = 0, None, None
     for f in files:
         try:
             n, _ = data_sizes(f)
             header = read_header(f)
         except (OSError, ValueError, KeyError) as e:
             raise ValueError(f"{f} is not a readable token file ({e})") from e
-        if "loss_mask" in header:
-            raise ValueError(
-                f"{f} is a chat set (a loss mask beside its tokens, from launcher.prepare "
-                "--chat): this launcher cannot take the loss on its mask yet, and training on "
-                "every token would teach the prompts too"
-            )
         this = (header["vocab_size"], header["eos_id"], _tokenizer_of(header))
         if described is not None and this != described:
             raise ValueError(
                 f"its shards disagree: {files[0]} has {_agree(described)}, {f} has {_agree(this)}"
             )
-        described = this
+        rule = long_rule(f, header)
+        if described is not None and (rule is None) != (long is None):
+            chat, plain = (f, files[0]) if long is None else (files[0], f)
+            raise ValueError(
+                f"its shards disagree: {chat} is a chat set (launcher.prepare --chat), {plain} "
+                "is not; a source is one or the other (a blend may mix them)"
+            )
+        described, long = this, rule
         n_tokens += n
     if n_tokens == 0:
         raise ValueError("holds no tokens")
-    return Source(label, weight, tuple(files), n_tokens, *described)
+    return Source(label, weight, tuple(files), n_tokens, *described, long)
+
+
+def is_chat_set(path: str | None) -> bool:
+    """Whether data.path names a readable chat set (launcher.prepare --chat)."""
+    try:
+        return path is not None and "loss_mask" in read_header(token_files(path)[0])
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def long_rule(path: str, header: dict) -> str | None:
+    """A chat set's rule for a conversation too long (None: not a chat set)."""
+    if "loss_mask" not in header:
+        return None
+    chat = header.get("chat")
+    rule = chat.get("long") if isinstance(chat, dict) else None
+    if rule not in LONG_RULES:
+        raise ValueError(f"{path}: chat.long={rule!r} must be one of {', '.join(LONG_RULES)}")
+    return rule
+
+
+def packing(s: Source, seq_len: int) -> Packing:
+    """How a chat source's conversations fill the windows of train.seq_len (batches.pack);
+    LongConversation names one too long under the refuse rule. Cached: the planner asks once
+    per layout it prices."""
+    stats = tuple((f, os.stat(f).st_size, os.stat(f).st_mtime_ns) for f in s.files)
+    return _packing(stats, s.eos_id, seq_len + 1, s.long)
+
+
+@functools.lru_cache(maxsize=16)
+def _packing(stats: tuple, eos_id: int, width: int, long: str) -> Packing:
+    files = tuple(f for f, _, _ in stats)
+    ends = conversation_ends(load_stream(files), eos_id)
+    return pack(ends, load_mask_stream(files), width, long)
+
+
+def chat_split(s: Source, seq_len: int, val_fraction: float | None) -> tuple[Packed, Packed | None]:
+    """A chat source's windows of whole conversations: (train, held-out tail) by windows, at
+    least one each; val_fraction None: all of them, for a named validation set."""
+    tokens, mask = load_stream(s.files), load_mask_stream(s.files)
+    bounds = packing(s, seq_len).bounds
+    whole = lambda b: Packed(tokens, mask, b, seq_len, s.eos_id)  # noqa: E731
+    if val_fraction is None:
+        return whole(bounds), None
+    n_train, _ = chat_split_sizes(len(bounds), val_fraction)
+    return whole(bounds[:n_train]), whole(bounds[n_train:])
+
+
+def chat_split_sizes(windows: int, val_fraction: float) -> tuple[int, int]:
+    """(train, held-out) windows of a chat source: its tail val_fraction of windows, at least
+    one each side; ValueError when there are too few."""
+    n_val = max(int(windows * val_fraction), 1)
+    if windows - n_val < 1:
+        raise ValueError(
+            f"its conversations fill {windows:,} window(s) of train.seq_len: training and "
+            f"validation (data.val_fraction={val_fraction}) each need at least one"
+        )
+    return windows - n_val, n_val
 
 
 def _agree(what: tuple) -> str:
@@ -252,6 +327,9 @@ class Use:
     n_tokens: int
     weight: float
     epochs: float  # of its training part, over train.steps global batches
+    # A chat set's conversations in their windows: conversations, windows, truncated, dropped,
+    # trained_tokens (Packing's counts); None for other sources.
+    chat: dict | None = None
 
 
 def data_use(cfg) -> list[Use]:
@@ -264,13 +342,47 @@ def data_use(cfg) -> list[Use]:
     t = cfg.train
     out = []
     for s in sources:
+        packed = None
         try:
-            n_train, _ = split_sizes(s.n_tokens, t.seq_len, cfg.data.val_fraction)
+            if s.chat:
+                packed = packing(s, t.seq_len)
+                windows, _ = chat_split_sizes(len(packed.bounds), cfg.data.val_fraction)
+            else:
+                n_train, _ = split_sizes(s.n_tokens, t.seq_len, cfg.data.val_fraction)
+                windows = (n_train - 1) // t.seq_len
         except ValueError:
             return []
-        windows = (n_train - 1) // t.seq_len
         epochs = t.steps * t.global_batch_size * s.weight / windows
-        out.append(Use(s.label, len(s.files), s.n_tokens, s.weight, epochs))
+        chat = None
+        if packed is not None:
+            chat = {"conversations": packed.conversations, "windows": len(packed.bounds),
+                    "truncated": packed.truncated, "dropped": packed.dropped,
+                    "trained_tokens": packed.trained_tokens}  # fmt: skip
+        out.append(Use(s.label, len(s.files), s.n_tokens, s.weight, epochs, chat))
+    return out
+
+
+def chat_problems(sources: list[Source], seq_len: int, val_fraction: float | None) -> list[str]:
+    """Chat sources whose conversations do not fill their windows: one longer than a window
+    under the refuse rule, or too few windows to split (val_fraction None: a named validation
+    set, which needs one)."""
+    out = []
+    for s in sources:
+        if not s.chat:
+            continue
+        try:
+            windows = len(packing(s, seq_len).bounds)
+            if val_fraction is not None:
+                chat_split_sizes(windows, val_fraction)
+            elif not windows:
+                raise ValueError("holds no conversation that fits a window of train.seq_len")
+        except LongConversation as e:
+            out.append(
+                f"{s.label}: {e}; raise train.seq_len, or prepare it again with --max-tokens "
+                f"{seq_len + 1} and --long truncate or drop"
+            )
+        except ValueError as e:
+            out.append(f"{s.label}: {e}")
     return out
 
 
@@ -292,8 +404,9 @@ class RunData:
     train: list  # data.Split per training source
     held_out: list  # data.Split per training source: its tail
     blend: Blend | None  # None for a single source
-    named: dict  # name -> data.Split of a whole validation set
+    named: dict  # name -> data.Split (or Packed) of a whole validation set
     eos_id: int
+    masked: bool = False  # a chat set among the training sources: the loss takes its mask
 
 
 def run_data(data, seq_len: int) -> RunData:
@@ -303,7 +416,28 @@ def run_data(data, seq_len: int) -> RunData:
     vals, more = validation_sources(data, sources)
     if problems or more:
         raise ValueError("; ".join(problems + more))
-    parts = [split(load_stream(s.files), seq_len, data.val_fraction) for s in sources]
+    parts = [
+        chat_split(s, seq_len, data.val_fraction)
+        if s.chat
+        else split(load_stream(s.files), seq_len, data.val_fraction)
+        for s in sources
+    ]
     blend = Blend([s.weight for s in sources]) if len(sources) > 1 else None
-    named = {v.label: Split(load_stream(v.files), seq_len) for v in vals}
-    return RunData([p[0] for p in parts], [p[1] for p in parts], blend, named, sources[0].eos_id)
+    named = {
+        v.label: chat_split(v, seq_len, None)[0] if v.chat else Split(load_stream(v.files), seq_len)
+        for v in vals
+    }
+    masked = any(s.chat for s in sources)
+    return RunData(
+        [p[0] for p in parts], [p[1] for p in parts], blend, named, sources[0].eos_id, masked
+    )
+
+
+def document_attention(cfg) -> bool:
+    """Whether a run masks attention at document ends: data.attention=document, or auto (the
+    default) with a chat set among the training sources (each conversation its own document)."""
+    mode = cfg.data.attention.value
+    if mode != "auto":
+        return mode == "document"
+    sources, problems = run_sources(cfg.data)
+    return not problems and any(s.chat for s in sources)

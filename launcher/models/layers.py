@@ -322,7 +322,8 @@ class FeedForward(nn.Module):
         return self.w2(swiglu(self.w1(x), self.w3(x)))
 
 
-# The target of a position that has no token to predict (cross-entropy's ignore_index).
+# A target the loss skips (cross-entropy's ignore_index); data.batches.IGNORE, the same value,
+# marks a chat set's prompts and padding.
 IGNORE = -100
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from launcher.config import Config, DType
 from launcher.data.batches import data_sizes, split_sizes
-from launcher.data.sources import run_sources, validation_sources
+from launcher.data.sources import chat_problems, is_chat_set, run_sources, validation_sources
 from launcher.layout import SCHEDULES
 from launcher.models import families
 from launcher.plan.problem import Problem
@@ -205,7 +205,7 @@ def eval_batches(cfg):
 def data(cfg):
     """The run's data: a blend's sources and named validation sets, or one token file (the
     embedded corpus by default): readable, in the model's vocabulary, large enough."""
-    if cfg.data.sources or cfg.data.val_sources:
+    if cfg.data.sources or cfg.data.val_sources or is_chat_set(cfg.data.path):
         yield from source_problems(cfg)
         return
     m, t = cfg.model, cfg.train
@@ -247,12 +247,25 @@ def source_problems(cfg: Config) -> Iterable[str | Problem]:
             f"sources, {vocab:,} tokens (model={m.name}): set model.vocab_size >= {vocab}",
         )
     for s in train:
+        if s.chat:
+            continue  # its windows are whole conversations: chat_problems
         try:
             split_sizes(s.n_tokens, t.seq_len, cfg.data.val_fraction)
         except ValueError as e:
             yield Problem("data_size", f"{s.label}: {e}")
+    for text in chat_problems(train, t.seq_len, cfg.data.val_fraction):
+        yield Problem("data_size", text)
+    for text in chat_problems(vals, t.seq_len, None):
+        yield Problem("data_size", text)
+    if m.mtp_depth and any(s.chat for s in train):
+        yield Problem(
+            "chat_mtp",
+            f"model.mtp_depth={m.mtp_depth} with a chat set: the prediction depths take their "
+            "loss on every token, not on the answers its mask names (not built yet); set "
+            "model.mtp_depth=0 to fine-tune on it",
+        )
     for v in vals:
-        if v.n_tokens < t.seq_len + 1:
+        if not v.chat and v.n_tokens < t.seq_len + 1:
             yield Problem(
                 "data_size",
                 f"data.val_sources.{v.label}: n_tokens={v.n_tokens:,} is too few for one "

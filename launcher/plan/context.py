@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from launcher.config import Config
+from launcher.data.sources import document_attention
 from launcher.layout import (
     Layout,
     last_stage_rank,
@@ -32,7 +33,7 @@ class Context:
         self.cfg, self.model = cfg, m
         self.shape: Shape = shape(m)
         self.seq, self.global_batch = t.seq_len, t.global_batch_size
-        self.document_mask = cfg.data.attention.value == "document"
+        self.document_mask = document_attention(cfg)
         self.devices_per_node, self.nodes = hw.devices_per_node, hw.nodes
         self.world = hw.nodes * hw.devices_per_node
         self.capacity = hw.memory_gib * GIB

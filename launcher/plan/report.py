@@ -8,6 +8,7 @@ from rich.console import Console, Group
 from rich.markup import escape
 from rich.table import Table
 
+from launcher.data.sources import document_attention
 from launcher.layout import AXES, MESH_DIMS, SCHEDULES
 from launcher.plan import Plan
 from launcher.plan import bubble as pl
@@ -89,7 +90,18 @@ def data_line(u, steps: int) -> str:
     name = u.label.split("=", 1)[-1]  # the path, without data.path= or data.sources[i].path=
     files = f" ({u.files} files)" if u.files > 1 else ""
     weight = f", weight {u.weight:.3g}" if u.weight < 1 else ""
-    return f"{name}{files}: {u.n_tokens:,} tokens{weight}, {u.epochs:.2g} epochs in {steps} steps"
+    chat, c = "", u.chat
+    if c is not None:  # a chat set: what its loss is taken on, and how its windows hold it
+        said = {"truncated": "cut to a window", "dropped": "too long, dropped"}
+        left = [f", {c[k]:,} {what}" for k, what in said.items() if c[k]]
+        chat = (
+            f" ({c['trained_tokens']:,} trained on: the answers), {c['conversations']:,} "
+            f"conversations in {c['windows']:,} windows{''.join(left)}"
+        )
+    return (
+        f"{name}{files}: {u.n_tokens:,} tokens{chat}{weight}, {u.epochs:.2g} epochs in "
+        f"{steps} steps"
+    )
 
 
 def evaluation_line(cfg) -> str:
@@ -134,7 +146,7 @@ def plan_table(plan: Plan) -> Group:
     main.add_row("precision", precision_line(cfg))
     if plan.data:
         main.add_row("data", "\n".join(data_line(u, cfg.train.steps) for u in plan.data))
-    if cfg.data.attention.value == "document":
+    if document_attention(cfg):
         main.add_row(
             "attention",
             "document masking: a token attends within its own document (the kernels compute "

@@ -44,8 +44,8 @@ from launcher.checkpoint.store import (
     step_dir,
 )
 from launcher.cli import USAGE_ERROR
-from launcher.data.batches import Batches
-from launcher.data.sources import run_data
+from launcher.data.batches import IGNORE, Batches
+from launcher.data.sources import document_attention, run_data
 from launcher.hf import weights as hf_weights
 from launcher.layout import as_saved, describe, stage_owner
 from launcher.models.layers import document_ids, future_tokens
@@ -102,6 +102,13 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
 
 
+def loss_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy in fp32 over the targets that are not IGNORE (a chat
+    set's prompts and padding): the trainer divides by the global batch's count of them."""
+    flat = logits.flatten(0, 1).float()
+    return F.cross_entropy(flat, targets.flatten(), ignore_index=IGNORE, reduction="sum")
+
+
 class Micro(NamedTuple):
     """One micro-batch on a rank: inputs and targets (B, S), documents (B, S) under
     data.attention=document (models.layers.document_ids), and with multi-token prediction the
@@ -137,7 +144,15 @@ class Trainer:
         # in the compute dtype, 4 bytes per logit in bf16 where eager peaks at 12
         # (launcher/plan/estimate.py, loss_bytes_per_logit).
         compiled_loss = loss_compiled(cfg, self.layout)
-        self.loss = torch.compile(loss_fn) if compiled_loss else loss_fn
+        data = run_data(cfg.data, t.seq_len)
+        # A chat set: the loss is the mean over the whole global batch's trained tokens. Each
+        # micro-batch's summed loss is scaled by loss_scale (set each step: step_scale), so
+        # that the micro-batch means the engine then takes (over micro-batches, the schedule's
+        # gradient scaling, the data- and context-parallel average) make that mean.
+        self.masked = data.masked
+        fn = loss_sum if self.masked else loss_fn
+        self.loss = torch.compile(fn) if compiled_loss else fn
+        self.loss_scale = 1.0
         began = time.perf_counter()
         self._build_model()
         self.build_s = time.perf_counter() - began
@@ -177,8 +192,7 @@ class Trainer:
         # core for a run of one process).
         threads = torch.get_num_threads() if d.device.type == "cpu" else 1
         self.peak_flops = cfg.hardware.peak_tflops * 1e12 * threads
-        data = run_data(cfg.data, t.seq_len)
-        self.eos_id, self.documents = data.eos_id, cfg.data.attention.value == "document"
+        self.eos_id, self.documents = data.eos_id, document_attention(cfg)
         lay = self.layout
         batches = (t.global_batch_size, lay.micro_batch_size, d.dp_rank, lay.dp, t.seed)
         # Context-parallel ranks share their data-parallel rank's batch and keep their own
@@ -233,7 +247,7 @@ class Trainer:
                 lay.n_stages,
                 lay.schedule,
                 lay.microbatches,
-                self.loss,
+                self.train_loss,
                 d.mesh["pp"],
                 d.device,
                 reshard_each_microbatch=lay.reshard_each_microbatch,
@@ -266,13 +280,34 @@ class Trainer:
         (and its backward) must run under loss_parallel(), which reduces across tp ranks."""
         return loss_parallel() if self.layout.loss_parallel else nullcontext()
 
-    def forward_loss(self, x: torch.Tensor, y: torch.Tensor, docs, future=None) -> torch.Tensor:
-        """The next-token loss; with the tokens ahead (multi-token prediction) in training,
-        the prediction depths' loss is attached to the logits (models.deepseek) and starts in
-        their backward."""
+    def train_loss(self, logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """A micro-batch's training loss: its mean, or with a chat set its sum scaled to its
+        share of the global batch's mean (step_scale)."""
+        loss = self.loss(logits, y)
+        return loss * self.loss_scale if self.masked else loss
+
+    def step_scale(self, position: int) -> int | None:
+        """With a chat set: the trained tokens of the global batch at `position` (every rank
+        counts them from the data, so no collective), and loss_scale for its micro-batches: a
+        rank's micro-batch mean of sums x dp x cp / that count is its share of the batch's
+        mean. None without a mask."""
+        if not self.masked:
+            return None
+        lay = self.layout
+        trained = self.train_batches.trained_tokens(position)
+        self.loss_scale = lay.dp * lay.cp * lay.microbatches / max(trained, 1)
+        return trained
+
+    def forward_loss(
+        self, x: torch.Tensor, y: torch.Tensor, docs, future=None, train: bool = True
+    ) -> torch.Tensor:
+        """The next-token loss (train_loss, or in evaluation self.loss); with the tokens ahead
+        (multi-token prediction) in training, the prediction depths' loss is attached to the
+        logits (models.deepseek) and starts in their backward."""
         ahead = {"future": future} if future is not None else {}  # the model skips it in eval
+        loss = self.train_loss if train else self.loss
         with torch.autocast(self.d.device.type, dtype=self.compute_dtype, enabled=self.autocast):
-            return self.loss(self.parts[0](x, self.positions, docs, **ahead), y)
+            return loss(self.parts[0](x, self.positions, docs, **ahead), y)
 
     def mtp_weight(self, samples: int) -> None:
         """Multi-token prediction's loss weight for a step that starts after `samples`
@@ -311,7 +346,8 @@ class Trainer:
             with grad_sync(self.parts[0], sync=i == len(micro) - 1), self.train_context():
                 loss = self.forward_loss(*batch)
                 # Each micro-batch holds the same number of tokens: the mean of the
-                # micro-batch means is the mean over this rank's share of the batch.
+                # micro-batch means is the mean over this rank's share of the batch (with a
+                # chat set, their sums are scaled to make it so: step_scale).
                 (loss / len(micro)).backward()
             total += local(loss.detach())
         return total / len(micro)
@@ -391,26 +427,41 @@ class Trainer:
         )
 
     @torch.no_grad()
-    def eval_loss(self, micro: list) -> torch.Tensor | None:
+    def eval_loss(self, micro: list, masked: bool = False) -> torch.Tensor | None:
+        """The loss of a rank's share of an evaluation batch: the mean of its micro-batches'
+        means, or `masked` (a chat set) (the sum over its trained tokens, their count), which
+        global_mean makes the mean over the whole batch's."""
         lay = self.layout
+        loss = (self.loss if self.masked else loss_sum) if masked else self.loss
         with self.train_context():
             if self.schedule is None:
-                losses = [local(self.forward_loss(x, y, docs)) for x, y, docs, _ in micro]
-                return torch.stack(losses).mean()
-            out = [
-                pipeline_parallel.forward_only(
-                    dict(self.stages),
-                    lay,
-                    self.d.mesh["pp"],
-                    x,
-                    y,
-                    self.loss,
-                    self.positions,
-                    docs,
-                )
-                for x, y, docs, _ in micro
-            ]
-            return torch.stack([local(o) for o in out]).mean() if self.last else None
+                with torch.autocast(
+                    self.d.device.type, dtype=self.compute_dtype, enabled=self.autocast
+                ):
+                    out = [
+                        loss(self.parts[0](x, self.positions, docs), y) for x, y, docs, _ in micro
+                    ]
+            else:
+                out = [
+                    pipeline_parallel.forward_only(
+                        dict(self.stages),
+                        lay,
+                        self.d.mesh["pp"],
+                        x,
+                        y,
+                        loss,
+                        self.positions,
+                        docs,
+                    )
+                    for x, y, docs, _ in micro
+                ]
+            if not self.last:
+                return None
+            losses = torch.stack([local(o) for o in out])
+            if not masked:
+                return losses.mean()
+            trained = sum((b.y != IGNORE).sum() for b in micro)
+            return torch.stack([losses.sum(), trained.to(losses.dtype)])
 
     def evaluate(self) -> dict:
         """eval_loss (the training sources' held-out tails) and eval/<name> for each named
@@ -421,18 +472,24 @@ class Trainer:
         out = {}
         for name, batches in [("eval_loss", self.val_batches), *self.named_val.items()]:
             losses = [
-                self.eval_loss(self.prepare(batches.micro_batches(k)))
+                self.eval_loss(self.prepare(batches.micro_batches(k)), batches.masked)
                 for k in range(self.cfg.train.eval_batches)
             ]
-            out[name if name == "eval_loss" else f"eval/{name}"] = self.global_mean(losses)
+            out[name if name == "eval_loss" else f"eval/{name}"] = self.global_mean(
+                losses, batches.masked
+            )
         for part in self.parts:
             part.train()
         return out
 
-    def global_mean(self, losses: list) -> float | None:
-        """Mean over the data- and context-parallel ranks of the last stage (None elsewhere)."""
+    def global_mean(self, losses: list, masked: bool = False) -> float | None:
+        """Mean over the data- and context-parallel ranks of the last stage (None elsewhere);
+        `masked`: of eval_loss's (sum, count) pairs, the sum over all of them / the count."""
         if not self.last:
             return None
+        if masked:
+            total = distributed.all_reduce_mean(torch.stack(losses).sum(0), self.d.dp_cp_mesh)
+            return (total[0] / total[1].clamp(min=1)).item()
         return distributed.all_reduce_mean(torch.stack(losses).mean(), self.d.dp_cp_mesh).item()
 
     def train_step(self, step: int) -> dict:
@@ -440,6 +497,7 @@ class Trainer:
         start = time.perf_counter()
         inject(d.rank, step)
         self.mtp_weight(s.samples)
+        trained = self.step_scale(s.samples)
         with timed(f"forward/backward of step {step}", d.rank, t.timeout_s):
             loss = self.forward_backward(self.prepare(self.train_batches.at(s.samples)))
         if fault(d.rank, step) == "nan":  # this rank's share of a gradient only
@@ -462,6 +520,7 @@ class Trainer:
             "mfu": tps * self.plan.flops_per_token / self.peak_flops,
             "step_time_s": elapsed,
             "peak_memory_gib": peak_memory_gib(d.device),
+            **({} if trained is None else {"trained_tokens": trained}),
             **balance,
             **ahead,
             **skipped,

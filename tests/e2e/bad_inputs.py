@@ -306,7 +306,31 @@ SOURCES = [
         ("data.val_sources={held: {W}/tok/vocab_larger_than_model.bin}", "model.vocab_size=1000"),
         "held (vocabulary 1,000, eos id 999, byte-level) does not match the embedded",
     ),
-    config("data.attention=sliding", "takes one of causal, document"),
+    config("data.attention=sliding", "takes one of auto, causal, document"),
+    Case(
+        "chat conversation longer than a window",
+        "train",
+        ("data.path={W}/chat/long.bin", "train.seq_len=16"),
+        "conversation 2 has 30 tokens, more than a window of train.seq_len + 1 = 17 (prepared "
+        "with --long refuse); raise train.seq_len, or prepare it again with --max-tokens 17",
+    ),
+    Case(
+        "chat with multi-token prediction",
+        "train",
+        (
+            "data.path={W}/chat/long.bin",
+            "train.seq_len=32",
+            "model=deepseek_debug",
+            "model.mtp_depth=1",
+        ),
+        "model.mtp_depth=1 with a chat set: the prediction depths take their loss on every token",
+    ),  # fmt: skip
+    Case(
+        "chat mask cut short",
+        "train",
+        ("data.path={W}/chat/cut.bin",),
+        "cut.mask has 29 bytes, but the tokens beside it are 40: the mask does not match",
+    ),
     Case(
         "sources ids outside vocab",
         "train",
@@ -949,8 +973,12 @@ class Evil:
 
 def build_chat(w: Path) -> None:
     """Tokenizers with a chat template (tok), without (plain), with a broken one (broken), and
-    conversations."""
+    conversations; chat sets."""
+    import numpy as np
     from tokenizers import Tokenizer, models, pre_tokenizers
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, run as a script
+    from chat_data import write
 
     words = ["<unk>", "<|endoftext|>", "<s>", "user:", "assistant:", "narrator:", "hi", "ok"]
     template = ("{% for m in messages %}{{ m['role'] + ': ' + m['content'] + ' ' }}{% endfor %}"
@@ -970,6 +998,13 @@ def build_chat(w: Path) -> None:
     }
     for name, messages in conversations.items():
         (w / f"{name}.jsonl").write_text(json.dumps({"messages": messages}) + "\n")
+    # chat sets as launcher.prepare --chat writes them (tests/chat_data.py): conversations of
+    # 10 and 30 tokens (long), and one whose mask lost its last bytes (cut)
+    pairs = [(np.append(np.arange(n - 1) % 200, 256).astype(np.uint32),
+              (np.arange(n) % 3 == 1).astype(np.uint8)) for n in (10, 30)]  # fmt: skip
+    write(w / "long", pairs, long="refuse")
+    write(w / "cut", pairs, long="truncate")
+    (w / "cut.mask").write_bytes((w / "cut.mask").read_bytes()[:29])
 
 
 def build_checkpoints(w: Path) -> None:
