@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 from chat_data import CHAT
-from parity import BASE, assert_row, read_layout, reference_job, rows
+from conftest import read_metrics
+from parity import BASE, assert_row, read_layout, reference_job, rows, run_job
 
 pytestmark = pytest.mark.dist
 
@@ -83,3 +84,47 @@ def test_the_first_loss_is_the_mean_over_the_batch_trained_tokens(group):
     assert shares[0] != shares[1] and min(shares) > 0, shares
     trained = read_layout(group.result(REFERENCE), "trained_tokens")[0]
     assert trained == sum(shares), (trained, shares)
+
+
+# Evaluation on the held-out windows: the mean over their trained tokens too, on every layout.
+EVAL = ["train.steps=2", "train.eval_interval=2", "train.eval_batches=2"]
+EVAL_JOBS = {
+    "one process": run_job([*LLAMA, *EVAL, "hardware.devices_per_node=1"], "chat eval, one"),
+    "pp=2": run_job([*LLAMA, *EVAL, *TWO, "parallel.pp=2", "parallel.dp_shard=1"],
+                    "chat eval, pp=2"),
+    "cp=2": run_job([*LLAMA, *EVAL, *TWO, "parallel.cp=2", "parallel.dp_shard=1",
+                     "context=ring"], "chat eval, cp=2"),
+}  # fmt: skip
+
+
+@pytest.mark.jobs(*EVAL_JOBS.values())
+def test_eval_loss_is_the_mean_over_the_held_out_trained_tokens(group):
+    """eval_loss after step 2 equals the held-out batches' masked mean computed here from the
+    one-process run's final parameters (1e-5), on one process, pp=2 and cp=2."""
+    import torch
+    import torch.nn.functional as F
+
+    from launcher.cli import compose
+    from launcher.data.batches import IGNORE, Batches
+    from launcher.data.sources import run_data
+    from launcher.models.layers import document_ids
+    from launcher.training.trainer import build_model
+
+    cfg = compose([*BASE, *LLAMA, *EVAL, "hardware.devices_per_node=1"])
+    t = cfg.train
+    data = run_data(cfg.data, t.seq_len)
+    model = build_model(cfg, t.seed)
+    one = group.result(EVAL_JOBS["one process"])
+    model.load_state_dict(torch.load(one / "final_model.pt"))
+    held = Batches(data.held_out, t.global_batch_size, t.global_batch_size, 0, 1, t.seed, False)
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for k in range(t.eval_batches):
+            ((x, y),) = held.micro_batches(k)
+            logits = model.eval()(x, None, document_ids(x, data.eos_id)).flatten(0, 1)
+            ce = F.cross_entropy(logits, y.flatten(), ignore_index=IGNORE, reduction="sum")
+            total, count = total + float(ce), count + int((y != IGNORE).sum())
+    want = total / count
+    for name, job in EVAL_JOBS.items():
+        got = [r for r in read_metrics(group.result(job)) if "eval_loss" in r][-1]["eval_loss"]
+        assert got == pytest.approx(want, rel=1e-5), (name, got, want)
