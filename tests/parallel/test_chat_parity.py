@@ -25,6 +25,9 @@ ROWS = {
     ),
     "chat pp=2 1f1b": (LLAMA, [*TWO, "parallel.pp=2", "parallel.dp_shard=1"]),
     "chat cp=2 ring": (LLAMA, [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring"]),
+    # Two sequences a micro-batch, as the reference: the balance loss is one micro-batch's.
+    "chat mixtral ep=2": (["model=mixtral_debug", *CHAT], [*TWO, "train.micro_batch_size=2",
+                                                           "parallel.ep=2"]),
     "chat dp_shard=2 x pp=2": (
         LLAMA, [*TWO, "hardware.devices_per_node=4", "parallel.pp=2", "parallel.dp_shard=2"]
     ),
