@@ -62,7 +62,7 @@ def transformers_batch_loss(model, x, y, eos_id: int) -> tuple[float, float]:
     return float(total / count), count
 
 
-def test_fine_tune_from_hugging_face_and_back(tmp_path):
+def test_fine_tune_from_hugging_face_and_back(tmp_path, capsys):
     """Prepare a chat set, train 2 steps from a transformers Llama, export: the first step's
     loss is transformers' masked loss of the same batch (1e-5, fp32) and not its loss over
     every target; the export loads in transformers, its tokenizer's chat template formats a
@@ -73,9 +73,13 @@ def test_fine_tune_from_hugging_face_and_back(tmp_path):
     records = chat_records()
     write_jsonl(tmp_path / "chat.jsonl", records)
     out = tmp_path / "data" / "chat"
-    done = run_cli("launcher.prepare", "--chat", "--tokenizer", str(tok_dir / "tokenizer.json"),
-                   "--out", str(out), str(tmp_path / "chat.jsonl"))  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
+    # prepare, convert and generate in this process (their `main`: a Python and torch start-up
+    # less each; launcher.prepare and launcher.convert run as commands in tests/test_data.py
+    # and tests/hf/test_convert.py), the training as the command.
+    from launcher import convert, generate, prepare
+
+    assert prepare.main(["--chat", "--tokenizer", str(tok_dir / "tokenizer.json"),
+                         "--out", str(out), str(tmp_path / "chat.jsonl")]) == 0  # fmt: skip
     src = hf_models.save(hf_models.build("llama", vocab_size=VOCAB), tmp_path / "hf")
     run_dir = tmp_path / "run"
     overrides = [*hf_models.LLAMA_RUN, f"model.vocab_size={VOCAB}", f"data.path={out}.bin", *STEP]
@@ -107,9 +111,9 @@ def test_fine_tune_from_hugging_face_and_back(tmp_path):
     assert abs(float(every) - masked) > 1e-2  # the mask counts
 
     exported = tmp_path / "exported"
-    done = run_cli("launcher.convert", "to-hf", str(run_dir), str(exported))
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "tokenizer_config.json" in done.stdout, done.stdout
+    capsys.readouterr()
+    assert convert.main(["to-hf", str(run_dir), str(exported)]) == 0
+    assert "tokenizer_config.json" in capsys.readouterr().out
     model = AutoModelForCausalLM.from_pretrained(exported)
     assert model.config.vocab_size == VOCAB
     config = json.loads((exported / "config.json").read_text())
@@ -125,12 +129,12 @@ def test_fine_tune_from_hugging_face_and_back(tmp_path):
             )
 
     question = "What does the with statement do?"
-    answer = run_cli("launcher.generate", str(run_dir), "--chat", "--prompt", question,
-                     "--temperature", "0", "--max-new-tokens", "8")  # fmt: skip
-    assert answer.returncode == 0, answer.stderr[-3000:]
+    assert generate.main([str(run_dir), "--chat", "--prompt", question, "--temperature", "0",
+                          "--max-new-tokens", "8"]) == 0  # fmt: skip
+    answer = capsys.readouterr()
     asked = source_tok.apply_chat_template(
         [{"role": "user", "content": question}], tokenize=True, add_generation_prompt=True,
         return_dict=True,
     )["input_ids"]  # fmt: skip
-    assert f"{len(asked)} prompt + " in answer.stderr, answer.stderr  # the template's tokens
-    assert question not in answer.stdout  # the answer alone
+    assert f"{len(asked)} prompt + " in answer.err, answer.err  # the template's tokens
+    assert question not in answer.out  # the answer alone
