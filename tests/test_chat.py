@@ -340,3 +340,23 @@ def test_the_data_and_the_models_skip_the_same_target():
     from launcher.models import layers
 
     assert IGNORE == layers.IGNORE == -100  # F.cross_entropy's ignore_index
+
+
+def test_a_chat_set_as_a_named_validation_set_is_packed_and_masked(tmp_path):
+    """data.val_sources may name a chat set: all of its windows, whole conversations, masked
+    (evaluated as the mean over their trained tokens: tests/parallel/test_chat_parity.py)."""
+    from chat_data import conversations, write
+    from conftest import compose_config
+
+    from launcher.data.batches import IGNORE, Batches, Packed
+    from launcher.data.sources import run_data
+    from launcher.plan import engine_plan
+
+    write(tmp_path / "val", conversations()[:100], long="truncate")
+    cfg = compose_config([f"data.val_sources={{chat: {tmp_path}/val.bin}}"])
+    assert not engine_plan(cfg).errors
+    data = run_data(cfg.data, cfg.train.seq_len)
+    assert not data.masked and isinstance(data.named["chat"], Packed)
+    batches = Batches(data.named["chat"], 16, 16, 0, 1, 0, False)
+    ((_, y),) = batches.micro_batches(0)
+    assert batches.masked and (y == IGNORE).any() and (y != IGNORE).any()

@@ -52,5 +52,5 @@ show python -m launcher.prepare --chat --tokenizer tok/tokenizer.json --max-toke
 FROM="data.path=chat/train.bin checkpoint.initial_load_path=tiny-llama checkpoint.initial_load_format=hf"
 show python -m launcher.train recipe=llama3_chat_debug "$FROM" logging.wandb.mode=disabled hydra.run.dir=run
 show python -m launcher.convert to-hf run exported
-show python -c "\"from transformers import AutoTokenizer; chat = [{'role': 'user', 'content': 'What is a list?'}]; a, b = (AutoTokenizer.from_pretrained(d).apply_chat_template(chat, tokenize=False, add_generation_prompt=True) for d in ('tok', 'exported')); print(a == b, repr(b))\""
+show ls exported
 show python -m launcher.generate run --chat --prompt "'What does the with statement do?'" --temperature 0 --max-new-tokens 24

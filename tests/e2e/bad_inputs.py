@@ -549,6 +549,11 @@ GENERATE = [
          "--seed=1180591620717411303424 must be in 0 .. 2**63 - 1"),
     Case("generate --seed -1", "generate", (RUN, "--prompt", "a", "--seed", "-1"),
          "--seed=-1 must be in 0 .. 2**63 - 1"),
+    Case("generate --chat byte-level", "generate", (RUN, "--chat", "--prompt", "a"),
+         "--chat needs a Hugging Face tokenizer with a chat template; this run's is byte-level"),
+    Case("generate --chat no template", "generate",
+         (RUN, "--chat", "--prompt", "a", "--tokenizer", "{W}/chat/plain/tokenizer.json"),
+         "--chat: {W}/chat/plain/tokenizer.json has no chat template"),
 ]  # fmt: skip
 
 GENERATE += [
