@@ -145,6 +145,11 @@ def read_source(label: str, path: str | None, weight: float) -> Source:
                 f"its shards disagree: {chat} is a chat set (launcher.prepare --chat), {plain} "
                 "is not; a source is one or the other (a blend may mix them)"
             )
+        if described is not None and rule != long:
+            raise ValueError(
+                f"its shards disagree: {files[0]} was prepared with --long {long}, {f} with "
+                f"--long {rule}; a source's conversations follow one rule"
+            )
         described, long = this, rule
         n_tokens += n
     if n_tokens == 0:

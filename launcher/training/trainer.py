@@ -298,16 +298,13 @@ class Trainer:
         self.loss_scale = lay.dp * lay.cp * lay.microbatches / max(trained, 1)
         return trained
 
-    def forward_loss(
-        self, x: torch.Tensor, y: torch.Tensor, docs, future=None, train: bool = True
-    ) -> torch.Tensor:
-        """The next-token loss (train_loss, or in evaluation self.loss); with the tokens ahead
-        (multi-token prediction) in training, the prediction depths' loss is attached to the
-        logits (models.deepseek) and starts in their backward."""
-        ahead = {"future": future} if future is not None else {}  # the model skips it in eval
-        loss = self.train_loss if train else self.loss
+    def forward_loss(self, x: torch.Tensor, y: torch.Tensor, docs, future=None) -> torch.Tensor:
+        """A micro-batch's training loss (train_loss); with the tokens ahead (multi-token
+        prediction), the prediction depths' loss is attached to the logits (models.deepseek)
+        and starts in their backward."""
+        ahead = {"future": future} if future is not None else {}
         with torch.autocast(self.d.device.type, dtype=self.compute_dtype, enabled=self.autocast):
-            return loss(self.parts[0](x, self.positions, docs, **ahead), y)
+            return self.train_loss(self.parts[0](x, self.positions, docs, **ahead), y)
 
     def mtp_weight(self, samples: int) -> None:
         """Multi-token prediction's loss weight for a step that starts after `samples`
