@@ -125,3 +125,38 @@ def test_a_layout_spelt_as_overrides_reads_back_the_same(options):
                  micro_batch_size=2, microbatches=8)  # fmt: skip
     cfg = compose_config(["model=llama3_debug", *lay.overrides()])
     assert Layout.from_config(cfg, lay.degrees) == lay
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["hardware.devices_per_node=2", "parallel.cp=2", "parallel.dp_shard=1"],
+        ["hardware.devices_per_node=4", "parallel.cp=2", "parallel.dp_shard=1",
+         "parallel.dp_replicate=2"],
+        ["hardware.devices_per_node=4", "parallel.cp=2", "parallel.dp_shard=2"],
+        ["hardware.devices_per_node=2", "parallel.cp=2", "parallel.dp_shard=1",
+         "data_parallel=ddp"],
+        ["hardware.devices_per_node=2", "parallel.cp=2", "parallel.dp_shard=1",
+         "data_parallel=zero1"],
+        ["hardware.devices_per_node=2", "parallel.dp_replicate=2", "parallel.dp_shard=1"],
+        ["hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],
+        ["hardware.devices_per_node=2"],
+    ],
+)  # fmt: skip
+def test_the_plans_data_parallel_row_names_what_the_layout_builds(overrides):
+    """The plan's data-parallel row (Plan.data_parallel_strategy) says what the engine builds
+    by the Layout's own tests (launcher/parallel: fully_shard where fsdp_enabled, ZeRO-1 where
+    zero1_enabled, else DDP over dp x cp), context-parallel ranks included."""
+    from launcher.plan import engine_plan
+
+    plan = engine_plan(compose_config(overrides))
+    assert not plan.errors, plan.errors
+    lay, said = plan.layout, plan.data_parallel_strategy
+    if lay.dp_cp == 1:
+        assert said.startswith("none"), said
+    elif lay.fsdp_enabled:
+        assert "FSDP" in said and ("HSDP" in said) == (lay.dp_replicate > 1), said
+    elif lay.zero1_enabled:
+        assert said.startswith("ZeRO-1"), said
+    else:
+        assert said.startswith("DDP"), said

@@ -65,21 +65,32 @@ class Plan:
 
     @property
     def data_parallel_strategy(self) -> str:
-        """What the engine builds for the data-parallel axis, in words."""
+        """What the engine builds for the data-parallel axis, in words: as Layout decides it,
+        over dp_shard x cp (context-parallel ranks hold the same parameters: FSDP shards over
+        them too) and dp_replicate."""
         stage = self.cfg.data_parallel.zero_stage
-        shard, rep = self.degrees["dp_shard"], self.degrees["dp_replicate"]
-        if shard < 1 or rep < 1:
-            return f"unresolved (dp_replicate={rep}, dp_shard={shard})"
-        if self.dp == 1:
+        d = self.degrees
+        shard, rep, cp = d["dp_shard"], d["dp_replicate"], d["cp"]
+        if shard < 1 or rep < 1 or cp < 1:
+            return f"unresolved (dp_replicate={rep}, dp_shard={shard}, cp={cp})"
+        shard_cp = shard * cp
+        over = (
+            f"dp_shard {shard} x cp {cp}"
+            if cp > 1 and shard > 1
+            else (f"the {cp} cp ranks" if cp > 1 else f"{shard}")
+        )
+        if rep * shard_cp == 1:
             return "none (one data-parallel rank)"
-        if shard == 1 or stage == 0:
-            return "DDP"
-        if stage not in (1, 2, 3):
+        if stage not in (0, 1, 2, 3):
             return f"unknown (data_parallel.zero_stage={stage})"
-        name = {1: "ZeRO-1", 2: "ZeRO-2", 3: "FSDP"}[stage]
+        if shard_cp == 1 or stage == 0:
+            return f"DDP ({rep * shard_cp} ranks)" if cp > 1 else "DDP"
         if stage == 1:
-            return f"{name} (DDP + optimizer sharded over {shard})"
-        return f"HSDP {name} ({rep} x {shard})" if rep > 1 else name
+            return f"ZeRO-1 (DDP + optimizer sharded over {over})"
+        name = {2: "ZeRO-2", 3: "FSDP"}[stage]
+        if rep > 1:
+            return f"HSDP {name} ({rep} x {shard_cp})"
+        return f"{name} (over {over})" if cp > 1 else name
 
 
 # Errors after which the estimate would crash or mean nothing: it reads the model, the batch
