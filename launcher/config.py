@@ -67,6 +67,27 @@ class AdamWImpl(str, Enum):
     for_loop = "for_loop"
 
 
+class OptimizerName(str, Enum):
+    adamw = "adamw"  # AdamW for every parameter (launcher/training/optim.py)
+    # Muon for the blocks' weight matrices and expert stacks, AdamW for the embeddings, the
+    # output head, norms, biases and routers (launcher/training/muon.py).
+    muon = "muon"
+
+
+class NSDType(str, Enum):
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+
+class MuonScale(str, Enum):
+    """The learning rate of a Muon matrix's orthogonalised update (A x B)."""
+
+    # lr x 0.2 sqrt(max(A, B)): the update's RMS matches AdamW's, so AdamW's lr and weight
+    # decay carry over (Moonlight, Kimi K2).
+    match_rms_adamw = "match_rms_adamw"
+    original = "original"  # lr x sqrt(max(1, A / B)) (Keller Jordan's Muon)
+
+
 class LRSchedule(str, Enum):
     """After the linear warmup, from train.lr to train.min_lr at the last step (optim.DECAY)."""
 
@@ -238,6 +259,22 @@ class PrecisionConfig:
     # The transformer blocks' linear layers in float8 (embeddings, output head, norms, the
     # router and grouped experts stay in the compute dtype); emulated on CPU.
     fp8: Float8Scaling = Float8Scaling.none
+
+
+@dataclass
+class OptimizerConfig:
+    """optimizer=adamw|muon. Both take train.lr (scheduled), train.weight_decay (decoupled)
+    and, for AdamW's parameters, train.beta1/beta2; Muon's matrices keep one momentum each,
+    in the parameters' dtype."""
+
+    name: OptimizerName = OptimizerName.adamw
+    momentum: float = 0.95  # Muon's (Moonlight, Kimi K2 publish 0.95)
+    nesterov: bool = True
+    ns_steps: int = 5  # Newton-Schulz iterations
+    # Their dtype: bf16 as published (torch.optim.Muon's); fp32 for runs compared bit by bit
+    # (the parity tests: bf16 rounds two layouts' last-bit gradient differences apart).
+    ns_dtype: NSDType = NSDType.bf16
+    scale: MuonScale = MuonScale.match_rms_adamw
 
 
 @dataclass
@@ -413,6 +450,7 @@ class Config:
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)

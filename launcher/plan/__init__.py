@@ -133,6 +133,15 @@ def make_plan(cfg: Config) -> Plan:
     if not plan.errors:  # (a broken value may be what data_use divides by)
         plan.data = data_use(cfg)
         plan.warnings.extend(Problem("data_epochs", w) for w in repeat_warnings(plan.data))
+    if cfg.optimizer.name.value == "muon":
+        plan.warnings.append(
+            Problem(
+                "muon_time",
+                "optimizer=muon: the memory counts Muon's one momentum per matrix, but the step "
+                "time leaves out its Newton-Schulz iterations and the gathers of each split "
+                "matrix (every rank holding a piece orthogonalises it whole), not priced yet",
+            )
+        )
     unresolved = [a for a, v in degrees.items() if v < 1]
     if unresolved:
         stand_in = Layout.from_config(

@@ -65,6 +65,9 @@ class Context:
         self.param_b, self.grad_b = BYTES[p.param_dtype], BYTES[p.grad_dtype]
         self.master_b = BYTES[p.master_dtype] if p.master_dtype != p.param_dtype else 0
         self.optim_b = 2 * BYTES[p.optimizer_dtype]
+        # optimizer=muon: the blocks' matrices keep one momentum, in the master weights' dtype
+        # (launcher/training/muon.py), in place of AdamW's two moments; 0 under AdamW.
+        self.muon_b = BYTES[p.master_dtype] if cfg.optimizer.name.value == "muon" else 0
         self.act_b = BYTES[p.compute_dtype]
         self.dropout = m.dropout > 0
         # Fused attention as the device runs it: torch's CPU kernel needs equal q/k and v head
@@ -221,6 +224,7 @@ class RankParams:
     experts: float  # its ep share of the routed experts
     dense_ranks: int
     expert_ranks: int
+    matrices: float = 0  # of `dense`, the blocks' weight matrices (optimizer=muon steps them)
 
     def at_rest(self, lay: Layout) -> float:
         """What the rank keeps between steps: FSDP (and ZeRO-2, which reshards after
@@ -252,6 +256,7 @@ def rank_params(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
     return RankParams(
         dense=(tp_sharded + emb + head) / lay.tp + replicated,
         experts=moe_layers * s.expert_params / lay.ep,
+        matrices=tp_sharded / lay.tp + layers * s.attn_latent,
         dense_ranks=lay.dp_shard * lay.cp,
         # The experts' states are sharded (by their own FSDP unit, or ZeRO-1's) over the
         # ranks of one replica holding the same experts.

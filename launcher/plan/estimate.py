@@ -147,9 +147,15 @@ def rank_memory(ctx: Context, lay: Layout, rank: int, layers: int, dense: int) -
         # param dtype) from the first micro-batch to the last, then reduce-scatter once.
         stage, grad_b = 1, ctx.param_b
     sizes = (ctx.param_b, grad_b, ctx.master_b, ctx.optim_b)
-    dense_states = state_bytes(held.dense, held.dense_ranks, stage, *sizes)
-    expert_states = state_bytes(held.experts, held.expert_ranks, stage, *sizes)
-    params, grads, master, optim = (a + b for a, b in zip(dense_states, expert_states, strict=True))
+    # optimizer=muon: the matrices' (and every expert's) one momentum in place of two moments.
+    muon = (ctx.param_b, grad_b, ctx.master_b, ctx.muon_b)
+    matrices = held.matrices if ctx.muon_b else 0
+    parts = [
+        state_bytes(held.dense - matrices, held.dense_ranks, stage, *sizes),
+        state_bytes(matrices, held.dense_ranks, stage, *muon),
+        state_bytes(held.experts, held.expert_ranks, stage, *(muon if ctx.muon_b else sizes)),
+    ]
+    params, grads, master, optim = (sum(kind) for kind in zip(*parts, strict=True))
 
     tokens = lay.micro_batch_size * ctx.seq / lay.cp  # per micro-batch on this rank
     inflight = pl.inflight_microbatches(

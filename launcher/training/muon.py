@@ -27,13 +27,18 @@ NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
 NS_STEPS = 5
 EPS = 1e-7
 ADJUST_LR = ("match_rms_adamw", "original")
+NS_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
-def orthogonalise(g: torch.Tensor, steps: int, coefficients, eps: float = EPS) -> torch.Tensor:
+def orthogonalise(
+    g: torch.Tensor, steps: int, coefficients, eps: float = EPS, dtype=torch.bfloat16
+) -> torch.Tensor:
     """Newton-Schulz in bf16 as torch.optim.Muon computes it (the same operations: addmm), over
-    the last two dimensions; a leading dimension is a stack of matrices (baddbmm)."""
+    the last two dimensions; a leading dimension is a stack of matrices (baddbmm). `dtype`
+    fp32: the same iteration unrounded (the parity tests: bf16 rounds the last fp32 bits of
+    two layouts' gradients apart now and then, and the iteration carries that far)."""
     a, b, c = coefficients
-    x = g.bfloat16()
+    x = g.to(dtype)
     tall = x.size(-2) > x.size(-1)
     if tall:
         x = x.mT
@@ -91,15 +96,16 @@ class Muon(torch.optim.Optimizer):
         weight_decay: float = 0.1,
         momentum: float = 0.95,
         nesterov: bool = True,
-        ns_coefficients=NS_COEFFICIENTS,
         ns_steps: int = NS_STEPS,
         adjust_lr: str = "match_rms_adamw",
+        ns_dtype: str = "bf16",
     ):
         if adjust_lr not in ADJUST_LR:
             raise ValueError(f"adjust_lr={adjust_lr!r} must be one of {', '.join(ADJUST_LR)}")
+        if ns_dtype not in NS_DTYPES:
+            raise ValueError(f"ns_dtype={ns_dtype!r} must be one of {', '.join(NS_DTYPES)}")
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
-                        ns_coefficients=tuple(ns_coefficients), ns_steps=ns_steps,
-                        adjust_lr=adjust_lr, eps=EPS)  # fmt: skip
+                        ns_steps=ns_steps, adjust_lr=adjust_lr, ns_dtype=ns_dtype)  # fmt: skip
         super().__init__(params, defaults)
         for group in self.param_groups:
             for p in group["params"]:
@@ -123,8 +129,9 @@ class Muon(torch.optim.Optimizer):
                 local(buf).lerp_(grad, 1 - mu)
                 direction = grad.lerp(local(buf), mu) if group["nesterov"] else local(buf)
                 full = orthogonalise(
-                    whole(direction, p), group["ns_steps"], group["ns_coefficients"], group["eps"]
-                )
+                    whole(direction, p), group["ns_steps"], NS_COEFFICIENTS, EPS,
+                    NS_DTYPES[group["ns_dtype"]],
+                )  # fmt: skip
                 update = piece(full.to(weights.dtype), p)
                 weights.mul_(1 - lr * wd)
                 weights.add_(update, alpha=-adjusted_lr(lr, p.shape, group["adjust_lr"]))

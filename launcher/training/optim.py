@@ -15,13 +15,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate
 
-from launcher.config import AdamWImpl, PrecisionConfig, TrainConfig
+from launcher.config import AdamWImpl, OptimizerConfig, PrecisionConfig, TrainConfig
 from launcher.layout import Layout
 from launcher.parallel.data_parallel import DTYPES
 from launcher.parallel.expert_parallel import expert_params
 from launcher.parallel.materialize import canonical_name
 from launcher.parallel.zero import Zero1
 from launcher.runtime.distributed import Dist
+from launcher.training.muon import Muon
 
 
 def param_groups(
@@ -273,12 +274,26 @@ def adamw_impl(t: TrainConfig, prec: PrecisionConfig, d: Dist) -> dict:
     }[impl]
 
 
+def muon_matrix(name: str, p: torch.Tensor) -> bool:
+    """Whether optimizer=muon steps a parameter with Muon: a block's weight matrix or expert
+    stack; not the embeddings, the output head, norms, biases or a router (AdamW's)."""
+    name = canonical_name(name)
+    return p.ndim >= 2 and name.startswith("layers.") and ".router." not in name
+
+
 def build_optimizers(
-    parts: list[nn.Module], layout: Layout, t: TrainConfig, d: Dist, prec: PrecisionConfig
+    parts: list[nn.Module],
+    layout: Layout,
+    t: TrainConfig,
+    d: Dist,
+    prec: PrecisionConfig,
+    choice: OptimizerConfig | None = None,
 ) -> Optimizers:
     """AdamW per part; with ZeRO-1 its states sharded over dp_shard x cp (ranks that hold the
     same parameters). Moments in precision.optimizer_dtype: torch's own AdamW when that is the
-    master weights' dtype (the parity tests compare it bit for bit), MomentDtypeAdamW otherwise."""
+    master weights' dtype (the parity tests compare it bit for bit), MomentDtypeAdamW otherwise.
+    optimizer=muon (`choice`): per part, Muon over its block matrices (muon_matrix) beside
+    AdamW over the rest (the rules refuse ZeRO-1 with it)."""
     kwargs = {"lr": t.lr, "betas": (t.beta1, t.beta2), "eps": 1e-8, **adamw_impl(t, prec, d)}
     adamw = torch.optim.AdamW
     if prec.optimizer_dtype != prec.master_dtype:
@@ -287,7 +302,20 @@ def build_optimizers(
         adamw = partial(MomentDtypeAdamW, moment_dtype=DTYPES[prec.optimizer_dtype.value])
     pairs: list[tuple[nn.Module, torch.optim.Optimizer]] = []
     for part in parts:
-        if layout.zero1_enabled:
+        if choice is not None and choice.name.value == "muon":
+            matrices = [
+                p for n, p in part.named_parameters() if p.requires_grad and muon_matrix(n, p)
+            ]
+            if matrices:
+                muon = Muon(matrices, lr=t.lr, weight_decay=t.weight_decay,
+                            momentum=choice.momentum, nesterov=choice.nesterov,
+                            ns_steps=choice.ns_steps, adjust_lr=choice.scale.value,
+                            ns_dtype=choice.ns_dtype.value)  # fmt: skip
+                pairs.append((part, muon))
+            rest = param_groups(part, t.weight_decay, skip=frozenset(matrices))
+            if any(g["params"] for g in rest):
+                pairs.append((part, adamw(rest, **kwargs)))
+        elif layout.zero1_enabled:
             # Each dp_shard x cp rank keeps the Adam states of its share of the parameters, steps
             # them and broadcasts the result; gradients arrive whole (averaged) on every rank.
             experts = frozenset(expert_params(part))

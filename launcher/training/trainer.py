@@ -172,7 +172,9 @@ class Trainer:
             model.mtp_grad_scale = 1.0 / micro
             if self.layout.cp > 1:  # each rank holds a part of every sequence
                 model.mtp_whole = t.seq_len
-        self.optimizers = build_optimizers(self.parts, self.layout, t, d, cfg.precision)
+        self.optimizers = build_optimizers(
+            self.parts, self.layout, t, d, cfg.precision, cfg.optimizer
+        )
         self.params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
         self.copies = []  # parameters whose gradient another one holds too (clipping)
         if self.tied is not None and self.tied.copy is not None:

@@ -27,6 +27,7 @@ FOUR = ["hardware.devices_per_node=4"]
 PP2 = ["hardware.devices_per_node=2", "parallel.pp=2", "parallel.dp_shard=1"]
 GPT_TIED = ["model=gpt_debug", "model.dropout=0.0", "model.tie_embeddings=true"]
 MTP = ["model=deepseek_debug", "model.mtp_depth=1"]
+MUON = ["optimizer=muon", "optimizer.ns_dtype=fp32"]
 LAYOUTS = {
     "fsdp dp_shard=2": ["hardware.devices_per_node=2"],
     "fsdp dp_shard=4": FOUR,
@@ -68,6 +69,11 @@ LAYOUTS = {
     # A blend of three sources, document-masked: its order is a function of the step.
     "blend dp_shard=2": [*BLEND, "hardware.devices_per_node=2"],
     "blend tp=2": [*BLEND, "hardware.devices_per_node=2", "parallel.tp=2", "parallel.dp_shard=1"],
+    # Muon's momentum beside AdamW's moments (optimizer=muon): as published (bf16 iterations)
+    # for the bitwise resume; fp32 iterations across layouts (tests/parallel/test_muon_parity).
+    "muon fsdp dp_shard=2": ["optimizer=muon", "hardware.devices_per_node=2"],
+    "muon fsdp dp_shard=4": [*MUON, *FOUR],
+    "muon dp_shard=2 x tp=2": [*MUON, *FOUR, "parallel.tp=2", "tensor=sequence_parallel"],
 }
 BITWISE = [
     "fsdp dp_shard=2",
@@ -84,6 +90,7 @@ BITWISE = [
     "gpt tied pp=2 zbv",
     "mtp pp=2 zbv",
     "blend dp_shard=2",
+    "muon fsdp dp_shard=2",
 ]
 RESHARD = [
     ("fsdp dp_shard=4", "dp_shard=2 x tp=2"),
@@ -99,6 +106,7 @@ RESHARD = [
     ("gpt tied one process", "gpt tied pp=2 zbv"),
     ("mtp pp=2 zbv", "mtp one process"),
     ("blend dp_shard=2", "blend tp=2"),
+    ("muon fsdp dp_shard=4", "muon dp_shard=2 x tp=2"),
 ]
 
 

@@ -307,6 +307,17 @@ SOURCES = [
         "held (vocabulary 1,000, eos id 999, byte-level) does not match the embedded",
     ),
     config("data.attention=sliding", "takes one of auto, causal, document"),
+    config("optimizer.momentum=1", "optimizer.momentum=1.0 must be in [0, 1)"),
+    config("optimizer.ns_steps=0", "optimizer.ns_steps=0 must be in 1 .. 99"),
+    config("optimizer.ns_dtype=fp16", "takes one of bf16, fp32"),
+    config("optimizer=sgd", "optimizer=sgd: no such optimizer; the optimizer options: adamw, muon"),
+    Case(
+        "muon with zero1",
+        "train",
+        ("optimizer=muon", "data_parallel=zero1"),
+        "optimizer=muon with data_parallel=zero1: ZeRO-1's ranks step a share of the "
+        "parameters with AdamW's sharded states, not built for Muon yet",
+    ),  # fmt: skip
     Case(
         "chat conversation longer than a window",
         "train",

@@ -1,5 +1,6 @@
 """The memory ledger on 2 processes: what each rank of the real engine holds (parameters,
-gradients, Adam moments, and the activations its blocks keep for backward, see ledger.py),
+gradients, Adam moments or Muon's momentum, and the activations its blocks keep for backward,
+see ledger.py),
 category by category, equals the planner's figures for the same rank, under FSDP, TP + SP
 and a pipeline, for every recompute option.
 
@@ -40,6 +41,8 @@ CASES.append("model=deepseek_debug " + LAYOUTS["tp=2 sp"] + ";recompute=none")
 CASES.append(
     "model=deepseek_debug model.mtp_depth=1 parallel.pp=2 parallel.dp_shard=1;recompute=none"
 )
+# optimizer=muon: the blocks' matrices keep one momentum each, the rest AdamW's two moments.
+CASES += [f"{LAYOUTS[k]} optimizer=muon;recompute=none" for k in ("fsdp", "tp=2 sp", "pp=2 1f1b")]
 LEDGER = Job("parallel.ledger:job", 2, tuple("hardware.devices_per_node=2 " + c for c in CASES))
 # ZeRO-1 on 4 ranks: beside tp (each rank owns a share of the TP shards) and with routed experts
 # (their states sharded over the 2 ranks holding the same experts, the rest over all 4).
