@@ -18,6 +18,7 @@ MUON = ("optimizer=muon", "optimizer.ns_dtype=fp32")
 LLAMA = ["model=llama3_debug", *MUON]
 MIXTRAL = ["model=mixtral_debug", *MUON]
 TWO = ["hardware.devices_per_node=2"]
+FOUR = "hardware.devices_per_node=4"
 ROWS = {
     "muon dp_shard=2": (LLAMA, TWO),
     "muon ddp 2": (LLAMA, [*TWO, "data_parallel=ddp", "parallel.dp_replicate=2",
@@ -28,6 +29,9 @@ ROWS = {
     "muon pp=2 1f1b": (LLAMA, [*TWO, "parallel.pp=2", "parallel.dp_shard=1"]),
     "muon cp=2 ring": (LLAMA, [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring"]),
     "muon mixtral ep=2": (MIXTRAL, [*TWO, "parallel.ep=2"]),
+    # FSDP's shards of tensor-parallel slices (a strided shard), and HSDP's replicas.
+    "muon dp_shard=2 x tp=2": (LLAMA, [FOUR, "parallel.tp=2", "tensor=sequence_parallel"]),
+    "muon hsdp 2x2": (LLAMA, [FOUR, "parallel.dp_replicate=2", "parallel.dp_shard=2"]),
 }  # fmt: skip
 
 
