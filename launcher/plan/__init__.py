@@ -72,7 +72,8 @@ class Plan:
         d = self.degrees
         shard, rep, cp = d["dp_shard"], d["dp_replicate"], d["cp"]
         if shard < 1 or rep < 1 or cp < 1:
-            return f"unresolved (dp_replicate={rep}, dp_shard={shard}, cp={cp})"
+            also = f", cp={cp}" if cp != 1 else ""
+            return f"unresolved (dp_replicate={rep}, dp_shard={shard}{also})"
         shard_cp = shard * cp
         over = (
             f"dp_shard {shard} x cp {cp}"

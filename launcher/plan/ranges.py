@@ -158,6 +158,8 @@ RANGES: dict[str, Range] = {
     "train.max_restarts": COUNT,
     "train.max_skipped_steps": at_least(0, "0: the first non-finite step stops the run"),
     "train.timeout_s": above(0, "seconds"),
+    "optimizer.momentum": FRACTION,
+    "optimizer.ns_steps": Range(1, 99, why="Newton-Schulz iterations"),
     "checkpoint.interval": at_least(0, "0: only at the end and on a stop"),
     "checkpoint.keep": at_least(0, "0 keeps all"),
     "data.val_fraction": Range(0, 1, open_low=True, open_high=True),

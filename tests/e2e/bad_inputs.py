@@ -308,7 +308,7 @@ SOURCES = [
     ),
     config("data.attention=sliding", "takes one of auto, causal, document"),
     config("optimizer.momentum=1", "optimizer.momentum=1.0 must be in [0, 1)"),
-    config("optimizer.ns_steps=0", "optimizer.ns_steps=0 must be in 1 .. 99"),
+    config("optimizer.ns_steps=0", "optimizer.ns_steps=0 must be in [1, 99] (Newton-Schulz"),
     config("optimizer.ns_dtype=fp16", "takes one of bf16, fp32"),
     config("optimizer=sgd", "optimizer=sgd: no such optimizer; the optimizer options: adamw, muon"),
     Case(
