@@ -428,10 +428,11 @@ class Trainer:
     @torch.no_grad()
     def eval_loss(self, micro: list, masked: bool = False) -> torch.Tensor | None:
         """The loss of a rank's share of an evaluation batch: the mean of its micro-batches'
-        means, or `masked` (a chat set) (the sum over its trained tokens, their count), which
-        global_mean makes the mean over the whole batch's."""
+        means, or `masked` (a chat set, or any set of a run whose loss is a sum: self.loss)
+        (the sum over its trained tokens, their count), which global_mean makes the mean over
+        the whole batch's."""
         lay = self.layout
-        loss = (self.loss if self.masked else loss_sum) if masked else self.loss
+        loss = self.loss if masked == self.masked else loss_sum
         with self.train_context():
             if self.schedule is None:
                 with torch.autocast(
@@ -470,13 +471,12 @@ class Trainer:
             part.eval()
         out = {}
         for name, batches in [("eval_loss", self.val_batches), *self.named_val.items()]:
+            masked = batches.masked or self.masked  # a plain set: every target counted
             losses = [
-                self.eval_loss(self.prepare(batches.micro_batches(k)), batches.masked)
+                self.eval_loss(self.prepare(batches.micro_batches(k)), masked)
                 for k in range(self.cfg.train.eval_batches)
             ]
-            out[name if name == "eval_loss" else f"eval/{name}"] = self.global_mean(
-                losses, batches.masked
-            )
+            out[name if name == "eval_loss" else f"eval/{name}"] = self.global_mean(losses, masked)
         for part in self.parts:
             part.train()
         return out

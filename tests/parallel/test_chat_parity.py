@@ -8,6 +8,7 @@ mean over the whole batch's trained tokens, computed here from the data and the 
 from __future__ import annotations
 
 import pytest
+from blend_data import ROOT as BLEND_ROOT
 from chat_data import CHAT
 from conftest import read_metrics
 from parity import BASE, assert_row, read_layout, reference_job, rows, run_job
@@ -89,8 +90,10 @@ def test_the_first_loss_is_the_mean_over_the_batch_trained_tokens(group):
     assert trained == sum(shares), (trained, shares)
 
 
-# Evaluation on the held-out windows: the mean over their trained tokens too, on every layout.
-EVAL = ["train.steps=2", "train.eval_interval=2", "train.eval_batches=2"]
+# Evaluation on the held-out windows: the mean over their trained tokens too, on every layout;
+# and beside it a named validation set of plain text, its mean over every target.
+EVAL = ["train.steps=2", "train.eval_interval=2", "train.eval_batches=2",
+        f"data.val_sources={{plain: {BLEND_ROOT}/web.bin}}"]  # fmt: skip
 EVAL_JOBS = {
     "one process": run_job([*LLAMA, *EVAL, "hardware.devices_per_node=1"], "chat eval, one"),
     "pp=2": run_job([*LLAMA, *EVAL, *TWO, "parallel.pp=2", "parallel.dp_shard=1"],
@@ -103,7 +106,8 @@ EVAL_JOBS = {
 @pytest.mark.jobs(*EVAL_JOBS.values())
 def test_eval_loss_is_the_mean_over_the_held_out_trained_tokens(group):
     """eval_loss after step 2 equals the held-out batches' masked mean computed here from the
-    one-process run's final parameters (1e-5), on one process, pp=2 and cp=2."""
+    one-process run's final parameters (1e-5), on one process, pp=2 and cp=2; eval/plain, a
+    plain text's, its mean over every target."""
     import torch
     import torch.nn.functional as F
 
@@ -119,15 +123,20 @@ def test_eval_loss_is_the_mean_over_the_held_out_trained_tokens(group):
     model = build_model(cfg, t.seed)
     one = group.result(EVAL_JOBS["one process"])
     model.load_state_dict(torch.load(one / "final_model.pt"))
-    held = Batches(data.held_out, t.global_batch_size, t.global_batch_size, 0, 1, t.seed, False)
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for k in range(t.eval_batches):
-            ((x, y),) = held.micro_batches(k)
-            logits = model.eval()(x, None, document_ids(x, data.eos_id)).flatten(0, 1)
-            ce = F.cross_entropy(logits, y.flatten(), ignore_index=IGNORE, reduction="sum")
-            total, count = total + float(ce), count + int((y != IGNORE).sum())
-    want = total / count
+
+    def mean(split) -> float:
+        held = Batches(split, t.global_batch_size, t.global_batch_size, 0, 1, t.seed, False)
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for k in range(t.eval_batches):
+                ((x, y),) = held.micro_batches(k)
+                logits = model.eval()(x, None, document_ids(x, data.eos_id)).flatten(0, 1)
+                ce = F.cross_entropy(logits, y.flatten(), ignore_index=IGNORE, reduction="sum")
+                total, count = total + float(ce), count + int((y != IGNORE).sum())
+        return total / count
+
+    want = {"eval_loss": mean(data.held_out), "eval/plain": mean(data.named["plain"])}
     for name, job in EVAL_JOBS.items():
-        got = [r for r in read_metrics(group.result(job)) if "eval_loss" in r][-1]["eval_loss"]
-        assert got == pytest.approx(want, rel=1e-5), (name, got, want)
+        got = [r for r in read_metrics(group.result(job)) if "eval_loss" in r][-1]
+        for key, value in want.items():
+            assert got[key] == pytest.approx(value, rel=1e-5), (name, key, got[key], value)
