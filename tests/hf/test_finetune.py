@@ -40,11 +40,11 @@ def chat_records(n: int = 60) -> list[dict]:
     return out
 
 
-def transformers_batch_loss(model, x, y, eos_id: int) -> tuple[float, float]:
+def transformers_batch_loss(model, x, y, eos_id: int) -> tuple[float, int]:
     """The mean cross-entropy over the targets that are not -100, each document (up to and
     including its EOS) run alone through transformers' model, as document masking means; and
-    the same with every target kept."""
-    total = every = torch.zeros((), dtype=torch.float64)
+    how many targets that is."""
+    total = torch.zeros((), dtype=torch.float64)
     count = 0
     for row in range(x.shape[0]):
         ends = [i + 1 for i, t in enumerate(x[row].tolist()) if t == eos_id]
@@ -58,7 +58,6 @@ def transformers_batch_loss(model, x, y, eos_id: int) -> tuple[float, float]:
             ce = torch.nn.functional.cross_entropy(logits, target.clamp(min=0), reduction="none")
             total = total + ce[kept].double().sum()
             count += int(kept.sum())
-            every = every + ce.double().sum()
     return float(total / count), count
 
 
