@@ -18,15 +18,19 @@ from torch import nn
 from launcher.parallel.data_parallel import local_tensor as local
 
 
-def owners(params: list[nn.Parameter], ranks: int) -> list[int]:
+def owners(params: list[nn.Parameter], ranks: int, states: list[int] | None = None) -> list[int]:
     """The rank of the group that owns each parameter: largest first, each to the least loaded
-    rank so far (ties to the lowest rank), so every rank of the group computes the same split."""
+    rank so far (ties to the lowest rank), so every rank of the group computes the same split.
+    `states`: how many states per element each parameter's optimizer keeps (Muon's momentum
+    1, Adam's moments 2), when the optimizers of one group are split together."""
+    states = [1] * len(params) if states is None else states
+    size = [n * local(p).numel() for p, n in zip(params, states, strict=True)]
     load = [0] * ranks
     owner = [0] * len(params)
-    for i in sorted(range(len(params)), key=lambda i: -local(params[i]).numel()):
+    for i in sorted(range(len(params)), key=lambda i: -size[i]):
         r = min(range(ranks), key=lambda r: load[r])
         owner[i] = r
-        load[r] += local(params[i]).numel()
+        load[r] += size[i]
     return owner
 
 
@@ -37,11 +41,13 @@ class Zero1:
     checkpoints read and write); `param_groups` is that share's, so a learning rate set on them
     reaches every parameter this rank steps."""
 
-    def __init__(self, param_groups: list[dict], optimizer_class, group, **kwargs):
+    def __init__(self, param_groups: list[dict], optimizer_class, group, owner=None, **kwargs):
+        """`owner`: the owning rank of each parameter, where a split over several optimizers
+        of the group was made for them together (`owners`); else this one's own."""
         self.group = group
         self.params = [p for g in param_groups for p in g["params"]]
         ranks, me = dist.get_world_size(group), dist.get_rank(group)
-        self.owner = owners(self.params, ranks)
+        self.owner = owners(self.params, ranks) if owner is None else owner
         mine = {p for p, r in zip(self.params, self.owner, strict=True) if r == me}
         share = [{**g, "params": [p for p in g["params"] if p in mine]} for g in param_groups]
         self.optim = optimizer_class(share, **kwargs)

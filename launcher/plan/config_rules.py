@@ -302,17 +302,6 @@ def moments_no_wider(cfg):
         )
 
 
-@config_rule("optimizer", ("optimizer.name", "data_parallel.zero_stage"))
-def muon_layouts(cfg):
-    # optimizer.momentum and ns_steps: their ranges (launcher/plan/ranges.py).
-    if cfg.optimizer.name.value == "muon" and cfg.data_parallel.zero_stage == 1:
-        yield (
-            "optimizer=muon with data_parallel=zero1: ZeRO-1's ranks step a share of the "
-            "parameters with AdamW's sharded states, not built for Muon yet; use "
-            "data_parallel=fsdp (each matrix gathered whole for its update) or ddp"
-        )
-
-
 @config_rule("precision", ("precision.fp8", "hardware.device_type", "hardware.peak_tflops_fp8"))
 def fp8_units(cfg):
     # Float8 GEMMs need the part's FP8 tensor cores (Hopper, Blackwell); on CPU torchao emulates

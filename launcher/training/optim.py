@@ -20,7 +20,7 @@ from launcher.layout import Layout
 from launcher.parallel.data_parallel import DTYPES
 from launcher.parallel.expert_parallel import expert_params
 from launcher.parallel.materialize import canonical_name
-from launcher.parallel.zero import Zero1
+from launcher.parallel.zero import Zero1, owners
 from launcher.runtime.distributed import Dist
 from launcher.training.muon import Muon
 
@@ -226,18 +226,26 @@ def owned(part: nn.Module, opt: Zero1):
             yield canonical_name(name), p, group_of[p]
 
 
+def state_template(optim: torch.optim.Optimizer, p: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The states `optim` keeps for p, as zeros: what a fresh optimizer saves and loads into."""
+    if isinstance(optim, Muon):
+        return {"momentum_buffer": torch.zeros_like(p)}
+    dtype = moment_dtype(optim, p)
+    return {
+        "exp_avg": torch.zeros_like(p, dtype=dtype),
+        "exp_avg_sq": torch.zeros_like(p, dtype=dtype),
+        "step": torch.zeros(()),
+    }
+
+
 def zero1_entries(part: nn.Module, opt: Zero1) -> dict:
     """This rank's share of a ZeRO-1 optimizer in the flattened layout (zeros where no step
     has made the state yet, so that a fresh optimizer is also a template to load into)."""
     out: dict = {}
     for name, p, group in owned(part, opt):
         state = opt.optim.state.get(p, {})
-        dtype = moment_dtype(opt.optim, p)
-        for key in ("exp_avg", "exp_avg_sq"):
-            out[f"state.{name}.{key}"] = (
-                state[key] if key in state else torch.zeros_like(p, dtype=dtype)
-            )
-        out[f"state.{name}.step"] = state["step"] if "step" in state else torch.zeros(())
+        for key, zeros in state_template(opt.optim, p).items():
+            out[f"state.{name}.{key}"] = state.get(key, zeros)
         for key, value in group.items():
             if key != "params":
                 out[f"param_groups.{name}.{key}"] = value
@@ -246,11 +254,9 @@ def zero1_entries(part: nn.Module, opt: Zero1) -> dict:
 
 def load_zero1(part: nn.Module, opt: Zero1, state: dict) -> None:
     for name, p, group in owned(part, opt):
-        dtype = moment_dtype(opt.optim, p)
         opt.optim.state[p] = {
-            "step": state[f"state.{name}.step"].detach().clone().float(),
-            "exp_avg": state[f"state.{name}.exp_avg"].detach().clone().to(dtype),
-            "exp_avg_sq": state[f"state.{name}.exp_avg_sq"].detach().clone().to(dtype),
+            key: state[f"state.{name}.{key}"].detach().clone().to(zeros.dtype)
+            for key, zeros in state_template(opt.optim, p).items()
         }
         for key in group:
             if key not in ("params", *IMPL_KEYS) and f"param_groups.{name}.{key}" in state:
@@ -293,49 +299,74 @@ def build_optimizers(
     same parameters). Moments in precision.optimizer_dtype: torch's own AdamW when that is the
     master weights' dtype (the parity tests compare it bit for bit), MomentDtypeAdamW otherwise.
     optimizer=muon (`choice`): per part, Muon over its block matrices (muon_matrix) beside
-    AdamW over the rest (the rules refuse ZeRO-1 with it)."""
+    AdamW over the rest. Under ZeRO-1 either optimizer steps its owners' share (whole
+    matrices: each orthogonalised on one rank of its group) and broadcasts it."""
     kwargs = {"lr": t.lr, "betas": (t.beta1, t.beta2), "eps": 1e-8, **adamw_impl(t, prec, d)}
     adamw = torch.optim.AdamW
     if prec.optimizer_dtype != prec.master_dtype:
         # A partial, not a constructor keyword: ZeRO-1 would copy such a keyword into every
         # param group, and param groups are saved in checkpoints.
         adamw = partial(MomentDtypeAdamW, moment_dtype=DTYPES[prec.optimizer_dtype.value])
-    pairs: list[tuple[nn.Module, torch.optim.Optimizer]] = []
+    muon_kwargs = {}
+    if choice is not None and choice.name.value == "muon":
+        muon_kwargs = dict(
+            lr=t.lr, weight_decay=t.weight_decay, momentum=choice.momentum,
+            nesterov=choice.nesterov, ns_steps=choice.ns_steps, adjust_lr=choice.scale.value,
+            ns_dtype=choice.ns_dtype.value,
+        )  # fmt: skip
+    # ZeRO-1: each dp_shard x cp rank keeps the states of its share of the parameters, steps
+    # them and broadcasts the result; gradients arrive whole (averaged) on every rank. Routed
+    # experts differ between ep ranks: theirs are sharded over the ranks that hold the same
+    # experts (the experts' dp_shard x cp x tp / ep), or not at all where that is one rank.
+    zero1 = layout.zero1_enabled
+    dense_group = d.shard_mesh.get_group() if zero1 else None
+    expert_group = d.expert_shard_group(layout) if zero1 else None
+    # (part, param groups, optimizer class, its options, ZeRO-1 group or None)
+    specs: list[tuple] = []
     for part in parts:
-        if choice is not None and choice.name.value == "muon":
-            matrices = [
-                p for n, p in part.named_parameters() if p.requires_grad and muon_matrix(n, p)
-            ]
-            if matrices:
-                muon = Muon(matrices, lr=t.lr, weight_decay=t.weight_decay,
-                            momentum=choice.momentum, nesterov=choice.nesterov,
-                            ns_steps=choice.ns_steps, adjust_lr=choice.scale.value,
-                            ns_dtype=choice.ns_dtype.value)  # fmt: skip
-                pairs.append((part, muon))
-            rest = param_groups(part, t.weight_decay, skip=frozenset(matrices))
-            if any(g["params"] for g in rest):
-                pairs.append((part, adamw(rest, **kwargs)))
-        elif layout.zero1_enabled:
-            # Each dp_shard x cp rank keeps the Adam states of its share of the parameters, steps
-            # them and broadcasts the result; gradients arrive whole (averaged) on every rank.
-            experts = frozenset(expert_params(part))
-            dense = param_groups(part, t.weight_decay, skip=experts)
-            pairs.append((part, Zero1(dense, adamw, d.shard_mesh.get_group(), **kwargs)))
-            if experts:
-                # Routed experts differ between ep ranks: their states are sharded over the
-                # ranks that hold the same experts (the experts' dp_shard x cp x tp / ep).
-                own = [
-                    {
-                        "params": [p for p in part.parameters() if p in experts],
-                        "weight_decay": t.weight_decay,
-                    }
-                ]
-                group = d.expert_shard_group(layout)
-                opt = adamw(own, **kwargs) if group is None else Zero1(own, adamw, group, **kwargs)
-                pairs.append((part, opt))
-        else:
-            pairs.append((part, adamw(param_groups(part, t.weight_decay), **kwargs)))
-    return Optimizers(pairs)
+
+        def add(groups, optimizer_class, options, group, part=part):
+            if any(g["params"] for g in groups):
+                specs.append((part, groups, optimizer_class, options, group))
+
+        matrices = frozenset(
+            p for n, p in part.named_parameters()
+            if muon_kwargs and p.requires_grad and muon_matrix(n, p)
+        )  # fmt: skip
+        experts = frozenset(expert_params(part)) if zero1 else frozenset()
+        ordered = [p for p in part.parameters() if p in matrices]
+        add([{"params": [p for p in ordered if p not in experts]}], Muon, muon_kwargs,
+            dense_group)  # fmt: skip
+        add([{"params": [p for p in ordered if p in experts]}], Muon, muon_kwargs, expert_group)
+        add(param_groups(part, t.weight_decay, skip=matrices | experts), adamw, kwargs,
+            dense_group)  # fmt: skip
+        rest = [p for p in part.parameters() if p in experts and p not in matrices]
+        add([{"params": rest, "weight_decay": t.weight_decay}], adamw, kwargs, expert_group)
+    owner = zero1_owners(specs)
+    return Optimizers([
+        (part, optimizer_class(groups, **options) if group is None else Zero1(
+            groups, optimizer_class, group, [owner[p] for g in groups for p in g["params"]],
+            **options,
+        ))
+        for part, groups, optimizer_class, options, group in specs
+    ])  # fmt: skip
+
+
+def zero1_owners(specs: list[tuple]) -> dict:
+    """The owner of each parameter of a ZeRO-1 group, split over every optimizer and part on
+    it together, largest states first (Muon's one momentum beside Adam's two moments): split
+    one optimizer at a time, the embedding and head would land on ranks already even."""
+    by_group: dict[int, tuple] = {}
+    for _, groups, optimizer_class, _, group in specs:
+        if group is not None:
+            states = 1 if optimizer_class is Muon else 2
+            items = by_group.setdefault(id(group), (group, []))[1]
+            items += [(p, states) for g in groups for p in g["params"]]
+    owner: dict = {}
+    for group, items in by_group.values():
+        ranks = owners([p for p, _ in items], dist.get_world_size(group), [n for _, n in items])
+        owner.update({p: r for (p, _), r in zip(items, ranks, strict=True)})
+    return owner
 
 
 # train.lr_schedule -> the share of (lr - min_lr) kept at progress p (0 at the end of the warmup,

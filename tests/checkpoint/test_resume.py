@@ -74,6 +74,8 @@ LAYOUTS = {
     "muon fsdp dp_shard=2": ["optimizer=muon", "hardware.devices_per_node=2"],
     "muon fsdp dp_shard=4": [*MUON, *FOUR],
     "muon dp_shard=2 x tp=2": [*MUON, *FOUR, "parallel.tp=2", "tensor=sequence_parallel"],
+    # ZeRO-1's owners save and load their share of the momenta under the same keys.
+    "muon zero1 dp_shard=2": [*MUON, "hardware.devices_per_node=2", "data_parallel=zero1"],
 }
 BITWISE = [
     "fsdp dp_shard=2",
@@ -107,6 +109,8 @@ RESHARD = [
     ("mtp pp=2 zbv", "mtp one process"),
     ("blend dp_shard=2", "blend tp=2"),
     ("muon fsdp dp_shard=4", "muon dp_shard=2 x tp=2"),
+    ("muon fsdp dp_shard=4", "muon zero1 dp_shard=2"),
+    ("muon zero1 dp_shard=2", "muon fsdp dp_shard=4"),
 ]
 
 

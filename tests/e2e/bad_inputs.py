@@ -312,13 +312,6 @@ SOURCES = [
     config("optimizer.ns_dtype=fp16", "takes one of bf16, fp32"),
     config("optimizer=sgd", "optimizer=sgd: no such optimizer; the optimizer options: adamw, muon"),
     Case(
-        "muon with zero1",
-        "train",
-        ("optimizer=muon", "data_parallel=zero1"),
-        "optimizer=muon with data_parallel=zero1: ZeRO-1's ranks step a share of the "
-        "parameters with AdamW's sharded states, not built for Muon yet",
-    ),  # fmt: skip
-    Case(
         "chat conversation longer than a window",
         "train",
         ("data.path={W}/chat/long.bin", "train.seq_len=16"),

@@ -49,6 +49,13 @@ LEDGER = Job("parallel.ledger:job", 2, tuple("hardware.devices_per_node=2 " + c 
 ZERO1 = {
     "zero1 x tp=2": "parallel.tp=2 data_parallel=zero1 tensor=sequence_parallel;recompute=none",
     "mixtral zero1 x ep=2": "model=mixtral_debug parallel.ep=2 data_parallel=zero1;recompute=none",
+    # Muon's momenta on their owners beside AdamW's moments (one split of the two).
+    "muon zero1 x tp=2": (
+        "parallel.tp=2 data_parallel=zero1 tensor=sequence_parallel optimizer=muon;recompute=none"
+    ),
+    "muon mixtral zero1 x ep=2": (
+        "model=mixtral_debug parallel.ep=2 data_parallel=zero1 optimizer=muon;recompute=none"
+    ),
 }
 LEDGER_4 = Job(
     "parallel.ledger:job", 4, tuple("hardware.devices_per_node=4 " + c for c in ZERO1.values())

@@ -29,6 +29,9 @@ ROWS = {
     "muon pp=2 1f1b": (LLAMA, [*TWO, "parallel.pp=2", "parallel.dp_shard=1"]),
     "muon cp=2 ring": (LLAMA, [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring"]),
     "muon mixtral ep=2": (MIXTRAL, [*TWO, "parallel.ep=2"]),
+    # ZeRO-1: each matrix orthogonalised on the one rank that owns it, then broadcast.
+    "muon zero1 2": (LLAMA, [*TWO, "data_parallel=zero1"]),
+    "muon zero1 mixtral ep=2": (MIXTRAL, [FOUR, "data_parallel=zero1", "parallel.ep=2"]),
     # FSDP's shards of tensor-parallel slices (a strided shard), and HSDP's replicas.
     "muon dp_shard=2 x tp=2": (LLAMA, [FOUR, "parallel.tp=2", "tensor=sequence_parallel"]),
     "muon hsdp 2x2": (LLAMA, [FOUR, "parallel.dp_replicate=2", "parallel.dp_shard=2"]),
