@@ -275,6 +275,10 @@ class OptimizerConfig:
     # (the parity tests: bf16 rounds two layouts' last-bit gradient differences apart).
     ns_dtype: NSDType = NSDType.bf16
     scale: MuonScale = MuonScale.match_rms_adamw
+    # QK-clip's threshold tau (Kimi K2's MuonClip: 100): after each step, a head whose largest
+    # attention logit passed it has its query and key weights scaled down to bring it back
+    # (launcher/training/qk_clip.py); 0 turns it off. With either optimizer.
+    qk_clip: float = 0.0
 
 
 @dataclass

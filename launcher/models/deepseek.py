@@ -128,6 +128,16 @@ class MLAttention(nn.Module):
         # The core scales by 1/sqrt(N + R); YaRN's softmax temperature is folded into q.
         self.q_scale = yarn_scales(args)[1]
 
+    def qk_clip_rows(self, gamma: torch.Tensor) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """QK-clip of MLA as Kimi K2 writes it, scaling each head's logits by gamma (H,): the
+        head's own query and key parts (q_nope's and k_nope's rows) by sqrt(gamma), its
+        rotated query (q_rope's rows) by gamma, the rotated key shared by every head untouched."""
+        n, r, root = self.nope_dim, self.rope_dim, gamma.sqrt()[:, None]
+        query = torch.cat([root.expand(-1, n), gamma[:, None].expand(-1, r)], dim=1)
+        key = torch.cat([root.expand(-1, n), torch.ones_like(root).expand(-1, self.v_dim)], 1)
+        wq = self.wq_b if self.q_latent else self.wq
+        return [(wq.weight, query.reshape(-1)), (self.wkv_b.weight, key.reshape(-1))]
+
     def forward(
         self,
         x: torch.Tensor,

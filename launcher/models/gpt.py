@@ -15,7 +15,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from launcher.models.init import ONES, ZEROS, Rule, init_whole, normal
-from launcher.models.layers import AttentionCore, BlockStack, dropout, token_positions
+from launcher.models.layers import (
+    AttentionCore,
+    BlockStack,
+    dropout,
+    query_key_rows,
+    token_positions,
+)
 
 
 @dataclass(kw_only=True)
@@ -68,6 +74,10 @@ class Attention(nn.Module):
         self.wv = nn.Linear(args.dim, args.dim)
         self.wo = nn.Linear(args.dim, args.dim)
         self.core = AttentionCore(args.dropout, args.flash_attention)
+
+    def qk_clip_rows(self, gamma: torch.Tensor) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """QK-clip: (parameter, a factor per row) that scale each head's logits by gamma (H,)."""
+        return query_key_rows(self.wq, self.wk, self.head_dim, gamma)
 
     def forward(
         self,

@@ -279,7 +279,68 @@ class RMSNorm(nn.Module):
         nn.init.ones_(self.weight)
 
 
-class AttentionCore(nn.Module):
+# Scores of one chunk of query rows at a time when the largest logits are taken: at most this
+# many (fp32) in flight, whatever the sequence.
+MAX_LOGIT_CHUNK = 1 << 24
+
+
+@torch.no_grad()
+def max_logits(q, k, q_pos, k_pos, documents=None) -> torch.Tensor:
+    """(H,): each query head's largest q k^T / sqrt(E) over the pairs attention lets meet
+    (query position >= key position, one document with `documents`), in fp32. q (B, H, Sq, E),
+    k (B, K, Sk, E) with K <= H (query head h reads key head h // (H / K), as the cores
+    do); positions (Sq,), (Sk,) or (B, S). QK-clip's S_max (Kimi K2), which the fused cores
+    never form."""
+    b, h, sq, e = q.shape
+    kh, sk = k.shape[1], k.shape[2]
+    grouped = q.reshape(b, kh, h // kh, sq, e)
+    keys = k.float().unsqueeze(2).transpose(-2, -1) / math.sqrt(e)  # (B, K, 1, E, Sk)
+    out = torch.full((kh, h // kh), float("-inf"), device=q.device)
+    rows = max(1, MAX_LOGIT_CHUNK // max(1, b * h * sk))
+    for start in range(0, sq, rows):
+        scores = grouped[..., start : start + rows, :].float() @ keys  # (B, K, G, rows, Sk)
+        mask = attention_mask(q_pos[..., start : start + rows], k_pos, documents)
+        scores.masked_fill_(~(mask if mask.dim() == 2 else mask.unsqueeze(1)), float("-inf"))
+        out = torch.maximum(out, scores.amax(dim=(0, 3, 4)))
+    return out.reshape(h)
+
+
+class LogitRecord:
+    """QK-clip's record of a core's largest logits per head over a step's training forwards
+    (the optimizer step reads and resets it: launcher/training/qk_clip.py); off (None) unless
+    the run clips."""
+
+    max_logit: torch.Tensor | None = None
+    track_logits: bool = False
+
+    @property
+    def recording(self) -> bool:
+        """Whether this forward counts: a training one (not evaluation, not generation)."""
+        return self.track_logits and self.training and torch.is_grad_enabled()
+
+    def record_logits(self, q, k, q_pos, k_pos, documents) -> None:
+        m = max_logits(q, k, q_pos, k_pos, documents)
+        self.max_logit = m if self.max_logit is None else torch.maximum(self.max_logit, m)
+
+
+def query_key_rows(wq: nn.Linear, wk: nn.Linear, head_dim: int, gamma: torch.Tensor) -> list:
+    """QK-clip of grouped-query attention: the rows of wq and wk (and their biases) scaled so
+    that each query head h's logits are scaled by gamma[h] (Kimi K2's per-head clip). Key head
+    g is shared by its group's query heads: it takes sqrt(min of their gammas), and each query
+    head gamma[h] / that; with one key head per query head (MHA) both take sqrt(gamma[h]), as
+    the report writes it."""
+    heads, kv = gamma.numel(), wk.weight.shape[0] // head_dim
+    group = gamma.reshape(kv, heads // kv)
+    key = group.amin(1).sqrt()
+    query = (group / key[:, None]).reshape(heads)
+    rows = []
+    for linear, factor in ((wq, query), (wk, key)):
+        per_row = factor.repeat_interleave(head_dim)
+        rows += [(p, per_row) for p in (linear.weight, linear.bias) if p is not None]
+    return rows
+
+
+class AttentionCore(LogitRecord, nn.Module):
     """Causal softmax(q k^T / sqrt(E)) v over (B, H, S, E), k and v with K <= H heads (GQA).
 
     `positions` (S,) or (B, S) are the tokens' positions in their sequence; None means
@@ -302,6 +363,9 @@ class AttentionCore(nn.Module):
         documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         p = self.dropout if self.training else 0.0
+        if self.recording:
+            pos = torch.arange(q.shape[2], device=q.device) if positions is None else positions
+            self.record_logits(q, k, pos, pos, documents)
         if documents is not None:  # (B, S) of the whole sequence: document masking
             pos = torch.arange(q.shape[2], device=q.device) if positions is None else positions
             return document_attention(q, k, v, pos, documents, p, self.fused)

@@ -21,6 +21,7 @@ from launcher.models.layers import (
     RMSNorm,
     apply_rope,
     dropout,
+    query_key_rows,
     rope_table,
     token_positions,
 )
@@ -96,6 +97,10 @@ class Attention(nn.Module):
         k = self.wk(x).view(b, s, -1, self.head_dim)
         v = self.wv(x).view(b, s, -1, self.head_dim)
         return q, k, v
+
+    def qk_clip_rows(self, gamma: torch.Tensor) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """QK-clip: (parameter, a factor per row) that scale each head's logits by gamma (H,)."""
+        return query_key_rows(self.wq, self.wk, self.head_dim, gamma)
 
     def forward(
         self,

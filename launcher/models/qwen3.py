@@ -29,6 +29,10 @@ class QKNormAttention(Attention):
         q, k, v = super().heads(x)
         return self.q_norm(q), self.k_norm(k), v
 
+    def qk_clip_rows(self, gamma: torch.Tensor) -> list:
+        # The norms undo any scale of wq and wk (the config rules refuse optimizer.qk_clip).
+        raise ValueError("QK-clip cannot scale logits that per-head q and k norms set")
+
 
 class Qwen3(Transformer):
     def make_block(self, args: Qwen3Args, index: int) -> TransformerBlock:

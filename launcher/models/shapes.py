@@ -189,6 +189,9 @@ class Attention:
     # The model fields that size it; the config rules refuse a zero in those of `needs`.
     fields: tuple[str, ...]
     needs: tuple[str, ...] = ()
+    # Whether QK-clip can bound its logits by scaling the query and key weights (not where
+    # per-head q and k norms undo any such scale).
+    qk_clip: bool = True
 
 
 _GQA_FIELDS = ("dim", "n_heads", "n_kv_heads", "head_dim")
@@ -205,6 +208,7 @@ GQA_QK_NORM = Attention(
     gqa_qk_norm_widths,
     gqa_matmuls,
     _GQA_FIELDS,
+    qk_clip=False,
 )
 MLA = Attention(
     "multi-head latent attention",

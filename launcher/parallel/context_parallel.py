@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from launcher.models.layers import attention_mask
+from launcher.models.layers import LogitRecord, attention_mask
 
 METHODS = ("allgather", "ring")
 
@@ -76,7 +76,7 @@ def shard_sequence(
     return x.index_select(dim, pos.to(x.device))
 
 
-class ContextAttention(nn.Module):
+class ContextAttention(LogitRecord, nn.Module):
     """The attention core of a block under context parallelism: the same (q, k, v, positions)
     call as the model's own core (models.layers.AttentionCore), attending over every cp rank.
 
@@ -96,12 +96,27 @@ class ContextAttention(nn.Module):
             )
         pos = positions if positions.dim() == 1 else positions[0]
         p = self.dropout if self.training else 0.0
+        if self.recording:
+            keys, q_pos, k_pos = gather_keys(k, pos, self.group)
+            self.record_logits(q, keys, q_pos, k_pos, documents)
         return context_attention(
             q, k, v, pos, self.group, self.method, dropout=p, documents=documents
         )
 
     def extra_repr(self) -> str:
         return f"method={self.method}, cp={dist.get_world_size(self.group)}, dropout={self.dropout}"
+
+
+@torch.no_grad()
+def gather_keys(k: torch.Tensor, pos: torch.Tensor, group) -> tuple:
+    """(every rank's keys (B, K, S, E), this rank's query positions, the keys' positions (S,)):
+    what QK-clip's largest logits of this rank's queries are taken over."""
+    n = dist.get_world_size(group)
+    keys = [torch.empty_like(k) for _ in range(n)]
+    places = [torch.empty_like(pos) for _ in range(n)]
+    dist.all_gather(keys, k.contiguous(), group=group)
+    dist.all_gather(places, pos.contiguous(), group=group)
+    return torch.cat(keys, dim=2), pos, torch.cat(places)
 
 
 def apply_cp(model: nn.Module, group: dist.ProcessGroup, method: str) -> None:

@@ -38,6 +38,7 @@ from launcher.layout import (
     stage_owner,
     stage_starts,
 )
+from launcher.models.layers import LogitRecord
 from launcher.models.moe import MoE
 from launcher.parallel.data_parallel import local_tensor
 
@@ -116,7 +117,8 @@ class TiedEmbedding:
 
 class Stage(PipelineStage):
     """torch's stage, except that MoE layers do not count the forward it runs once more to
-    learn the shapes it sends (on the first step) in their expert loads and balance losses.
+    learn the shapes it sends (on the first step) in their expert loads and balance losses,
+    nor QK-clip's records its logits (a later stage's inputs there are not the batch's).
     Not eval mode: torch then runs backward through it, and recompute must see the same
     graph."""
 
@@ -143,9 +145,14 @@ class Stage(PipelineStage):
         counted = getattr(model, "count_steps", None)  # the model's own sums (deepseek's MTP)
         if counted is not None:
             model.count_steps = False
+        cores = [m for m in self.submod.modules() if isinstance(m, LogitRecord) and m.track_logits]
+        for core in cores:
+            core.track_logits = False
         try:
             return super()._forward_metadata_inference(*args, **kwargs)
         finally:
+            for core in cores:
+                core.track_logits = True
             for moe in moes:
                 moe.parallelize(count_steps=True)
             if counted is not None:

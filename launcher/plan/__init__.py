@@ -140,7 +140,17 @@ def make_plan(cfg: Config) -> Plan:
                 "muon_time",
                 "optimizer=muon: the memory counts Muon's one momentum per matrix, but the step "
                 "time leaves out its Newton-Schulz iterations and the gathers of each split "
-                "matrix (every rank holding a piece orthogonalises it whole), not priced yet",
+                "matrix (every rank holding a piece orthogonalises it whole; under ZeRO-1 its "
+                "one owner), not priced yet",
+            )
+        )
+    if cfg.optimizer.qk_clip > 0:
+        plan.warnings.append(
+            Problem(
+                "qk_clip_time",
+                f"optimizer.qk_clip={cfg.optimizer.qk_clip:g}: the step time leaves out the "
+                "largest-logit pass the clip reads (one more q k^T per block's forward, under "
+                "context parallelism over every rank's keys), not priced yet",
             )
         )
     unresolved = [a for a, v in degrees.items() if v < 1]

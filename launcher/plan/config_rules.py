@@ -302,6 +302,17 @@ def moments_no_wider(cfg):
         )
 
 
+@config_rule("optimizer", ("optimizer.qk_clip", "model.family"))
+def qk_clip_attention(cfg):
+    attention = families.of(cfg.model).attention
+    if cfg.optimizer.qk_clip > 0 and not attention.qk_clip:
+        yield (
+            f"optimizer.qk_clip={cfg.optimizer.qk_clip:g}: {_name(cfg)} ({cfg.model.family}) "
+            f"has {attention.name}, which undo any scale of the query and key weights that "
+            "QK-clip bounds the logits by; set optimizer.qk_clip=0 (the norms bound them)"
+        )
+
+
 @config_rule("precision", ("precision.fp8", "hardware.device_type", "hardware.peak_tflops_fp8"))
 def fp8_units(cfg):
     # Float8 GEMMs need the part's FP8 tensor cores (Hopper, Blackwell); on CPU torchao emulates

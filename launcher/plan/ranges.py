@@ -160,6 +160,7 @@ RANGES: dict[str, Range] = {
     "train.timeout_s": above(0, "seconds"),
     "optimizer.momentum": FRACTION,
     "optimizer.ns_steps": Range(1, 99, why="Newton-Schulz iterations"),
+    "optimizer.qk_clip": at_least(0, "the largest attention logit kept; 0: off"),
     "checkpoint.interval": at_least(0, "0: only at the end and on a stop"),
     "checkpoint.keep": at_least(0, "0 keeps all"),
     "data.val_fraction": Range(0, 1, open_low=True, open_high=True),

@@ -78,6 +78,7 @@ from launcher.runtime.failures import (
 from launcher.runtime.launch import hydra_quoted
 from launcher.runtime.metrics import MetricsLogger
 from launcher.runtime.profiling import profiled, resumed_past
+from launcher.training import qk_clip
 from launcher.training.optim import build_optimizers, clip_grad_norm, lr_at
 
 
@@ -175,6 +176,10 @@ class Trainer:
         self.optimizers = build_optimizers(
             self.parts, self.layout, t, d, cfg.precision, cfg.optimizer
         )
+        # QK-clip (optimizer.qk_clip): the cores record their largest logits for it.
+        self.qk_clip, self.clip_stats = cfg.optimizer.qk_clip, {}
+        if self.qk_clip:
+            qk_clip.track(self.parts)
         self.params = [p for part in self.parts for p in part.parameters() if p.requires_grad]
         self.copies = []  # parameters whose gradient another one holds too (clipping)
         if self.tied is not None and self.tied.copy is not None:
@@ -384,6 +389,9 @@ class Trainer:
         applied = self.all_finite([grad_norm, loss])
         if applied:
             self.optimizers.step()
+        if self.qk_clip:  # the weights just stepped, bounded by the logits they made
+            self.clip_stats = qk_clip.clip(self.parts, self.qk_clip, self.d) if applied else {}
+            qk_clip.reset(self.parts)
         self.optimizers.zero_grad()
         return lr, grad_norm, applied
 
@@ -522,6 +530,7 @@ class Trainer:
             **({} if trained is None else {"trained_tokens": trained}),
             **balance,
             **ahead,
+            **self.clip_stats,
             **skipped,
         }
 

@@ -311,6 +311,14 @@ SOURCES = [
     config("optimizer.ns_steps=0", "optimizer.ns_steps=0 must be in [1, 99] (Newton-Schulz"),
     config("optimizer.ns_dtype=fp16", "takes one of bf16, fp32"),
     config("optimizer=sgd", "optimizer=sgd: no such optimizer; the optimizer options: adamw, muon"),
+    config("optimizer.qk_clip=-1", "optimizer.qk_clip=-1.0 must be >= 0"),
+    Case(
+        "qk-clip on a family with q and k norms",
+        "train",
+        ("model=qwen3_debug", "optimizer.qk_clip=100"),
+        "optimizer.qk_clip=100: model=qwen3_debug (qwen3) has grouped-query attention with "
+        "per-head q and k norms, which undo any scale",
+    ),  # fmt: skip
     Case(
         "chat conversation longer than a window",
         "train",

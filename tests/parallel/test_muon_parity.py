@@ -35,22 +35,62 @@ ROWS = {
     # FSDP's shards of tensor-parallel slices (a strided shard), and HSDP's replicas.
     "muon dp_shard=2 x tp=2": (LLAMA, [FOUR, "parallel.tp=2", "tensor=sequence_parallel"]),
     "muon hsdp 2x2": (LLAMA, [FOUR, "parallel.dp_replicate=2", "parallel.dp_shard=2"]),
+    "muon pp=2 interleaved": (LLAMA, [*TWO, "parallel.pp=2", "parallel.dp_shard=1",
+                                      "pipeline=interleaved_1f1b", "pipeline.stages_per_rank=2"]),
+}  # fmt: skip
+# MuonClip: the QK-clip after each step at a threshold the debug models' logits pass (their
+# largest are 0.2-0.3 at the start), so heads are clipped at every step (checked below). GQA
+# (llama3_debug), and MLA with Kimi K2's routing (recipe=kimi_k2_debug's model).
+CLIP_LLAMA = [*LLAMA, "optimizer.qk_clip=0.2"]
+KIMI = ["model=deepseek_debug", "model.n_group=1", "model.topk_group=1",
+        "model.routed_scaling_factor=2.827", *MUON, "optimizer.qk_clip=0.15"]  # fmt: skip
+CLIP_ROWS = {
+    "muonclip dp_shard=2": (CLIP_LLAMA, TWO),
+    "muonclip tp=2 sp": (
+        CLIP_LLAMA, [*TWO, "parallel.tp=2", "parallel.dp_shard=1", "tensor=sequence_parallel"]
+    ),
+    "muonclip cp=2 ring": (
+        CLIP_LLAMA, [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring"]
+    ),
+    "muonclip pp=2 1f1b": (CLIP_LLAMA, [*TWO, "parallel.pp=2", "parallel.dp_shard=1"]),
+    "muonclip zero1 2": (CLIP_LLAMA, [*TWO, "data_parallel=zero1"]),
+    "muonclip dp_shard=2 x tp=2": (CLIP_LLAMA, [FOUR, "parallel.tp=2",
+                                                "tensor=sequence_parallel"]),
+    "muonclip kimi ep=2": (KIMI, [*TWO, "parallel.ep=2"]),
+    "muonclip kimi tp=2": (KIMI, [*TWO, "parallel.tp=2", "parallel.dp_shard=1"]),
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("row", rows(ROWS))
+@pytest.mark.parametrize("row", rows(ROWS) + rows(CLIP_ROWS))
 def test_matches_single_process(row, group):
     assert_row(group, row)
+
+
+@pytest.mark.parametrize("row", rows(CLIP_ROWS))
+def test_the_clip_sees_the_references_logits(row, group):
+    """Each step's largest logit (over every rank's heads and tokens) and clipped heads as on
+    one process: the clip reduces each head's maximum over the ranks that saw other tokens."""
+    ref, run = group.result(row.reference), group.result(row.job)
+    assert read_layout(run, "max_logit") == pytest.approx(read_layout(ref, "max_logit"), rel=1e-5)
+    assert read_layout(run, "clipped_heads") == read_layout(ref, "clipped_heads")
+    assert all(n > 0 for n in read_layout(ref, "clipped_heads"))
 
 
 ADAMW = reference_job(["model=llama3_debug"])
 MUON_REFERENCE = reference_job(LLAMA)
 
 
-@pytest.mark.jobs(ADAMW, MUON_REFERENCE)
+CLIP_REFERENCE = reference_job(CLIP_LLAMA)
+
+
+@pytest.mark.jobs(ADAMW, MUON_REFERENCE, CLIP_REFERENCE)
 def test_the_rows_train_with_muon(group):
     """The Muon reference's losses are not AdamW's (by far more than the rows' 1e-5 from step 2
-    on): the rows hold Muon's update to one process, not AdamW's twice."""
-    adamw, muon = (read_layout(group.result(j), "loss") for j in (ADAMW, MUON_REFERENCE))
-    assert adamw[0] == pytest.approx(muon[0], rel=1e-6)  # the same start
+    on): the rows hold Muon's update to one process, not AdamW's twice; nor are MuonClip's
+    Muon's (the clip changes the weights)."""
+    adamw, muon, clip = (
+        read_layout(group.result(j), "loss") for j in (ADAMW, MUON_REFERENCE, CLIP_REFERENCE)
+    )
+    assert adamw[0] == pytest.approx(muon[0], rel=1e-6) == clip[0]  # the same start
     assert min(abs(a - m) for a, m in zip(adamw[1:], muon[1:], strict=True)) > 1e-3
+    assert min(abs(c - m) for c, m in zip(clip[1:], muon[1:], strict=True)) > 1e-5
