@@ -12,7 +12,9 @@ experts (E, A, B) is E matrices, each orthogonalised alone.
 
 A matrix split across ranks (an FSDP shard, a tensor-parallel slice: a DTensor) is gathered
 whole for its orthogonalisation and its update taken back to the shard: each rank holding a
-piece of it computes the same O (see `whole`).
+piece of it computes the same O (see `whole`). Under ZeRO-1 (launcher/parallel/zero.py) each
+matrix is whole on every rank and one rank of its group, its owner, steps it and broadcasts it.
+QK-clip, applied after this step, is launcher/training/qk_clip.py.
 """
 
 from __future__ import annotations
