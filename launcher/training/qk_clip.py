@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from launcher.models.layers import LogitRecord
 from launcher.training.muon import local, piece
 
 
@@ -28,16 +29,21 @@ def attentions(parts: list[nn.Module]) -> list[nn.Module]:
     return [m for part in parts for m in part.modules() if hasattr(m, "qk_clip_rows")]
 
 
+def core(attention: nn.Module) -> LogitRecord:
+    """An attention module's core (inside a recompute wrapper where recompute put one)."""
+    return next(m for m in attention.modules() if isinstance(m, LogitRecord))
+
+
 def track(parts: list[nn.Module]) -> None:
     """Have every attention core record its largest logits (what `clip` reads)."""
     for m in attentions(parts):
-        m.core.track_logits = True
+        core(m).track_logits = True
 
 
 def reset(parts: list[nn.Module]) -> None:
     """Forget the records (a skipped step's: the next step's maxima are its own)."""
     for m in attentions(parts):
-        m.core.max_logit = None
+        core(m).max_logit = None
 
 
 @torch.no_grad()
@@ -55,7 +61,8 @@ def clip(parts: list[nn.Module], threshold: float, d) -> dict:
     """The clip after an applied step, and its record for the step's metrics: the largest
     logit of the step over every head of the model and how many heads were clipped."""
     modules = attentions(parts)
-    records = [m.core.max_logit for m in modules]
+    cores = [core(m) for m in modules]
+    records = [c.max_logit for c in cores]
     if any(r is None for r in records):
         raise RuntimeError("QK-clip: an attention core recorded no logits this step")
     tp, tp_rank = (1, 0) if d.mesh is None else (d.mesh["tp"].size(), d.local_rank_of("tp"))
@@ -70,14 +77,16 @@ def clip(parts: list[nn.Module], threshold: float, d) -> dict:
         if mesh.size() > 1:
             dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=mesh.get_group())
     clipped = 0
-    for m, largest in zip(modules, flat.split([row.numel() for row in rows]), strict=True):
+    for m, c, largest in zip(
+        modules, cores, flat.split([row.numel() for row in rows]), strict=True
+    ):
         over = largest > threshold
         if bool(over.any()):
             gamma = torch.where(over, threshold / largest, torch.ones_like(largest))
             for p, factor in m.qk_clip_rows(gamma):
                 scale_rows(p, factor)
             clipped += int(over.sum())
-        m.core.max_logit = None
+        c.max_logit = None
     # Over the pipeline's stages: the model's largest logit and its clipped heads.
     largest, count = flat.max().reshape(1), torch.tensor([clipped], device=flat.device)
     pp = d.group("pp") if d.mesh is not None else None

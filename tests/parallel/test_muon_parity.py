@@ -52,6 +52,11 @@ CLIP_ROWS = {
     "muonclip cp=2 ring": (
         CLIP_LLAMA, [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring"]
     ),
+    # The core under a recompute wrapper: its record (and cp's key gather) rerun in backward.
+    "muonclip cp=2 ring selective": (
+        CLIP_LLAMA, [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring",
+                     "recompute=selective"]
+    ),
     "muonclip pp=2 1f1b": (CLIP_LLAMA, [*TWO, "parallel.pp=2", "parallel.dp_shard=1"]),
     "muonclip zero1 2": (CLIP_LLAMA, [*TWO, "data_parallel=zero1"]),
     "muonclip dp_shard=2 x tp=2": (CLIP_LLAMA, [FOUR, "parallel.tp=2",
