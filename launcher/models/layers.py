@@ -363,11 +363,12 @@ class AttentionCore(LogitRecord, nn.Module):
         documents: torch.Tensor | None = None,
     ) -> torch.Tensor:
         p = self.dropout if self.training else 0.0
+        pos = positions
+        if pos is None and (self.recording or documents is not None):
+            pos = torch.arange(q.shape[2], device=q.device)
         if self.recording:
-            pos = torch.arange(q.shape[2], device=q.device) if positions is None else positions
             self.record_logits(q, k, pos, pos, documents)
         if documents is not None:  # (B, S) of the whole sequence: document masking
-            pos = torch.arange(q.shape[2], device=q.device) if positions is None else positions
             return document_attention(q, k, v, pos, documents, p, self.fused)
         mask = None if positions is None else causal_mask(positions)
         return masked_attention(q, k, v, mask, p, self.fused)

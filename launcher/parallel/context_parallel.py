@@ -97,8 +97,8 @@ class ContextAttention(LogitRecord, nn.Module):
         pos = positions if positions.dim() == 1 else positions[0]
         p = self.dropout if self.training else 0.0
         if self.recording:
-            keys, q_pos, k_pos = gather_keys(k, pos, self.group)
-            self.record_logits(q, keys, q_pos, k_pos, documents)
+            keys, k_pos = gather_keys(k, pos, self.group)
+            self.record_logits(q, keys, pos, k_pos, documents)
         return context_attention(
             q, k, v, pos, self.group, self.method, dropout=p, documents=documents
         )
@@ -109,14 +109,13 @@ class ContextAttention(LogitRecord, nn.Module):
 
 @torch.no_grad()
 def gather_keys(k: torch.Tensor, pos: torch.Tensor, group) -> tuple:
-    """(every rank's keys (B, K, S, E), this rank's query positions, the keys' positions (S,)):
-    what QK-clip's largest logits of this rank's queries are taken over."""
-    n = dist.get_world_size(group)
-    keys = [torch.empty_like(k) for _ in range(n)]
-    places = [torch.empty_like(pos) for _ in range(n)]
-    dist.all_gather(keys, k.contiguous(), group=group)
-    dist.all_gather(places, pos.contiguous(), group=group)
-    return torch.cat(keys, dim=2), pos, torch.cat(places)
+    """(every rank's keys (B, K, S, E), their positions (S,)): what QK-clip's largest logits
+    of this rank's queries are taken over."""
+    keys = _all_gather(k, group)  # (cp, B, K, S_local, E)
+    b, kh, e = k.shape[0], k.shape[1], k.shape[-1]
+    return keys.permute(1, 2, 0, 3, 4).reshape(b, kh, -1, e), _gather_positions(pos, group).reshape(
+        -1
+    )
 
 
 def apply_cp(model: nn.Module, group: dist.ProcessGroup, method: str) -> None:
