@@ -82,15 +82,37 @@ SHARDS = Job("parallel.muon_shards:job", 4, (), "muon on DTensor shards")
 @pytest.mark.dist
 @pytest.mark.jobs(SHARDS)
 def test_a_split_matrix_steps_as_the_whole_one(group):
-    """Each matrix split over ranks (rows, columns, both on a 2 x 2 mesh, a stack of experts)
-    is orthogonalised whole: its final value equals one process's Muon on the whole tensor
-    (bitwise: the same whole is computed on every rank)."""
-    from parallel.muon_shards import SHAPES, start, stepped
+    """Each matrix split over ranks (rows, columns, both on a 2 x 2 mesh, a stack of experts by
+    rows or whole, HSDP's copies) or copied whole (DDP) is orthogonalised whole: its final value
+    equals one process's Muon on the whole tensor (bitwise: the owner computes what one process
+    does), and each matrix once a step over all the ranks, not once on each holder."""
+    from parallel.muon_shards import MATRICES, SHAPES, STEPS, start, stepped
 
     got = torch.load(group.result(SHARDS) / "muon.pt")
-    assert got.keys() == SHAPES.keys()
+    assert got["results"].keys() == SHAPES.keys()
     for name in SHAPES:
         value, target = start(name)
         param = torch.nn.Parameter(value.clone())
         stepped(param, target)
-        torch.testing.assert_close(got[name], param.detach(), rtol=0, atol=0, msg=name)
+        torch.testing.assert_close(got["results"][name], param.detach(), rtol=0, atol=0, msg=name)
+        assert got["counts"][name] == [MATRICES[name]] * STEPS, name
+
+
+def test_owners_spread_the_newton_schulz_work_over_the_holders():
+    """Eight equal matrices split by rows over 4 ranks: two owned by each rank, each assembled
+    from all four pieces; a stack whose experts each rank holds whole is orthogonalised where
+    it lies; pieces that do not tile their matrix are refused by name."""
+    from launcher.training import spread
+
+    rows = {r: ((slice(8 * r, 8 * r + 8), slice(0, 16)), (0, ())) for r in range(4)}
+    units = spread.plan([((32, 16), rows)] * 8, steps=5)
+    assert sorted(u.owner for u in units) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert all(sorted(u.sources) == [0, 1, 2, 3] for u in units)
+    whole = {r: ((slice(2 * r, 2 * r + 2), slice(0, 32), slice(0, 16)), (0, ())) for r in range(4)}
+    stack = spread.plan([((8, 32, 16), whole)], steps=5)
+    assert [(u.index, u.owner, list(u.sources)) for u in stack] == [
+        (e, e // 2, [e // 2]) for e in range(8)
+    ]
+    gap = {0: ((slice(0, 8), slice(0, 16)), (0, ())), 1: ((slice(16, 32), slice(0, 16)), (0, ()))}
+    with pytest.raises(ValueError, match=r"\[32, 16\] matrix on ranks \[0, 1\] do not tile it"):
+        spread.plan([((32, 16), gap)], steps=5)

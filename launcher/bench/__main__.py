@@ -8,6 +8,8 @@
   a reader knows what the other ratios can resolve.
 - transformers: LlamaForCausalLM of the same shape (random init, SDPA) in a plain loop at the
   same batch. Goal: the engine at least as fast (a ratio >= 1).
+- Optimizers: optimizer=muon's step against AdamW's on the same model and layout, and the
+  planner's figures for both (launcher/bench/optimizer_speed.py).
 - Checkpoint integrity: a save with checksums against one without
   (launcher/bench/integrity_cost.py). Goal: at most 1.05.
 - Prepare: `launcher.prepare --workers 2` against the tokenizers library's own batch encoding
@@ -35,6 +37,7 @@ from launcher.bench import parser as bench_parser
 from launcher.bench import refusing_bad_config
 from launcher.bench.fresh_start import fresh_clones
 from launcher.bench.integrity_cost import save_cost
+from launcher.bench.optimizer_speed import ADAMW, MUON, muon_against_adamw
 from launcher.bench.peers import bare, engine, hugging_face
 from launcher.bench.planner import matmul_tflops, plans_per_second, search_405b
 from launcher.bench.prepare_speed import prepare_throughput
@@ -133,6 +136,33 @@ def planner_table(console: Console) -> Table:
         f"{seconds:.2f} s ({evaluated:,} layouts, {fitting:,} fit)",
     )
     table.add_row("search: layouts evaluated per second", f"{evaluated / seconds:,.0f} / s")
+    return table
+
+
+def optimizer_table(console: Console, overrides: list[str], args) -> Table:
+    with console.status("") as status:
+        r = muon_against_adamw(
+            overrides, args.rounds, args.steps, args.warmup, args.threads, status.update
+        )
+    table = Table(
+        title=(
+            f"optimizer: {r['model']}, 1 process, {r['tokens_per_step']:,} tokens per step "
+            "(the same model, batch and layout; turns as above)"
+        ),
+        title_justify="left",
+    )
+    for col in ("comparison", "ratio", "ms per step", "planned ratio", "planned ms",
+                "of it the muon term"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "comparison" else "right")
+    best, planned = r["best"], r["planned"]
+    table.add_row(
+        "optimizer=muon / optimizer=adamw",
+        f"{r['ratio']:.3f}",
+        f"{best[MUON] * 1e3:.1f} vs {best[ADAMW] * 1e3:.1f}",
+        f"{r['planned_ratio']:.3f}",
+        f"{planned[MUON] * 1e3:.1f} vs {planned[ADAMW] * 1e3:.1f}",
+        f"{r['planned_muon_term'] * 1e3:.1f} ms",
+    )
     return table
 
 
@@ -249,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    console.print(optimizer_table(console, [*args.overrides], args))
     for overrides in ([*args.overrides], [*args.overrides, *LARGER]):
         console.print(checkpoint_table(console, overrides))
     console.print(prepare_table(console))

@@ -31,6 +31,12 @@ def dense_layers(m) -> int:
     return min(m.n_dense_layers, m.n_layers) if m.n_routed_experts else m.n_layers
 
 
+def muon_steps(name: str, ndim: int) -> bool:
+    """Whether optimizer=muon steps a block's parameter (`name` under layers.{i}): a weight
+    matrix or a stack of experts; not a norm, a bias or the router's gate (AdamW's)."""
+    return ndim >= 2 and not f".{name}".count(".router.")
+
+
 def linear(name: str, out: int, inp: int, bias: bool = False) -> Shapes:
     return {f"{name}.weight": (out, inp), **({f"{name}.bias": (out,)} if bias else {})}
 

@@ -134,25 +134,6 @@ def make_plan(cfg: Config) -> Plan:
     if not plan.errors:  # (a broken value may be what data_use divides by)
         plan.data = data_use(cfg)
         plan.warnings.extend(Problem("data_epochs", w) for w in repeat_warnings(plan.data))
-    if cfg.optimizer.name.value == "muon":
-        plan.warnings.append(
-            Problem(
-                "muon_time",
-                "optimizer=muon: the memory counts Muon's one momentum per matrix, but the step "
-                "time leaves out its Newton-Schulz iterations and the gathers of each split "
-                "matrix (every rank holding a piece orthogonalises it whole; under ZeRO-1 its "
-                "one owner), not priced yet",
-            )
-        )
-    if cfg.optimizer.qk_clip > 0:
-        plan.warnings.append(
-            Problem(
-                "qk_clip_time",
-                f"optimizer.qk_clip={cfg.optimizer.qk_clip:g}: the step time leaves out the "
-                "largest-logit pass the clip reads (one more q k^T per block's forward, under "
-                "context parallelism over every rank's keys), not priced yet",
-            )
-        )
     unresolved = [a for a, v in degrees.items() if v < 1]
     if unresolved:
         stand_in = Layout.from_config(

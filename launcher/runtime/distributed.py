@@ -59,6 +59,12 @@ class Dist:
             self._experts = (root["ep"], edp, flat)
         return self._experts
 
+    @property
+    def experts_flat(self) -> DeviceMesh | None:
+        """The experts' data-parallel mesh flattened, where the engine built the expert meshes
+        (expert parallelism, or routed experts under tp); None elsewhere. Builds nothing."""
+        return self._experts[2] if self._experts is not None else None
+
     def expert_shard_group(self, layout: Layout):
         """ZeRO-1's group for the routed experts' states: the ranks of one dp_replicate
         replica holding the same experts (edp), or None where that is one rank."""

@@ -10,19 +10,24 @@ A x B matrix (Moonlight's scaling, so that the update's RMS matches AdamW's and 
 weight decay carry over) or lr x sqrt(max(1, A / B)) (Keller Jordan's original). A stack of
 experts (E, A, B) is E matrices, each orthogonalised alone.
 
-A matrix split across ranks (an FSDP shard, a tensor-parallel slice: a DTensor) is gathered
-whole for its orthogonalisation and its update taken back to the shard: each rank holding a
-piece of it computes the same O (see `whole`). Under ZeRO-1 (launcher/parallel/zero.py) each
-matrix is whole on every rank and one rank of its group, its owner, steps it and broadcasts it.
-QK-clip, applied after this step, is launcher/training/qk_clip.py.
+A matrix split across ranks (an FSDP shard, a tensor-parallel slice: a DTensor) or held whole
+by several (HSDP's and DDP's copies) is orthogonalised whole by one of them, once a step, and each
+holder gets its piece of the result (launcher/training/spread.py: the owners spread over the
+ranks by their Newton-Schulz work). Under ZeRO-1 (launcher/parallel/zero.py) each matrix is whole
+on every rank and one rank of its group, its owner, steps it and broadcasts it. QK-clip, applied
+after this step, is launcher/training/qk_clip.py.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
+import torch.distributed as dist
 from torch.distributed.tensor import DTensor, Replicate
+
+from launcher.training import spread
 
 # Keller Jordan's quintic coefficients (torch.optim.Muon's), 5 iterations.
 NS_COEFFICIENTS = (3.4445, -4.775, 2.0315)
@@ -65,17 +70,6 @@ def adjusted_lr(lr: float, shape, adjust: str) -> float:
     return lr * math.sqrt(max(1.0, rows / cols))
 
 
-def whole(local: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    """The whole matrix of which `local` is this rank's piece, laid out as the parameter
-    `like` (a DTensor: gathered over every dimension it is split over); `local` itself else."""
-    if not isinstance(like, DTensor):
-        return local
-    piece = DTensor.from_local(
-        local, like.device_mesh, like.placements, shape=like.shape, stride=like.stride()
-    )
-    return piece.full_tensor()
-
-
 def piece(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """This rank's piece of a whole matrix, laid out as the parameter `like` (no communication:
     every rank holds the same whole)."""
@@ -109,6 +103,14 @@ class Muon(torch.optim.Optimizer):
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_steps=ns_steps, adjust_lr=adjust_lr, ns_dtype=ns_dtype)  # fmt: skip
         super().__init__(params, defaults)
+        # The ranks holding copies of the parameters outside their DTensors' meshes (DDP's
+        # replicas, this rank among them: the caller sets them before the first step):
+        # spread.holdings.
+        self.me = dist.get_rank() if dist.is_initialized() else 0
+        self.replicas = [self.me]
+        self._plans: dict[tuple, tuple] = {}
+        # Matrices this rank orthogonalised in its last step (tests: once each over the ranks).
+        self.orthogonalised = 0
         for group in self.param_groups:
             for p in group["params"]:
                 if p.ndim not in (2, 3):
@@ -118,25 +120,49 @@ class Muon(torch.optim.Optimizer):
     def step(self, closure=None) -> None:
         if closure is not None:
             raise ValueError("Muon.step takes no closure: the loss is computed before it")
-        for group in self.param_groups:
-            lr, wd, mu = group["lr"], group["weight_decay"], group["momentum"]
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum_buffer" not in state:
-                    state["momentum_buffer"] = torch.zeros_like(p.grad)
-                buf = state["momentum_buffer"]
-                grad, weights = local(p.grad), local(p)
-                local(buf).lerp_(grad, 1 - mu)
-                direction = grad.lerp(local(buf), mu) if group["nesterov"] else local(buf)
-                full = orthogonalise(
-                    whole(direction, p), group["ns_steps"], NS_COEFFICIENTS, EPS,
-                    NS_DTYPES[group["ns_dtype"]],
-                )  # fmt: skip
-                update = piece(full.to(weights.dtype), p)
-                weights.mul_(1 - lr * wd)
-                weights.add_(update, alpha=-adjusted_lr(lr, p.shape, group["adjust_lr"]))
+        stepped = [
+            (group, p) for group in self.param_groups for p in group["params"] if p.grad is not None
+        ]
+        if not stepped:
+            return
+        ns = self.defaults
+        dtype = NS_DTYPES[ns["ns_dtype"]]
+        directions = []
+        for group, p in stepped:
+            state = self.state[p]
+            if "momentum_buffer" not in state:
+                state["momentum_buffer"] = torch.zeros_like(p.grad)
+            grad, buf = local(p.grad), local(state["momentum_buffer"])
+            buf.lerp_(grad, 1 - group["momentum"])
+            direction = grad.lerp(buf, group["momentum"]) if group["nesterov"] else buf
+            directions.append(direction.to(dtype))
+        units, offsets = self._plan([p for _, p in stepped])
+        self.orthogonalised = sum(u.owner == self.me for u in units)
+        updates = spread.orthogonalised(
+            units, directions, offsets, self.me,
+            partial(orthogonalise, steps=ns["ns_steps"], coefficients=NS_COEFFICIENTS, eps=EPS,
+                    dtype=dtype),
+        )  # fmt: skip
+        for (group, p), update in zip(stepped, updates, strict=True):
+            lr, weights = group["lr"], local(p)
+            weights.mul_(1 - lr * group["weight_decay"])
+            weights.add_(
+                update.to(weights.dtype), alpha=-adjusted_lr(lr, p.shape, group["adjust_lr"])
+            )
+
+    def _plan(self, params: list[torch.Tensor]) -> tuple[list, list[int]]:
+        """The units of `params` with their owners (spread.plan) and where each local stack
+        starts among its experts; the same parameters get the same plan every step."""
+        key = tuple(id(p) for p in params)
+        if key not in self._plans:
+            held = [spread.holdings(p, self.replicas, self.me) for p in params]
+            units = spread.plan(
+                [(tuple(p.shape), h) for p, h in zip(params, held, strict=True)],
+                self.defaults["ns_steps"],
+            )
+            offsets = [h[self.me][0][0].start for h in held]
+            self._plans[key] = (units, offsets)
+        return self._plans[key]
 
 
 def local(t: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from launcher.config import AdamWImpl, OptimizerConfig, PrecisionConfig, TrainConfig
 from launcher.layout import Layout
+from launcher.models import shapes
 from launcher.parallel.data_parallel import DTYPES
 from launcher.parallel.expert_parallel import expert_params
 from launcher.parallel.materialize import canonical_name
@@ -284,7 +285,7 @@ def muon_matrix(name: str, p: torch.Tensor) -> bool:
     """Whether optimizer=muon steps a parameter with Muon: a block's weight matrix or expert
     stack; not the embeddings, the output head, norms, biases or a router (AdamW's)."""
     name = canonical_name(name)
-    return p.ndim >= 2 and name.startswith("layers.") and ".router." not in name
+    return name.startswith("layers.") and shapes.muon_steps(name, p.ndim)
 
 
 def build_optimizers(
@@ -321,8 +322,19 @@ def build_optimizers(
     zero1 = layout.zero1_enabled
     dense_group = d.shard_mesh.get_group() if zero1 else None
     expert_group = d.expert_shard_group(layout) if zero1 else None
+    # Muon spreads each matrix's orthogonalisation over the ranks holding it: under DDP those
+    # include the copies on the other data-parallel ranks, which the parameters do not name.
+    replicas = {"dense": None, "experts": None}
+    ddp = d.mesh is not None and layout.dp_cp > 1 and not layout.fsdp_enabled and not zero1
+    if muon_kwargs and ddp:
+        replicas["dense"] = d.dp_cp_mesh.mesh.flatten().tolist()
+        experts_flat = d.experts_flat
+        replicas["experts"] = (
+            experts_flat.mesh.flatten().tolist() if experts_flat else replicas["dense"]
+        )
     # (part, param groups, optimizer class, its options, ZeRO-1 group or None)
     specs: list[tuple] = []
+    spread_over: dict[int, list | None] = {}  # id(a Muon's param groups) -> its replicas
     for part in parts:
 
         def add(groups, optimizer_class, options, group, part=part):
@@ -333,23 +345,31 @@ def build_optimizers(
             p for n, p in part.named_parameters()
             if muon_kwargs and p.requires_grad and muon_matrix(n, p)
         )  # fmt: skip
-        experts = frozenset(expert_params(part)) if zero1 else frozenset()
+        # Muon's routed experts apart always (their holders and copies are their own); AdamW's
+        # under ZeRO-1 only (their states sharded over their own group).
+        routed = frozenset(expert_params(part))
+        experts = routed if zero1 else frozenset()
         ordered = [p for p in part.parameters() if p in matrices]
-        add([{"params": [p for p in ordered if p not in experts]}], Muon, muon_kwargs,
-            dense_group)  # fmt: skip
-        add([{"params": [p for p in ordered if p in experts]}], Muon, muon_kwargs, expert_group)
+        for kind, chosen, group in (("dense", False, dense_group), ("experts", True, expert_group)):
+            mine = [{"params": [p for p in ordered if (p in routed) == chosen]}]
+            add(mine, Muon, muon_kwargs, group)
+            spread_over[id(mine)] = replicas[kind]
         add(param_groups(part, t.weight_decay, skip=matrices | experts), adamw, kwargs,
             dense_group)  # fmt: skip
         rest = [p for p in part.parameters() if p in experts and p not in matrices]
         add([{"params": rest, "weight_decay": t.weight_decay}], adamw, kwargs, expert_group)
     owner = zero1_owners(specs)
-    return Optimizers([
-        (part, optimizer_class(groups, **options) if group is None else Zero1(
-            groups, optimizer_class, group, [owner[p] for g in groups for p in g["params"]],
-            **options,
-        ))
-        for part, groups, optimizer_class, options, group in specs
-    ])  # fmt: skip
+    pairs = []
+    for part, groups, optimizer_class, options, group in specs:
+        if group is None:
+            opt = optimizer_class(groups, **options)
+            if spread_over.get(id(groups)):
+                opt.replicas = spread_over[id(groups)]
+        else:
+            ranks = [owner[p] for g in groups for p in g["params"]]
+            opt = Zero1(groups, optimizer_class, group, ranks, **options)
+        pairs.append((part, opt))
+    return Optimizers(pairs)
 
 
 def zero1_owners(specs: list[tuple]) -> dict:

@@ -18,12 +18,14 @@ from launcher.plan.terms.compute import compute, experts, layer_costs, rank_micr
 from launcher.plan.terms.cp import cp
 from launcher.plan.terms.dp import dp
 from launcher.plan.terms.ep import ep
+from launcher.plan.terms.muon import muon
 from launcher.plan.terms.optimizer import optimizer
 from launcher.plan.terms.pp import bubble_fraction, pp
+from launcher.plan.terms.qk_clip import qk_clip
 from launcher.plan.terms.recompute import recompute
 from launcher.plan.terms.tp import tp
 
-TERMS = (compute, experts, recompute, tp, cp, ep, pp, dp, optimizer, checkpoint)
+TERMS = (compute, experts, recompute, qk_clip, tp, cp, ep, pp, dp, optimizer, muon, checkpoint)
 NAMES = tuple(t.__name__ for t in TERMS)
 
 
