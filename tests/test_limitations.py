@@ -39,10 +39,6 @@ CASES = {
         [*MOE_PP, "recompute=op"],
         [*MOE_PP, "recompute=op", "data_parallel=ddp"],
     ),
-    "qk_clip_op_recompute": (
-        ["optimizer.qk_clip=100", "recompute=op"],
-        ["optimizer.qk_clip=100", "recompute=selective"],
-    ),
 }
 
 

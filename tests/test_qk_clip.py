@@ -155,3 +155,21 @@ def test_evaluation_forwards_record_nothing():
     net.eval()
     net(tokens(cfg))
     assert all(qk_clip.core(m).max_logit is None for m in qk_clip.attentions([net]))
+
+
+def test_per_op_recompute_keeps_nothing_of_the_record():
+    """Under recompute=op a block keeps its matmuls' outputs, but not the record's: its score
+    chunks (a sequence x sequence matmul per head) would outweigh the block's own; the replay
+    reruns the record instead (the parity row `muonclip cp=2 ring op` holds its values)."""
+    from types import SimpleNamespace
+
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    from launcher.models.layers import LogitRecord
+    from launcher.parallel.recompute import _op_policy
+
+    mm, ctx = torch.ops.aten.mm.default, SimpleNamespace(is_recompute=False)
+    assert _op_policy(ctx, mm) == CheckpointPolicy.MUST_SAVE
+    with LogitRecord().recorder():
+        assert _op_policy(ctx, mm) == CheckpointPolicy.PREFER_RECOMPUTE
+    assert _op_policy(ctx, mm) == CheckpointPolicy.MUST_SAVE

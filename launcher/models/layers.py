@@ -8,6 +8,7 @@ E head dim.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -312,15 +313,31 @@ class LogitRecord:
 
     max_logit: torch.Tensor | None = None
     track_logits: bool = False
+    # True while a core computes its record (class-wide: one forward runs at a time): per-op
+    # recompute keeps none of that pass's tensors (its score chunks) and reruns it in backward,
+    # as selective does (launcher/parallel/recompute.py).
+    computing = False
 
     @property
     def recording(self) -> bool:
         """Whether this forward counts: a training one (not evaluation, not generation)."""
         return self.track_logits and self.training and torch.is_grad_enabled()
 
+    @contextmanager
+    def recorder(self):
+        """The span of a record: its inputs' gathering (context parallelism) and the pass."""
+        LogitRecord.computing = True
+        try:
+            yield self.record_logits
+        finally:
+            LogitRecord.computing = False
+
     def record_logits(self, q, k, q_pos, k_pos, documents) -> None:
         m = max_logits(q, k, q_pos, k_pos, documents)
-        self.max_logit = m if self.max_logit is None else torch.maximum(self.max_logit, m)
+        # torch.maximum on the first record too: a per-op recompute's replay runs the operators
+        # of the forward it replays, one by one, and the record is set by then.
+        before = m if self.max_logit is None else self.max_logit
+        self.max_logit = torch.maximum(before, m)
 
 
 def query_key_rows(wq: nn.Linear, wk: nn.Linear, head_dim: int, gamma: torch.Tensor) -> list:
@@ -367,7 +384,8 @@ class AttentionCore(LogitRecord, nn.Module):
         if pos is None and (self.recording or documents is not None):
             pos = torch.arange(q.shape[2], device=q.device)
         if self.recording:
-            self.record_logits(q, k, pos, pos, documents)
+            with self.recorder() as record:
+                record(q, k, pos, pos, documents)
         if documents is not None:  # (B, S) of the whole sequence: document masking
             return document_attention(q, k, v, pos, documents, p, self.fused)
         mask = None if positions is None else causal_mask(positions)

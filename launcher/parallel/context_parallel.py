@@ -97,8 +97,9 @@ class ContextAttention(LogitRecord, nn.Module):
         pos = positions if positions.dim() == 1 else positions[0]
         p = self.dropout if self.training else 0.0
         if self.recording:
-            keys, k_pos = gather_keys(k, pos, self.group)
-            self.record_logits(q, keys, pos, k_pos, documents)
+            with self.recorder() as record:
+                keys, k_pos = gather_keys(k, pos, self.group)
+                record(q, keys, pos, k_pos, documents)
         return context_attention(
             q, k, v, pos, self.group, self.method, dropout=p, documents=documents
         )

@@ -32,6 +32,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
 from launcher.layout import recomputed
+from launcher.models.layers import LogitRecord
 
 aten, funcol = torch.ops.aten, torch.ops._c10d_functional
 OP_SAVED = {
@@ -84,6 +85,8 @@ def _op_policy(ctx, func, *args, counts=None, **kwargs) -> CheckpointPolicy:
     """`counts`: under matmuls="alternate", the matmuls seen so far in this block's forward and
     in its recompute (counted apart, as each may consult the policy)."""
     recompute = CheckpointPolicy.PREFER_RECOMPUTE
+    if LogitRecord.computing:  # QK-clip's record: nothing of it kept (models/layers.py)
+        return recompute
     if func in MATMULS:
         skip = False
         if counts is not None:

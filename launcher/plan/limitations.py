@@ -69,21 +69,6 @@ LIMITATIONS: tuple[Limitation, ...] = (
         "checkpoint cannot replay (mixtral_debug pp=2 x ep=2, 1f1b: aten.copy_ 'encountered "
         "during backward but not found in storage'); torchtitan#3427",
     ),
-    Limitation(
-        "qk_clip_op_recompute",
-        ("recompute",),
-        lambda cfg, lay: cfg.optimizer.qk_clip > 0 and lay.recompute == "op",
-        lambda cfg, lay: (
-            f"optimizer.qk_clip={cfg.optimizer.qk_clip:g} with recompute=op is not available; "
-            "use recompute=selective, full or none"
-        ),
-        "QK-clip under per-op recompute",
-        "the per-op recompute replays a block's kept operators by their count, and the clip's "
-        "record of each core's largest logits (a running maximum, launcher/models/layers.py) "
-        "calls torch.maximum in the replay where the first forward did not (RuntimeError "
-        "'aten.maximum.default invocation index 1 encountered during backward but not found "
-        "in storage', llama3_debug one process, recompute=op optimizer.qk_clip=0.2)",
-    ),
 )
 
 

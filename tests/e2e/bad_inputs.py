@@ -320,12 +320,6 @@ SOURCES = [
         "per-head q and k norms, which undo any scale",
     ),  # fmt: skip
     Case(
-        "qk-clip with per-op recompute",
-        "train",
-        ("optimizer.qk_clip=100", "recompute=op"),
-        "optimizer.qk_clip=100 with recompute=op is not available; use recompute=selective",
-    ),  # fmt: skip
-    Case(
         "chat conversation longer than a window",
         "train",
         ("data.path={W}/chat/long.bin", "train.seq_len=16"),

@@ -61,6 +61,10 @@ CLIP_ROWS = {
         CLIP_LLAMA, [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring",
                      "recompute=selective"]
     ),
+    # Per-op recompute: the replay reruns the record (nothing of it kept), op for op.
+    "muonclip cp=2 ring op": (
+        CLIP_LLAMA, [*TWO, "parallel.cp=2", "parallel.dp_shard=1", "context=ring", "recompute=op"]
+    ),
     "muonclip pp=2 1f1b": (CLIP_LLAMA, [*TWO, "parallel.pp=2", "parallel.dp_shard=1"]),
     "muonclip zero1 2": (CLIP_LLAMA, [*TWO, "data_parallel=zero1"]),
     "muonclip dp_shard=2 x tp=2": (CLIP_LLAMA, [FOUR, "parallel.tp=2",
