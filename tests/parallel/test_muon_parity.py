@@ -41,6 +41,9 @@ ROWS = {
     "muon hsdp 2x2": (LLAMA, [FOUR, "parallel.dp_replicate=2", "parallel.dp_shard=2"]),
     "muon pp=2 interleaved": (LLAMA, [*TWO, "parallel.pp=2", "parallel.dp_shard=1",
                                       "pipeline=interleaved_1f1b", "pipeline.stages_per_rank=2"]),
+    # The V schedule's two stages a rank (the split backward's weight pass) over FSDP's shards.
+    "muon pp=2 zbv x dp_shard=2": (LLAMA, [FOUR, "parallel.pp=2", "pipeline=zbv"]),
+    "muon zero2 dp_shard=2": (LLAMA, [*TWO, "data_parallel=zero2"]),
 }  # fmt: skip
 # MuonClip: the QK-clip after each step at a threshold the debug models' logits pass (their
 # largest are 0.2-0.3 at the start), so heads are clipped at every step (checked below). GQA
