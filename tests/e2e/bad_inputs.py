@@ -223,6 +223,12 @@ CONFIG = [
     config("plan.top_k=0", "plan.top_k=0 must be >= 1"),
     config("plan.candidate=-2", "plan.candidate=-2 must be >= -1"),
     config("plan.draw={W}/plan.txt", "the file must end in one of"),
+    Case(
+        "plan draw of a search",
+        "plan",
+        ("plan.search=true", "plan.draw={W}/s.png"),
+        "plan.draw={W}/s.png draws one plan, not a search",
+    ),
     config("train.eval_interval=0", ACCEPTED + "0 turns evaluation off"),
     config("train.grad_clip=0", ACCEPTED + "0 turns clipping off"),
     config("checkpoint.keep=0", ACCEPTED + "0 keeps every checkpoint"),

@@ -18,7 +18,7 @@ from conftest import compose_config, run_cli
 
 from launcher.layout import LOOPED, SINGLE, V_SCHEDULES, rank_stages
 from launcher.plan import bubble as pl
-from launcher.plan import make_plan
+from launcher.plan import engine_plan, make_plan
 from launcher.plan import timeline as tl
 from launcher.plan.draw import BUBBLE, COLOURS, draw_plan
 
@@ -110,30 +110,35 @@ def test_drawing_bubble_equals_the_planners(schedule, tmp_path):
     assert hex_of(COLOURS["B"]) in colours
 
 
+DRAWN = [
+    "hardware.devices_per_node=4",
+    "parallel.pp=4",
+    "parallel.dp_shard=1",
+    "model.n_layers=8",
+    "pipeline=interleaved_1f1b",
+    "train.global_batch_size=32",
+]
+
+
 @pytest.mark.e2e
 def test_plan_draw_cli(tmp_path):
-    args = [
-        "hardware.devices_per_node=4",
-        "parallel.pp=4",
-        "parallel.dp_shard=1",
-        "model.n_layers=8",
-        "pipeline=interleaved_1f1b",
-        "train.global_batch_size=32",
-    ]
-    out = run_cli("launcher.plan", *args, f"plan.draw={tmp_path / 's.png'}", "plan.format=json")
+    """The command end to end: the drawing written and named in the JSON (its refusals are
+    bad-input cases: tests/e2e/bad_inputs.py)."""
+    out = run_cli("launcher.plan", *DRAWN, f"plan.draw={tmp_path / 's.png'}", "plan.format=json")
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got["drawing"]["bubble_fraction"] == pytest.approx(got["predicted"]["bubble_fraction"])
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    text = run_cli("launcher.plan", *args, f"plan.draw={tmp_path / 's.svg'}")
-    assert text.returncode == 0
-    assert "bubble 18.8% of compute" in text.stdout and (tmp_path / "s.svg").exists()
-    bad = run_cli("launcher.plan", *args, "plan.draw=s.jpg")
-    assert bad.returncode == 2 and "plan.draw=s.jpg: the file must end in one of" in bad.stderr
-    searched = run_cli("launcher.plan", *args, "plan.search=true", "plan.draw=s.png")
-    assert searched.returncode == 2 and "draws one plan, not a search" in searched.stderr
-    flat = run_cli("launcher.plan", f"plan.draw={tmp_path / 'none.png'}")
-    assert flat.returncode == 0 and "nothing drawn, pp=1" in flat.stdout
+
+
+def test_the_plans_drawing_line(tmp_path):
+    """What the text plan prints after a drawing, and for a plan without a pipeline."""
+    from launcher.plan.__main__ import draw
+
+    drawing, note = draw(engine_plan(compose_config(DRAWN)), str(tmp_path / "s.svg"))
+    assert "bubble 18.8% of compute" in note and drawing.path.exists()
+    flat, note = draw(engine_plan(compose_config([])), str(tmp_path / "none.png"))
+    assert flat is None and "nothing drawn, pp=1" in note and not (tmp_path / "none.png").exists()
 
 
 @pytest.mark.parametrize("schedule", SINGLE + LOOPED + V_SCHEDULES)
