@@ -374,6 +374,45 @@ class Layout:
         return out
 
 
+def axis_rows(lay: Layout) -> dict[str, str]:
+    """What the engine builds for each axis, in the words of the plan's rows, from the Layout
+    predicates the engine itself branches on (fsdp_enabled: fully_shard; zero1_enabled: ZeRO-1's
+    optimizer; else DDP over dp x cp; the schedule and stages; recompute and sequence
+    parallelism as the Layout resolves them): one function, so the plan cannot describe one
+    layout and the engine build another (tests/test_layout.py, over random layouts)."""
+    shard, rep, cp = lay.dp_shard, lay.dp_replicate, lay.cp
+    over = (
+        f"dp_shard {shard} x cp {cp}"
+        if cp > 1 and shard > 1
+        else (f"the {cp} cp ranks" if cp > 1 else f"{shard}")
+    )
+    if lay.dp_cp == 1:
+        dp = "none (one data-parallel rank)"
+    elif lay.zero_stage not in (0, 1, 2, 3):
+        dp = f"unknown (data_parallel.zero_stage={lay.zero_stage})"
+    elif lay.fsdp_enabled:
+        name = "FSDP" if lay.zero_stage == 3 else "ZeRO-2"
+        if rep > 1:
+            dp = f"HSDP {name} ({rep} x {lay.dp_shard_cp})"
+        else:
+            dp = f"{name} (over {over})" if cp > 1 else name
+    elif lay.zero1_enabled:
+        dp = f"ZeRO-1 (DDP + optimizer sharded over {over})"
+    else:
+        dp = f"DDP ({lay.dp_cp} ranks)" if cp > 1 else "DDP"
+    rows = {"data parallel": dp}
+    if lay.pp > 1:
+        rows["pipeline"] = f"{lay.schedule}, {lay.stages_per_rank} stage(s) per rank"
+    every = ""
+    if lay.recompute_every > 1 and lay.recompute != "none":  # none recomputes no block
+        every = f" on blocks 0, {lay.recompute_every}, {2 * lay.recompute_every}, ..."
+    alternate = lay.recompute == "op" and lay.recompute_matmuls == "alternate"
+    kept = ", every other matmul's output kept" if alternate else ""
+    sp = ", sequence parallel" if lay.sequence_parallel and lay.tp > 1 else ""
+    rows["recompute"] = lay.recompute + kept + every + sp
+    return rows
+
+
 def as_saved(lay: dict) -> dict:
     """A layout as meta.json holds it (JSON: lists for tuples), an option that a checkpoint
     saved before it existed at its default: the layout that run had."""

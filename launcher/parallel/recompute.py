@@ -85,7 +85,7 @@ def _op_policy(ctx, func, *args, counts=None, **kwargs) -> CheckpointPolicy:
     """`counts`: under matmuls="alternate", the matmuls seen so far in this block's forward and
     in its recompute (counted apart, as each may consult the policy)."""
     recompute = CheckpointPolicy.PREFER_RECOMPUTE
-    if LogitRecord.computing:  # QK-clip's record: nothing of it kept (models/layers.py)
+    if LogitRecord.computing:  # QK-clip's record: nothing of it kept (launcher/models/layers.py)
         return recompute
     if func in MATMULS:
         skip = False

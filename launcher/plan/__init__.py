@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from launcher.config import Config
 from launcher.data.sources import data_use, repeat_warnings
-from launcher.layout import AXES, Layout
+from launcher.layout import AXES, Layout, axis_rows
 from launcher.plan.config_rules import config_problems
 from launcher.plan.estimate import Context, Estimate, evaluate
 from launcher.plan.memory import GIB
@@ -65,33 +65,13 @@ class Plan:
 
     @property
     def data_parallel_strategy(self) -> str:
-        """What the engine builds for the data-parallel axis, in words: as Layout decides it,
-        over dp_shard x cp (context-parallel ranks hold the same parameters: FSDP shards over
-        them too) and dp_replicate."""
-        stage = self.cfg.data_parallel.zero_stage
-        d = self.degrees
-        shard, rep, cp = d["dp_shard"], d["dp_replicate"], d["cp"]
-        if shard < 1 or rep < 1 or cp < 1:
-            also = f", cp={cp}" if cp != 1 else ""
-            return f"unresolved (dp_replicate={rep}, dp_shard={shard}{also})"
-        shard_cp = shard * cp
-        over = (
-            f"dp_shard {shard} x cp {cp}"
-            if cp > 1 and shard > 1
-            else (f"the {cp} cp ranks" if cp > 1 else f"{shard}")
-        )
-        if rep * shard_cp == 1:
-            return "none (one data-parallel rank)"
-        if stage not in (0, 1, 2, 3):
-            return f"unknown (data_parallel.zero_stage={stage})"
-        if shard_cp == 1 or stage == 0:
-            return f"DDP ({rep * shard_cp} ranks)" if cp > 1 else "DDP"
-        if stage == 1:
-            return f"ZeRO-1 (DDP + optimizer sharded over {over})"
-        name = {2: "ZeRO-2", 3: "FSDP"}[stage]
-        if rep > 1:
-            return f"HSDP {name} ({rep} x {shard_cp})"
-        return f"{name} (over {over})" if cp > 1 else name
+        """What the engine builds for the data-parallel axis, in words (launcher.layout
+        axis_rows: from the Layout the engine builds from)."""
+        if self.layout is None:
+            d = self.degrees
+            also = f", cp={d['cp']}" if d["cp"] != 1 else ""
+            return f"unresolved (dp_replicate={d['dp_replicate']}, dp_shard={d['dp_shard']}{also})"
+        return axis_rows(self.layout)["data parallel"]
 
 
 # Errors after which the estimate would crash or mean nothing: it reads the model, the batch

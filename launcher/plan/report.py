@@ -9,7 +9,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from launcher.data.sources import document_attention
-from launcher.layout import AXES, MESH_DIMS, SCHEDULES
+from launcher.layout import AXES, MESH_DIMS, SCHEDULES, axis_rows
 from launcher.plan import Plan
 from launcher.plan import bubble as pl
 from launcher.plan.checkpoint_size import CheckpointSize, checkpoint_size
@@ -131,18 +131,12 @@ def plan_table(plan: Plan) -> Group:
     main.add_row("degrees", "  ".join(f"{a}={plan.degrees[a]}" for a in AXES))
     for dim, text in mesh_rows(plan):
         main.add_row(f"  mesh {dim}", text)
-    main.add_row("data parallel", plan.data_parallel_strategy)
-    if plan.degrees["pp"] > 1:
-        p = cfg.pipeline
-        main.add_row("pipeline", f"{p.schedule}, {p.stages_per_rank} stage(s) per rank")
-    rc = cfg.recompute
-    every = ""
-    if rc.every > 1 and rc.mode.value != "none":  # none recomputes no block (a warning says so)
-        every = f" on blocks 0, {rc.every}, {2 * rc.every}, ..."
-    sp = ", sequence parallel" if cfg.tensor.sequence_parallel else ""
-    alternate = rc.mode.value == "op" and rc.matmuls.value == "alternate"
-    kept = ", every other matmul's output kept" if alternate else ""
-    main.add_row("recompute", rc.mode.value + kept + every + sp)
+    if plan.layout is not None:  # what the engine builds, from its own Layout
+        for name, text in axis_rows(plan.layout).items():
+            main.add_row(name, text)
+    else:
+        main.add_row("data parallel", plan.data_parallel_strategy)
+        main.add_row("recompute", cfg.recompute.mode.value)
     main.add_row("precision", precision_line(cfg))
     if plan.data:
         main.add_row("data", "\n".join(data_line(u, cfg.train.steps) for u in plan.data))
