@@ -297,6 +297,32 @@ def rowwise_scale(fp8_scale: float, rowwise: float) -> float:
     return fp8_scale * rowwise / kernels.FP8_ROWWISE
 
 
+def workload(cfg) -> tuple:
+    """What a run measures apart from the constants fitted to it: its model (a cut of it, fewer
+    layers, is the same per layer), sequence, micro-batch and per-rank layout (tp, pp and its
+    schedule, cp, ep, recompute). Not its data-parallel degree, compile or precision: the first
+    only adds its collectives, the others are what the constants fitted on it scale."""
+    p = cfg.parallel
+    schedule = cfg.pipeline.schedule if p.pp > 1 else ""
+    shape = (cfg.train.seq_len, cfg.train.micro_batch_size, p.tp, p.pp, p.cp, p.ep)
+    return (cfg.model.name, *shape, cfg.recompute.mode.value, schedule)
+
+
+def near_copies(rows) -> dict[str, str]:
+    """Each row of `rows` ((name, use, cfg)) that is not "fit" but shares a fit row's workload,
+    with that fit row's name: a held-out row must never be one (docs/planner.md, "Held-out
+    discipline")."""
+    fits: dict[tuple, str] = {}
+    for name, use, cfg in rows:
+        if use == "fit":
+            fits.setdefault(workload(cfg), name)
+    return {
+        name: fits[workload(cfg)]
+        for name, use, cfg in rows
+        if use != "fit" and workload(cfg) in fits
+    }
+
+
 def is_fp8(cfg) -> bool:
     return cfg.precision.fp8.value != "none"
 
@@ -365,7 +391,7 @@ def calibrate_hopper() -> None:
     for run, cfg, k in zip(runs, cfgs, compiled, strict=True):
         p = part_speed(cfg, scales[cfg.hardware.name], factor, fp8_scale=fp8_scale)
         kind = "fp8" if is_fp8(cfg) else ("compile" if k else "scale")
-        fits = {"fit": kind, "shown": f"shown: {run.lacks}"}.get(run.use, "-")
+        fits = {"fit": kind, "shown": f"shown: {run.lacks}", "copy": "copy"}.get(run.use, "-")
         table.add_row(
             run.name,
             cfg.hardware.name,
@@ -426,6 +452,34 @@ def fit_overhead(scale: float, factor: float) -> float:
 def engine_runs() -> list[tuple[str, dict, object]]:
     """(directory, summary row, Config) of this engine's measured runs."""
     return [(d, row, cfg) for d in ENGINE_RUNS for row, cfg in measured_runs(str(MEASURED / d))]
+
+
+ENGINE_FITS = {
+    ENGINE_SCALE_RUN: "scale",
+    ENGINE_COMPILE_RUN: "compile",
+    ENGINE_FP8_RUN: "fp8",
+    ENGINE_ROWWISE_RUN: "rowwise",
+}
+
+
+def engine_uses(runs) -> dict[str, str]:
+    """What each engine run ("DIR/JOB") is to the fit: the constant fitted to it, "copy of" the
+    fit run whose workload it shares (shown, never held out: the micro-batch pair's runs
+    included), or "-" (held out)."""
+    directory, *jobs = ENGINE_MICROBATCH_RUNS
+    pair = [(row["job"], cfg) for row, cfg in measured_runs(str(MEASURED / directory))]
+    rows = [(f"{directory}/{job}", "fit", cfg) for job, cfg in pair if job in jobs]
+    rows += [
+        (f"{d}/{row['job']}", "fit" if (d, row["job"]) in ENGINE_FITS else "held-out", cfg)
+        for d, row, cfg in runs
+    ]
+    copies = near_copies(rows)
+    return {
+        name: ENGINE_FITS.get((d, row["job"]))
+        or (f"copy of {copies[name]}" if name in copies else "-")
+        for d, row, _ in runs
+        if (name := f"{d}/{row['job']}")
+    }
 
 
 @dataclass(frozen=True)
@@ -505,17 +559,14 @@ def calibrate_engine() -> None:
     cols = ("run", "part", "point", "fits", "measured tok/s", "predicted", "residual")
     for col in (*cols, "memory GiB", "predicted GiB"):
         table.add_column(col, justify="left" if col in ("run", "part", "point") else "right")
+    uses, residual = engine_uses(runs), {}
     for d, row, cfg in runs:
         plan = fit.plan(cfg)
         pred, got = plan.estimate.tokens_per_s_per_device, row["tokens_per_s"]
         memory = plan.memory.total - plan.context.reserve
         peak = row["peak_allocated_gib"]
-        fits = {
-            ENGINE_SCALE_RUN: "scale",
-            ENGINE_COMPILE_RUN: "compile",
-            ENGINE_FP8_RUN: "fp8",
-            ENGINE_ROWWISE_RUN: "rowwise",
-        }.get((d, row["job"]), "-")
+        fits = uses[f"{d}/{row['job']}"].split(" of ")[0]
+        residual[f"{d}/{row['job']}"] = pred / got - 1
         table.add_row(
             f"{d}/{row['job']}",
             cfg.hardware.name,
@@ -536,6 +587,17 @@ def calibrate_engine() -> None:
             f"{memory / 2**30:.2f} ({memory / 2**30 / peak - 1:+.0%})",
         )
     Console(width=170).print(table)
+    copied = sorted({(u.split(" of ")[1], run) for run, u in uses.items() if u.startswith("copy")})
+    print(
+        "copy: a fit run's workload (calibrate.workload), shown, never held out: "
+        + "; ".join(f"{run} of {fit}" for fit, run in copied)
+    )
+    for kind, picked in (("fitted", lambda u: u in ENGINE_FITS.values()), ("held-out", "-".__eq__)):
+        res = [abs(r) for run, r in residual.items() if picked(uses[run])]
+        print(
+            f"{kind} runs: {len(res)}, mean absolute tokens/s residual "
+            f"{sum(res) / len(res):.1%}, worst {max(res):.1%}"
+        )
 
 
 # What each GPU preset's efficiency_scale and compile_factor were fitted on (the tables above).
@@ -713,7 +775,7 @@ def calibrate_published() -> None:
         table.add_row(
             run.name,
             run.engine,
-            f"{run.use}: {run.lacks}" if run.lacks else run.use,
+            f"{run.use}: {run.lacks}" if run.use == "shown" else run.use,
             f"{run.tokens_per_s:,.0f}",
             f"{est.tokens_per_s_per_device:,.0f}",
             f"{rel:+.1%}",
@@ -724,6 +786,11 @@ def calibrate_published() -> None:
             f"{mem:.1f}" + (f" ({mem_err:+.0%})" if mem_err is not None else ""),
         )
     Console(width=190).print(table)
+    copies = [f"{r.name} ({r.lacks})" for r in runs if r.use == "copy"]
+    print(
+        "copy: a fit row's workload (calibrate.workload), shown, never held out: "
+        + "; ".join(copies)
+    )
     for precision in ("bf16", "fp8"):
         held = [
             r

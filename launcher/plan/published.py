@@ -11,7 +11,9 @@ compile_factor: torchtitan's eager and compiled H100 rows without tensor paralle
 efficiency_scale_fp8: its 8B FP8 row; each fused stack's scales: its own fit rows), "held-out"
 rows only check them, "shown" rows are printed and neither fit nor check: their engine did
 something this one does not (`lacks` says what), so the planner, which prices this engine, is
-not held to them. Engine kinds:
+not held to them; "copy" rows are a fit row's workload (calibrate.workload: the same model,
+sequence, micro-batch and per-rank layout, at another data-parallel degree: `lacks` says which),
+printed, never held out (calibrate.near_copies, tests/plan/test_published.py). Engine kinds:
 "fsdp2" (FSDP2 / DTensor in plain PyTorch, this engine's kind), "megatron" (Megatron-LM, NeMo:
 fused kernels, overlapped TP), "meta" (Llama 3's own stack).
 
@@ -37,9 +39,9 @@ class Run:
     mfu: float | None  # as its source counts it (None: at the planner's FLOPs per token)
     memory_gib: float | None
     engine: str  # "fsdp2", "megatron" or "meta": which kind of engine ran it
-    use: str  # "fit", "held-out" or "shown"
+    use: str  # "fit", "held-out", "shown" or "copy"
     stack: str = "torchtitan"  # whose kernels: sets its efficiency scale (STACKS)
-    lacks: str = ""  # a "shown" run: what its engine did that this one does not
+    lacks: str = ""  # a "shown" run: what its engine did that this one does not (a "copy": of what)
 
 
 MEGATRON = [  # (recipe, TFLOP/s per GPU)
@@ -288,7 +290,8 @@ RUNS = [
         None,
         61.8,
         "fsdp2",
-        "held-out",
+        "copy",
+        lacks="torchtitan 8B FSDP 8 compiled FP8 at dp 128",
     ),
     Run(
         "torchtitan 8B FSDP 8 seq 32K compiled FP8",
@@ -361,8 +364,9 @@ RUNS = [
         0.41,
         None,
         "meta",
-        "held-out",
+        "copy",
         "meta",
+        lacks="Llama 3 405B on 8,192 at dp 128",
     ),
 ]
 

@@ -61,3 +61,21 @@ def test_each_stack_is_fitted_to_its_own_fit_run_only(report):
     for line in report.splitlines():
         if "│ fit " in line and ("NeMo 8B" in line or "on 8,192" in line):
             assert re.search(r"[+-]0\.\d%", line), line
+
+
+def test_no_held_out_row_shares_a_fit_rows_workload():
+    """Held-out discipline (docs/planner.md): a row that is a fit row's workload at another
+    data-parallel degree (calibrate.workload) is a copy, never held out; and the check finds
+    one that is (a held-out row of the fit row's model, sequence and layout, at dp 16)."""
+    from launcher.plan.published import RUNS
+
+    runs = calibrate.megatron_runs(calibrate.megatron_flops, calibrate.compose) + RUNS
+    rows = [(r.name, r.use, calibrate.compose(r.overrides.split())) for r in runs]
+    copies = calibrate.near_copies(rows)
+    assert not [name for name, use, _ in rows if use == "held-out" and name in copies]
+    assert {r.name for r in runs if r.use == "copy"} <= set(copies)
+    fit = next(r for r in RUNS if r.use == "fit")
+    wider = calibrate.compose([*fit.overrides.split(), "hardware.nodes=2"])
+    assert calibrate.near_copies([*rows, ("wider", "held-out", wider)])["wider"] == fit.name
+    longer = calibrate.compose([*fit.overrides.split(), "train.seq_len=4096"])
+    assert "longer" not in calibrate.near_copies([*rows, ("longer", "held-out", longer)])
