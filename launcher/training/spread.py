@@ -147,12 +147,27 @@ def _piece(local: torch.Tensor, unit: Unit, offset: int) -> torch.Tensor:
     return local if unit.index is None else local[unit.index - offset]
 
 
-def orthogonalised(units: list[Unit], directions: list[torch.Tensor], offsets: list[int], me: int,
-                   orthogonalise) -> list[torch.Tensor]:  # fmt: skip
+def orthogonalised(
+    units: list[Unit], directions: list[torch.Tensor], offsets: list[int], me: int, orthogonalise
+) -> list[torch.Tensor]:
     """Each parameter's local piece of its orthogonalised update. `directions`: this rank's
     local pieces (in the dtype to orthogonalise in), `offsets`: where each local stack starts
     among its experts, `orthogonalise(x)`: Newton-Schulz over a matrix or a stack."""
     mine = [u for u in units if me in u.holders]
+    wholes = _assembled(mine, directions, offsets, me)
+    results: dict[tuple, torch.Tensor] = {}
+    for i, owned in wholes.items():  # a stack's owned experts in one batched iteration
+        if owned[0][0].index is None:
+            results[i, None] = orthogonalise(owned[0][1])
+        else:
+            done = orthogonalise(torch.stack([full for _, full in owned]))
+            results.update({(i, u.index): o for (u, _), o in zip(owned, done, strict=True)})
+    return _returned(mine, results, directions, offsets, me)
+
+
+def _assembled(mine: list[Unit], directions, offsets, me: int) -> dict[int, list]:
+    """The first exchange: each source's piece to its unit's owner; the owned units' whole
+    matrices, by parameter: {param: [(unit, matrix)]}."""
     gather: dict[int, list] = {}
     sizes: dict[int, int] = {}
     for u in mine:
@@ -162,14 +177,11 @@ def orthogonalised(units: list[Unit], directions: list[torch.Tensor], offsets: l
             for r, box in u.sources.items():
                 if r != me:
                     sizes[r] = sizes.get(r, 0) + _volume(box)
-    like = directions[0]
-    got = _exchange({r: _flat(ps) for r, ps in gather.items()}, sizes, like)
-    read = {r: 0 for r in got}
+    got = _exchange({r: _flat(ps) for r, ps in gather.items()}, sizes, directions[0])
+    read = dict.fromkeys(got, 0)
     wholes: dict[int, list] = {}
-    for u in mine:
-        if u.owner != me:
-            continue
-        full = like.new_empty(u.shape)
+    for u in (u for u in mine if u.owner == me):
+        full = directions[0].new_empty(u.shape)
         for r, box in u.sources.items():
             if r == me:
                 full[box] = _piece(directions[u.param], u, offsets[u.param])
@@ -178,15 +190,14 @@ def orthogonalised(units: list[Unit], directions: list[torch.Tensor], offsets: l
                 full[box] = got[r][read[r] : read[r] + n].view(full[box].shape)
                 read[r] += n
         wholes.setdefault(u.param, []).append((u, full))
-    results: dict[tuple, torch.Tensor] = {}
-    for i, owned in wholes.items():
-        if owned[0][0].index is None:
-            results[i, None] = orthogonalise(owned[0][1])
-        else:
-            done = orthogonalise(torch.stack([full for _, full in owned]))
-            results.update({(i, u.index): o for (u, _), o in zip(owned, done, strict=True)})
+    return wholes
+
+
+def _returned(mine: list[Unit], results: dict, directions, offsets, me: int) -> list:
+    """The second exchange: each owner sends every holder its piece of the update; this
+    rank's pieces, laid out as its directions."""
     scatter: dict[int, list] = {}
-    sizes = {}
+    sizes: dict[int, int] = {}
     for u in mine:
         if u.owner == me:
             for r, box in u.holders.items():
@@ -194,8 +205,8 @@ def orthogonalised(units: list[Unit], directions: list[torch.Tensor], offsets: l
                     scatter.setdefault(r, []).append(results[u.param, u.index][box])
         else:
             sizes[u.owner] = sizes.get(u.owner, 0) + _volume(u.holders[me])
-    got = _exchange({r: _flat(ps) for r, ps in scatter.items()}, sizes, like)
-    read = {r: 0 for r in got}
+    got = _exchange({r: _flat(ps) for r, ps in scatter.items()}, sizes, directions[0])
+    read = dict.fromkeys(got, 0)
     out = [torch.empty_like(d) for d in directions]
     for u in mine:
         target = _piece(out[u.param], u, offsets[u.param])
