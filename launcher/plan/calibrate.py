@@ -474,12 +474,12 @@ def engine_uses(runs) -> dict[str, str]:
         for d, row, cfg in runs
     ]
     copies = near_copies(rows)
-    return {
-        name: ENGINE_FITS.get((d, row["job"]))
-        or (f"copy of {copies[name]}" if name in copies else "-")
-        for d, row, _ in runs
-        if (name := f"{d}/{row['job']}")
-    }
+    uses = {}
+    for d, row, _ in runs:
+        name = f"{d}/{row['job']}"
+        copy = f"copy of {copies[name]}" if name in copies else "-"
+        uses[name] = ENGINE_FITS.get((d, row["job"]), copy)
+    return uses
 
 
 @dataclass(frozen=True)
@@ -592,7 +592,8 @@ def calibrate_engine() -> None:
         "copy: a fit run's workload (calibrate.workload), shown, never held out: "
         + "; ".join(f"{run} of {fit}" for fit, run in copied)
     )
-    for kind, picked in (("fitted", lambda u: u in ENGINE_FITS.values()), ("held-out", "-".__eq__)):
+    kinds = (("fitted", lambda u: u in ENGINE_FITS.values()), ("held-out", lambda u: u == "-"))
+    for kind, picked in kinds:
         res = [abs(r) for run, r in residual.items() if picked(uses[run])]
         print(
             f"{kind} runs: {len(res)}, mean absolute tokens/s residual "
