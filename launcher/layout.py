@@ -379,7 +379,7 @@ def axis_rows(lay: Layout) -> dict[str, str]:
     predicates the engine itself branches on (fsdp_enabled: fully_shard; zero1_enabled: ZeRO-1's
     optimizer; else DDP over dp x cp; the schedule and stages; recompute and sequence
     parallelism as the Layout resolves them): one function, so the plan cannot describe one
-    layout and the engine build another (tests/test_layout.py, over random layouts)."""
+    layout and the engine build another (tests/plan/test_axis_rows.py, over random layouts)."""
     shard, rep, cp = lay.dp_shard, lay.dp_replicate, lay.cp
     over = (
         f"dp_shard {shard} x cp {cp}"

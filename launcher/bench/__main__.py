@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import sys
 
-import torch
 from rich.console import Console
 from rich.table import Table
 
@@ -43,6 +42,7 @@ from launcher.bench.planner import matmul_tflops, plans_per_second, search_405b
 from launcher.bench.prepare_speed import prepare_throughput
 from launcher.bench.start import start_by_ranks
 from launcher.bench.timing import interleaved, least_disturbed
+from launcher.bench.timing import threads as torch_threads
 
 ENGINE, BARE, AGAIN, HF = "engine", "bare loop", "bare loop again", "transformers"
 # A checkpoint of about 1.4 GiB (one layer of Llama 3.2 1B, a 16K vocabulary) for the save table.
@@ -53,14 +53,10 @@ def cpu_comparison(
     overrides: list[str], rounds: int, steps: int, warmup: int, threads: int, progress=print
 ) -> dict:
     """Seconds per step of the engine, the bare loop and transformers, taking turns."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         step, w, plan = engine(overrides)
         contenders = {ENGINE: step, BARE: bare(w), AGAIN: bare(w), HF: hugging_face(w)}
         times = interleaved(contenders, rounds, steps, warmup, w.device, progress)
-    finally:
-        torch.set_num_threads(before)
     best = {name: least_disturbed(t) for name, t in times.items()}
     return {
         "model": w.model["name"],

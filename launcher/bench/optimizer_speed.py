@@ -5,10 +5,9 @@ momentum's passes are its `optimizer` term)."""
 
 from __future__ import annotations
 
-import torch
-
 from launcher.bench.peers import engine
 from launcher.bench.timing import interleaved, least_disturbed
+from launcher.bench.timing import threads as torch_threads
 
 ADAMW, MUON = "adamw", "muon"
 
@@ -17,16 +16,12 @@ def muon_against_adamw(
     overrides: list[str], rounds: int, steps: int, warmup: int, threads: int, progress=print
 ) -> dict:
     """Seconds per step of each optimizer (fastest of the turns) and the planner's."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         adamw, work, adamw_plan = engine([*overrides, "optimizer=adamw"])
         muon, _, muon_plan = engine([*overrides, "optimizer=muon"])
         times = interleaved(
             {ADAMW: adamw, MUON: muon}, rounds, steps, warmup, work.device, progress
         )
-    finally:
-        torch.set_num_threads(before)
     best = {name: least_disturbed(t) for name, t in times.items()}
     planned = {ADAMW: adamw_plan.estimate.time, MUON: muon_plan.estimate.time}
     return {

@@ -11,11 +11,23 @@ only ever adds time, and every step does the same work.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import torch
 
 from launcher.bench.peers import Step
+
+
+@contextmanager
+def threads(n: int) -> Iterator[None]:
+    """torch's CPU threads set to `n` for the timed work (torchrun: 1 a process), then back."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def synchronize(device: torch.device) -> None:

@@ -34,7 +34,7 @@ def dense_layers(m) -> int:
 def muon_steps(name: str, ndim: int) -> bool:
     """Whether optimizer=muon steps a block's parameter (`name` under layers.{i}): a weight
     matrix or a stack of experts; not a norm, a bias or the router's gate (AdamW's)."""
-    return ndim >= 2 and not f".{name}".count(".router.")
+    return ndim >= 2 and ".router." not in f".{name}"
 
 
 def linear(name: str, out: int, inp: int, bias: bool = False) -> Shapes:

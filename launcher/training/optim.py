@@ -332,14 +332,13 @@ def build_optimizers(
         replicas["experts"] = (
             experts_flat.mesh.flatten().tolist() if experts_flat else replicas["dense"]
         )
-    # (part, param groups, optimizer class, its options, ZeRO-1 group or None)
+    # (part, param groups, optimizer class, its options, ZeRO-1 group or None, Muon's replicas)
     specs: list[tuple] = []
-    spread_over: dict[int, list | None] = {}  # id(a Muon's param groups) -> its replicas
     for part in parts:
 
-        def add(groups, optimizer_class, options, group, part=part):
+        def add(groups, optimizer_class, options, group, replicas=None, part=part):
             if any(g["params"] for g in groups):
-                specs.append((part, groups, optimizer_class, options, group))
+                specs.append((part, groups, optimizer_class, options, group, replicas))
 
         matrices = frozenset(
             p for n, p in part.named_parameters()
@@ -352,19 +351,18 @@ def build_optimizers(
         ordered = [p for p in part.parameters() if p in matrices]
         for kind, chosen, group in (("dense", False, dense_group), ("experts", True, expert_group)):
             mine = [{"params": [p for p in ordered if (p in routed) == chosen]}]
-            add(mine, Muon, muon_kwargs, group)
-            spread_over[id(mine)] = replicas[kind]
+            add(mine, Muon, muon_kwargs, group, replicas[kind])
         add(param_groups(part, t.weight_decay, skip=matrices | experts), adamw, kwargs,
             dense_group)  # fmt: skip
         rest = [p for p in part.parameters() if p in experts and p not in matrices]
         add([{"params": rest, "weight_decay": t.weight_decay}], adamw, kwargs, expert_group)
     owner = zero1_owners(specs)
     pairs = []
-    for part, groups, optimizer_class, options, group in specs:
+    for part, groups, optimizer_class, options, group, copies in specs:
         if group is None:
             opt = optimizer_class(groups, **options)
-            if spread_over.get(id(groups)):
-                opt.replicas = spread_over[id(groups)]
+            if copies:
+                opt.replicas = copies
         else:
             ranks = [owner[p] for g in groups for p in g["params"]]
             opt = Zero1(groups, optimizer_class, group, ranks, **options)
@@ -377,7 +375,7 @@ def zero1_owners(specs: list[tuple]) -> dict:
     it together, largest states first (Muon's one momentum beside Adam's two moments): split
     one optimizer at a time, the embedding and head would land on ranks already even."""
     by_group: dict[int, tuple] = {}
-    for _, groups, optimizer_class, _, group in specs:
+    for _, groups, optimizer_class, _, group, _ in specs:
         if group is not None:
             states = 1 if optimizer_class is Muon else 2
             items = by_group.setdefault(id(group), (group, []))[1]
