@@ -18,6 +18,8 @@
   run's first step, warm, and to a finished run's "nothing left to train";
   launcher/bench/fresh_start.py), then the time to first step and each rank's peak memory
   before it, for a ~1 GB (fp32) model on 1, 2, 4 and 8 processes (launcher/bench/start.py).
+- The default run: `make train`'s run, cut to 40 steps, its measured tokens/s per device
+  against the plan's figure and band (launcher/bench/default_run.py). Goal: inside the band.
 - The planner: plans per second, the 405B search; and one CPU thread's fp32 matmul rate (the
   cpu preset's peak_tflops).
 
@@ -34,6 +36,7 @@ from rich.table import Table
 
 from launcher.bench import parser as bench_parser
 from launcher.bench import refusing_bad_config
+from launcher.bench.default_run import default_against_band
 from launcher.bench.fresh_start import fresh_clones
 from launcher.bench.integrity_cost import save_cost
 from launcher.bench.optimizer_speed import ADAMW, MUON, muon_against_adamw
@@ -224,6 +227,28 @@ def fresh_start_table(console: Console) -> Table:
     return table
 
 
+def default_run_table(console: Console) -> Table:
+    with console.status("") as status:
+        r = default_against_band(progress=status.update)
+    table = Table(
+        title=(
+            f"the default run (`make train`'s, 2 CPU ranks, {r['steps']} steps) against its "
+            f"plan: the band of {r['band_from']}"
+        ),
+        title_justify="left",
+    )
+    for col in ("measured tokens/s per device", "planned", "band", "inside"):
+        table.add_column(col, justify="right")
+    low, high = r["band"]
+    table.add_row(
+        f"{r['measured']:,.0f}",
+        f"{r['planned']:,.0f}",
+        f"{low:,.0f}-{high:,.0f}",
+        "yes" if r["inside"] else "NO",
+    )
+    return table
+
+
 def start_table(console: Console) -> Table:
 
     with console.status("") as status:
@@ -280,6 +305,7 @@ def main(argv: list[str] | None = None) -> None:
         console.print(checkpoint_table(console, overrides))
     console.print(prepare_table(console))
     console.print(fresh_start_table(console))
+    console.print(default_run_table(console))
     console.print(start_table(console))
     if not args.no_planner:
         console.print(planner_table(console))

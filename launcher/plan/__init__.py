@@ -44,8 +44,9 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        m = self.memory
-        return m is not None and max(m.total, m.start) <= self.cfg.hardware.memory_gib * GIB
+        """The high memory figure (its band's, launcher/plan/bands.py) fits the device."""
+        est = self.estimate
+        return est is not None and est.memory_high <= self.cfg.hardware.memory_gib * GIB
 
     @property
     def ok(self) -> bool:
@@ -133,7 +134,24 @@ def make_plan(cfg: Config) -> Plan:
     plan.estimate = evaluate(plan.context, plan.layout)
     if plan.valid and not plan.fits:
         plan.errors.append(Problem("memory", memory_message(plan)))
+    straddle = straddle_message(plan)
+    if straddle:
+        plan.warnings.append(Problem("memory_band", straddle))
     return plan
+
+
+def straddle_message(plan: Plan) -> str:
+    """A layout whose memory band straddles the device's memory: the point figure fits, the
+    high one does not ("" otherwise)."""
+    est, cap = plan.estimate, plan.cfg.hardware.memory_gib
+    low, high = est.memory_band
+    if not (max(low, est.memory.start) <= cap * GIB < est.memory_high):
+        return ""
+    return (
+        f"the memory band ({low / GIB:,.1f}-{high / GIB:,.1f} GiB, from "
+        f"{plan.context.ratios.memory.runs} held-out runs of {plan.context.ratios.memory.of}) "
+        f"straddles memory_gib={cap:g}: it may fit, and is planned as not fitting"
+    )
 
 
 def engine_plan(cfg: Config) -> Plan:
@@ -158,9 +176,11 @@ def memory_message(plan: Plan) -> str:
     shown = ", ".join(
         f"{name} {size / GIB:,.1f}" for name, size in parts if size or name != "master"
     )
+    high = plan.estimate.memory_high
     return (
         f"model={cfg.model.name} needs an estimated {m.total / GIB:,.1f} GiB on its most loaded "
-        f"rank ({shown}) but hardware={cfg.hardware.name} has memory_gib="
+        f"rank ({shown}; up to {high / GIB:,.1f} GiB in its band) but "
+        f"hardware={cfg.hardware.name} has memory_gib="
         f"{cfg.hardware.memory_gib:g} per device; shard more (dp_shard, tp, pp), "
         f"{recompute_advice(cfg.recompute)}shrink train.micro_batch_size, or use more devices"
     )

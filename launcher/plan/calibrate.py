@@ -25,6 +25,9 @@ in a directory (`python -m launcher.bench.gpu --json`: its overrides and the eng
 tokens/s), per hardware preset and
 train.compile: refits the constants the runs determine (KNOBS), prints every job's residual
 before and after with its terms, the residual by term, and the overrides to use.
+
+The residuals of the held-out runs, which the plan's bands read: `python -m
+launcher.plan.held_out`.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import itertools
 import json
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
 
 from rich.console import Console
@@ -119,7 +123,7 @@ def measured_runs(sweep_dir: str) -> list[tuple[dict, object]]:
     every one-device benchmark (`launcher.bench.gpu --json`) in the directory."""
 
     out = []
-    rows = bench_rows(Path(sweep_dir)) or sweep_files.summarize(sweep_dir)
+    rows = bench_rows(Path(sweep_dir)) or sweep_files.job_rows(sweep_dir)
     for row in rows:
         if row["status"] != "completed" or row.get("tokens_per_s") is None:
             continue
@@ -360,6 +364,7 @@ def calibrate_hopper() -> None:
             (c, r.tokens_per_s)
             for r, c, k in zip(runs, cfgs, compiled, strict=True)
             if r.use == "fit"
+            and not r.fits
             and k == compiled_
             and is_fp8(c) == fp8
             and preset in (None, c.hardware.name)
@@ -462,10 +467,20 @@ ENGINE_FITS = {
 }
 
 
+# Runs of code since replaced, each with the run that measured the same workload on the code
+# that replaced it: shown, never held out (they measure an engine that is no longer this one).
+SUPERSEDED = {
+    # CUDA autocast's fp32 softmax, before models.layers.Softmax kept torch's fused kernels
+    # (docs/measured/h200-2026-11-27b/README.md).
+    "h200-2026-11-27/gpt_eager": "h200-2026-11-27b/gpt_eager",
+}
+
+
 def engine_uses(runs) -> dict[str, str]:
     """What each engine run ("DIR/JOB") is to the fit: the constant fitted to it, "copy of" the
     fit run whose workload it shares (shown, never held out: the micro-batch pair's runs
-    included), or "-" (held out)."""
+    included), "superseded by" the run of its workload on the code that replaced it, or "-"
+    (held out)."""
     directory, *jobs = ENGINE_MICROBATCH_RUNS
     pair = [(row["job"], cfg) for row, cfg in measured_runs(str(MEASURED / directory))]
     rows = [(f"{directory}/{job}", "fit", cfg) for job, cfg in pair if job in jobs]
@@ -478,6 +493,8 @@ def engine_uses(runs) -> dict[str, str]:
     for d, row, _ in runs:
         name = f"{d}/{row['job']}"
         copy = f"copy of {copies[name]}" if name in copies else "-"
+        if name in SUPERSEDED:
+            copy = f"superseded by {SUPERSEDED[name]}"
         uses[name] = ENGINE_FITS.get((d, row["job"]), copy)
     return uses
 
@@ -565,7 +582,7 @@ def calibrate_engine() -> None:
         pred, got = plan.estimate.tokens_per_s_per_device, row["tokens_per_s"]
         memory = plan.memory.total - plan.context.reserve
         peak = row["peak_allocated_gib"]
-        fits = uses[f"{d}/{row['job']}"].split(" of ")[0]
+        fits = uses[f"{d}/{row['job']}"].split(" of ")[0].split(" by ")[0]
         residual[f"{d}/{row['job']}"] = pred / got - 1
         table.add_row(
             f"{d}/{row['job']}",
@@ -591,6 +608,10 @@ def calibrate_engine() -> None:
     print(
         "copy: a fit run's workload (calibrate.workload), shown, never held out: "
         + "; ".join(f"{run} of {fit}" for fit, run in copied)
+    )
+    print(
+        "superseded: a run of code since replaced, shown, never held out: "
+        + "; ".join(f"{old} by {new}" for old, new in SUPERSEDED.items())
     )
     kinds = (("fitted", lambda u: u in ENGINE_FITS.values()), ("held-out", lambda u: u == "-"))
     for kind, picked in kinds:
@@ -725,13 +746,13 @@ def term_residuals(plans, measured: list[float], names: list[str]) -> str:
     return "residual by term, over the runs where it weighs most: " + "; ".join(lines)
 
 
-def calibrate_published() -> None:
-    """Predict every published run (launcher/plan/published.py) and print the errors."""
-
+@lru_cache(maxsize=1)
+def published_plans() -> tuple[list[tuple], dict[str, float], dict[str, float]]:
+    """(Run, Config, Plan) of every published run (launcher/plan/published.py), each fused
+    stack's efficiency_scale fitted to its own bf16 "fit" runs first, then its
+    efficiency_scale_fp8 to its FP8 "fit" run where it published FP8 runs; and those scales."""
     runs = megatron_runs(megatron_flops, compose) + RUNS
     cfgs = {run.name: compose(run.overrides.split()) for run in runs}
-    # Each fused stack's efficiency_scale, fitted to its own bf16 "fit" runs, then its
-    # efficiency_scale_fp8 to its FP8 "fit" run where it published FP8 runs.
     scales, fp8_scales = {}, {}
     for stack in STACKS[1:]:
         own = [r for r in runs if r.stack == stack]
@@ -747,6 +768,31 @@ def calibrate_published() -> None:
             fp8_scales[stack] = fit_to(fp8_fit, fp8_speed, 0.1, 2.0)
             for r in fp8:
                 cfgs[r.name] = with_hardware(cfgs[r.name], efficiency_scale_fp8=fp8_scales[stack])
+    rows = [(run, cfgs[run.name], make_plan(cfgs[run.name])) for run in runs]
+    return rows, scales, fp8_scales
+
+
+def cp_slowdown_speed(cfg, slowdown: float) -> float:
+    """tokens/s per device planned for `cfg` with kernels.CP_ATTENTION_SLOWDOWN = slowdown."""
+    saved = kernels.CP_ATTENTION_SLOWDOWN
+    kernels.CP_ATTENTION_SLOWDOWN = slowdown
+    try:
+        return make_plan(cfg).estimate.tokens_per_s_per_device
+    finally:
+        kernels.CP_ATTENTION_SLOWDOWN = saved
+
+
+def fit_cp_slowdown() -> float:
+    """kernels.CP_ATTENTION_SLOWDOWN fitted to the published runs that set it (fits="cp")."""
+    runs = [(cfg, r.tokens_per_s) for r, cfg, _ in published_plans()[0] if r.fits == "cp"]
+    return fit_to(runs, cp_slowdown_speed, 1.0, 4.0)
+
+
+def calibrate_published() -> None:
+    """Predict every published run (launcher/plan/published.py) and print the errors."""
+    planned, scales, fp8_scales = published_plans()
+    runs = [run for run, _, _ in planned]
+    cfgs = {run.name: cfg for run, cfg, _ in planned}
     tt = compose(["hardware=h100_hbm2e"]).hardware
     print(
         f"stack scales (efficiency_scale on H100): torchtitan {tt.efficiency_scale} "
@@ -754,14 +800,16 @@ def calibrate_published() -> None:
         + ", ".join(f"{k} {v:.3f} (fitted to its fit run)" for k, v in scales.items())
         + f"; FP8 (efficiency_scale_fp8): torchtitan {tt.efficiency_scale_fp8} (h100_hbm2e's)"
         + "".join(f", {k} {v:.3f} (fitted to its FP8 fit run)" for k, v in fp8_scales.items())
+        + f"; the attention core over cp >= {kernels.CP_SLOW_FROM} ranks "
+        f"{fit_cp_slowdown():.3f} times slower (CP_ATTENTION_SLOWDOWN, fitted to the CP 4 run; "
+        f"in use: {kernels.CP_ATTENTION_SLOWDOWN})"
     )
     table = Table(title="published runs: predicted against published", title_justify="left")
     cols = ("run", "engine", "use", "tok/s/GPU", "predicted", "error", "MFU", "predicted MFU")
     for col in (*cols, "points", "memory GiB", "predicted GiB"):
         table.add_column(col, justify="left" if col in ("run", "engine", "use") else "right")
     rows = []
-    for run in runs:
-        plan = make_plan(cfgs[run.name])
+    for run, _, plan in planned:
         est = plan.estimate
         rel = est.tokens_per_s_per_device / run.tokens_per_s - 1
         mfu = (

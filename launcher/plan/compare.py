@@ -69,9 +69,12 @@ def checkpoint_minutes(plan: Plan) -> float | None:
 
 
 def verdict(plan: Plan) -> str:
-    """fits, or what stops the layout: its memory, the rules it breaks, the engine."""
+    """fits, or what stops the layout: its memory (its high figure where only that is over), the
+    rules it breaks, the engine."""
     rules = {p.rule for p in plan.errors} - {"memory", NOT_AVAILABLE}
     parts = [] if plan.fits or plan.memory is None else ["does not fit"]
+    if parts and plan.memory.total <= plan.cfg.hardware.memory_gib * GIB:
+        parts = [f"does not fit: its band reaches {plan.estimate.memory_high / GIB:.1f}"]
     parts += [f"refused ({', '.join(sorted(rules))})"] if rules else []
     parts += (
         ["the engine cannot run it yet"] if NOT_AVAILABLE in {p.rule for p in plan.errors} else []

@@ -19,7 +19,7 @@ from launcher.layout import (
 )
 from launcher.models import families
 from launcher.models.expert_kernel import loop_reason
-from launcher.plan import kernels
+from launcher.plan import bands, kernels
 from launcher.plan.comm import Links
 from launcher.plan.memory import BYTES, GIB, reserve_gib
 from launcher.plan.model_size import Shape, active_matmul_params_per_token, flops_per_token, shape
@@ -38,6 +38,8 @@ class Context:
         self.world = hw.nodes * hw.devices_per_node
         self.capacity = hw.memory_gib * GIB
         self.reserve = reserve_gib(hw.device_type.value, hw.memory_gib) * GIB
+        # The spread of measured over predicted speed and memory of the run's class.
+        self.ratios = bands.ratios(cfg)
         self.peak = hw.peak_tflops * 1e12
         # An explicit hardware.efficiency is what a run measured as configured (compile and the
         # generation's scale already in it): every kernel runs at it.

@@ -49,6 +49,12 @@ The constants and where they come from:
 - FP8_ROWWISE: a rowwise-scaled float8 GEMM's speed relative to a tensorwise one, fitted to this
   engine's pair of Llama 3.2 1B runs on one H200 that differ in precision.fp8 alone
   (`calibrate --hopper`).
+- CP_ATTENTION_SLOWDOWN: the attention core's time over cp >= 4 ranks against the same FLOPs
+  unsplit, fitted to torchtitan's Llama 3.1 8B FP8 run at sequence 128K on CP 4 and held to its
+  256K run on CP 8 (`calibrate --published`; docs/sources.md): its 64K run on CP 2 lands with the
+  rows without CP, its CP 4 and CP 8 runs about 1.6 times slower than their attention FLOPs
+  price, the same at both degrees, where each rank attends the same 16K-token chunks; so from
+  cp 4 on, not at 2.
 - DTENSOR_HOST: an operator of a tensor-parallel block costs the host this many times a plain
   one, every operator of the block counted as a DTensor one: (t * 2 + 1).sum() forward and
   backward on a replicated 64 x 64 DTensor took 141 us against 31.4 us on a plain tensor (one
@@ -69,6 +75,11 @@ OPS_DENSE, OPS_MOE, OPS_OUTSIDE = 187, 273, 36
 OPS_PER_EXPERT = 31
 OPS_COMPILED = 0.1
 DTENSOR_HOST = 4.5
+
+# The attention core over cp >= CP_SLOW_FROM ranks runs CP_ATTENTION_SLOWDOWN times slower than
+# the same FLOPs unsplit (see above).
+CP_SLOW_FROM = 4
+CP_ATTENTION_SLOWDOWN = 1.67
 
 FP8_CAST_BYTES = (66.0, 72.0)  # per input or output element and token, per weight element
 FP8_ROWWISE = 0.631

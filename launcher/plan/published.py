@@ -42,6 +42,9 @@ class Run:
     use: str  # "fit", "held-out", "shown" or "copy"
     stack: str = "torchtitan"  # whose kernels: sets its efficiency scale (STACKS)
     lacks: str = ""  # a "shown" run: what its engine did that this one does not (a "copy": of what)
+    # A "fit" run's constant when it is not its part's or stack's scale or compile factor:
+    # "cp" (kernels.CP_ATTENTION_SLOWDOWN).
+    fits: str = ""
 
 
 MEGATRON = [  # (recipe, TFLOP/s per GPU)
@@ -303,10 +306,8 @@ RUNS = [
         "fsdp2",
         "held-out",
     ),
-    # Its Table 2 (context parallelism, FP8, compiled, full recompute): the CP 2 row. Its CP 4
-    # and CP 8 rows (131,072 and 262,144 tokens: 1,071 and 548 tokens/s) are not held: planned
-    # 55% and 66% fast, ring attention over 4 and 8 ranks runs slower than this planner prices
-    # it (docs/sources.md).
+    # Its Table 2 (context parallelism, FP8, compiled, full recompute): CP 2, 4 and 8. The CP 4
+    # row sets kernels.CP_ATTENTION_SLOWDOWN; CP 8 is held to it.
     Run(
         "torchtitan 8B FSDP 4 x CP 2 seq 64K compiled FP8",
         f"{TT_H100} model=llama3_8b train.seq_len=65536 parallel.cp=2 train.micro_batch_size=1 "
@@ -314,6 +315,27 @@ RUNS = [
         2540,
         None,
         84.2,
+        "fsdp2",
+        "held-out",
+    ),
+    Run(
+        "torchtitan 8B FSDP 2 x CP 4 seq 128K compiled FP8",
+        f"{TT_H100} model=llama3_8b train.seq_len=131072 parallel.cp=4 train.micro_batch_size=1 "
+        f"train.global_batch_size=2 recompute=full {TT_COMPILED} {FP8}",
+        1071,
+        None,
+        84.0,
+        "fsdp2",
+        "fit",
+        fits="cp",
+    ),
+    Run(
+        "torchtitan 8B CP 8 seq 256K compiled FP8",
+        f"{TT_H100} model=llama3_8b train.seq_len=262144 parallel.cp=8 train.micro_batch_size=1 "
+        f"train.global_batch_size=1 recompute=full {TT_COMPILED} {FP8}",
+        548,
+        None,
+        84.5,
         "fsdp2",
         "held-out",
     ),

@@ -196,7 +196,12 @@ def plan_table(plan: Plan) -> Group:
         )
         verdict = "fits" if plan.fits else "DOES NOT FIT"
         verdict += "" if plan.valid else " (invalid layout)"
-        main.add_row("  total", f"{_gib(m.total)} of {hw.memory_gib:g} GiB: {verdict}")
+        low, high = plan.estimate.memory_band
+        main.add_row(
+            "  total",
+            f"{_gib(m.total)} of {hw.memory_gib:g} GiB, band {low / GIB:,.2f}-{high / GIB:,.2f}:"
+            f" {verdict}",
+        )
         main.add_row("  at start", f"{_gib(m.start)} before the first step (parameters as built)")
     est = plan.estimate
     if est is not None and est.time is not None:
@@ -205,6 +210,13 @@ def plan_table(plan: Plan) -> Group:
         main.add_row(
             "throughput",
             f"{est.tokens_per_s_per_device:,.0f} tokens/s per device, MFU {est.mfu:.1%}",
+        )
+        b = est.band
+        main.add_row(
+            "  band",
+            f"step {b.step_s[0]:.4g}-{b.step_s[1]:.4g} s, {b.tokens_per_s[0]:,.0f}-"
+            f"{b.tokens_per_s[1]:,.0f} tokens/s per device: the 90% interval of "
+            f"{b.speed_from}; memory from {b.memory_from}",
         )
     ck = plan_checkpoint(plan)
     if ck is not None:
@@ -282,11 +294,24 @@ def predicted_json(est) -> dict:
         "tokens_per_s_per_device": est.tokens_per_s_per_device,
         "mfu": est.mfu,
         "bubble_fraction": est.time.bubble_fraction,
+        "band": band_json(est),
         # Each cost term: seconds it adds to the step, seconds of its work before overlap.
         "terms": {
             t.name: {"exposed_s": t.exposed, "work_s": t.work, "overlaps": t.overlaps}
             for t in est.time.terms
         },
+    }
+
+
+def band_json(est) -> dict:
+    """Each figure's low and high (launcher/plan/bands.py) and the runs they come from."""
+    b = est.band
+    return {
+        "step_time_s": list(b.step_s),
+        "tokens_per_s_per_device": list(b.tokens_per_s),
+        "memory_gib": [x / GIB for x in b.memory],
+        "speed_from": b.speed_from,
+        "memory_from": b.memory_from,
     }
 
 

@@ -149,7 +149,7 @@ def verdicts(cfg: Config, est: Estimate) -> dict[str, bool]:
     """A searched layout's `valid` and `fits`, as a plan of it has them (the search keeps only
     layouts with both, so they say so rather than assume it)."""
     errors, _ = layout_problems(cfg, est.layout)
-    return {"valid": not errors, "fits": est.memory.total <= cfg.hardware.memory_gib * GIB}
+    return {"valid": not errors, "fits": est.memory_high <= cfg.hardware.memory_gib * GIB}
 
 
 def time_shares(est: Estimate, n: int = 3) -> str:
@@ -187,11 +187,23 @@ def explain(first: Estimate, second: Estimate, rank: int = 2) -> str:
     terms = [f"{n} {abs(d):.3g} s {'less' if d > 0 else 'more'}" for n, d in deltas[:3] if d]
     gain = second.time.step / first.time.step - 1
     layout = ", ".join(changed) or "the same layout"
-    return (
-        f"#1 over #{rank}: {gain:.1%} faster ({first.time.step:.3g} s vs "
-        f"{second.time.step:.3g} s per step) with {layout}: "
-        f"{', '.join(terms) or 'no term differs'}"
-    )
+    versus = f"({first.time.step:.3g} s vs {second.time.step:.3g} s per step) with {layout}"
+    band = separating_band(first, deltas)
+    if second.time.step - first.time.step <= band:
+        return (
+            f"#1 and #{rank} tie: {gain:.1%} apart {versus}, within the band of the terms that "
+            f"separate them (+-{band:.3g} s: {', '.join(terms) or 'no term differs'}); "
+            "measure both before choosing"
+        )
+    return f"#1 over #{rank}: {gain:.1%} faster {versus}: {', '.join(terms) or 'no term differs'}"
+
+
+def separating_band(first: Estimate, deltas: list[tuple[str, float]]) -> float:
+    """How far the terms that differ between two layouts may be off against each other, in
+    seconds: each term's difference times the relative half-width of the class's speed spread
+    (launcher/plan/bands.py: what its held-out runs measured against their plans, less the
+    offset they share, which moves both layouts alike)."""
+    return first.band.spread * sum(abs(d) for _, d in deltas)
 
 
 def why_first(ranked: list[Estimate]) -> str:

@@ -129,12 +129,17 @@ def _best(rows: list[dict], key: str) -> float | None:
     return values[len(values) // 2] if values else None
 
 
-def summarize(sweep_dir: str | Path) -> list[dict]:
-    """Every job directory's row, in job order; also written to SWEEP_DIR/summary.jsonl."""
+def job_rows(sweep_dir: str | Path) -> list[dict]:
+    """Every job directory's row, in job order."""
     sweep = Path(sweep_dir)
     jobs = sorted((p for p in sweep.iterdir() if p.is_dir() and p.name.isdigit()), key=_num)
-    rows = [job_row(p) for p in jobs]
-    (sweep / SUMMARY).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [job_row(p) for p in jobs]
+
+
+def summarize(sweep_dir: str | Path) -> list[dict]:
+    """job_rows, also written to SWEEP_DIR/summary.jsonl."""
+    rows = job_rows(sweep_dir)
+    (Path(sweep_dir) / SUMMARY).write_text("".join(json.dumps(r) + "\n" for r in rows))
     return rows
 
 

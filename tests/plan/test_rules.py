@@ -539,18 +539,18 @@ def test_recompute_every_and_efficiency_scale_are_checked(overrides, message):
 
 
 def test_a_recipes_recompute_every_under_recompute_none_is_a_warning():
-    # `recipe=llama3_405b_8192gpu recompute=none` (docs/planner.md's comparison) keeps the
-    # recipe's every=3.
-    plan = make_plan(compose_config(["recipe=llama3_405b_8192gpu", "recompute=none"]))
+    # `recipe=llama3_405b_16384gpu recompute=none` (its header's comparison) keeps the
+    # recipe's every=2.
+    plan = make_plan(compose_config(["recipe=llama3_405b_16384gpu", "recompute=none"]))
     assert plan.valid and plan.estimate is not None
-    assert "recompute.every=3 has no effect with recompute=none" in " ".join(
+    assert "recompute.every=2 has no effect with recompute=none" in " ".join(
         str(p) for p in plan.warnings
     )
     full = make_plan(
-        compose_config(["recipe=llama3_405b_8192gpu", "recompute=full", "recompute.every=1"])
+        compose_config(["recipe=llama3_405b_16384gpu", "recompute=full", "recompute.every=1"])
     )
     assert plan.estimate.memory.total > full.estimate.memory.total
-    # The report does not claim that none applies on blocks 0, 3, 6, ...
+    # The report does not claim that none applies on blocks 0, 2, 4, ...
     console = Console(file=io.StringIO(), width=200)
     print_plan(plan, console)
     row = next(line for line in console.file.getvalue().splitlines() if "│ recompute " in line)

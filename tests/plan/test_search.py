@@ -117,7 +117,7 @@ def test_plan_cli_json_shape_and_exit_status():
 @pytest.mark.e2e
 def test_search_shows_what_the_engine_runs_and_explains_its_choice():
     """By default the search ranks only layouts launcher.train runs, says why #1 beats #2 in one
-    line, and its launch line composes into a plan without engine problems; under
+    line (or that they tie), and its launch line composes into a plan without engine problems; under
     plan.planner_only=true the layouts it refuses (op recompute under the split schedules, a
     limitation) rank too, marked, with the limitation named."""
     overrides = ["model=llama3_405b", "hardware=h100_80g", "hardware.nodes=32"]
@@ -126,7 +126,9 @@ def test_search_shows_what_the_engine_runs_and_explains_its_choice():
     assert text.returncode == 0, text.stderr[-2000:]
     assert "planner only" not in text.stdout
     assert re.search(
-        r"#1 over #\d+: [0-9.]+% faster \([0-9.]+ s vs [0-9.]+ s per step\) with \w+ ", text.stdout
+        r"#1 (over|and) #\d+(: [0-9.]+% faster| tie: [0-9.]+% apart) \([0-9.]+ s vs [0-9.]+ s "
+        r"per step\) with \w+ ",
+        text.stdout,
     )
     launch = text.stdout.split("the fastest that launcher.train runs")[1]
     cfg = compose_config(
@@ -136,7 +138,7 @@ def test_search_shows_what_the_engine_runs_and_explains_its_choice():
     assert plan.ok and not engine_problems(cfg, plan.layout), plan.errors
     out = json.loads(run_cli("launcher.plan", *overrides, "plan.format=json").stdout)
     assert not any(t["engine_problems"] for t in out["top"])
-    assert out["why_first"].startswith("#1 over #")
+    assert out["why_first"].startswith(("#1 over #", "#1 and #"))
     assert set(out["top"][0]["predicted"]["terms"]) >= {"compute", "pp", "tp"}
     every = run_cli(
         "launcher.plan", *overrides, "plan.planner_only=true", "plan.top_k=40", "plan.format=json"
@@ -163,3 +165,35 @@ def test_alternate_matmuls_sit_between_op_and_full(model):
     step = [p.estimate.time.step for p in plans]
     assert memory[0] > memory[1] > memory[2]
     assert step[0] < step[1] < step[2]
+
+
+def test_two_layouts_whose_gap_is_within_the_band_of_their_separating_terms_tie():
+    """The search's line on #1 against its runner-up: a gap smaller than the separating terms'
+    differences times the relative half-width of the class's speed spread (what its held-out
+    runs missed by, less their common offset) is a tie, said so; a gap from one term alone,
+    which outgrows its own band, is a win."""
+    from dataclasses import replace
+
+    from launcher.plan.search import explain, separating_band
+    from launcher.plan.terms.base import Term, Time
+
+    cfg = compose_config(["model=llama3_8b", "hardware=h100_80g", "train.global_batch_size=64"])
+    first = make_plan(cfg).estimate
+    step = first.time.step
+    width = first.band.spread
+    assert 0 < width < 1
+
+    def other(**extra: float):
+        terms = [Term(t.name, t.exposed + extra.pop(t.name, 0.0), t.work) for t in first.time.terms]
+        terms += [Term(name, seconds, seconds) for name, seconds in extra.items()]
+        return replace(first, time=Time(tuple(terms)))
+
+    # 1% slower net, from 10% more compute and a new term 9% of the step less elsewhere.
+    swapped = other(compute=0.10 * step, dp=-0.09 * step)
+    deltas = [("compute", 0.10 * step), ("dp", -0.09 * step)]
+    assert separating_band(first, deltas) == pytest.approx(width * 0.19 * step)
+    assert explain(first, swapped).startswith("#1 and #2 tie: 1.0% apart")
+    assert "measure both" in explain(first, swapped)
+    # 1% slower from one term alone: its band is 1% x width, below the gap.
+    slower = other(compute=0.01 * step)
+    assert explain(first, slower).startswith("#1 over #2: 1.0% faster")

@@ -81,6 +81,8 @@ def layer_cost(ctx: Context, lay: Layout, moe: bool, tokens: float) -> LayerCost
         mlp = shared
         hidden = m.n_shared_experts * m.moe_ffn_dim
     core = tokens * ctx.attn_core_flops / tp / ctx.attention_rate
+    if lay.cp >= kernels.CP_SLOW_FROM:  # the core split over many CP ranks (kernels.py)
+        core *= kernels.CP_ATTENTION_SLOWDOWN
     width = m.dim / (tp if lay.sequence_parallel else 1)
     elements = (
         ctx.elementwise_dim * width
