@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from launcher.plan import residuals
 
@@ -136,7 +137,11 @@ class Ratios:
 
 
 def ratios(cfg) -> Ratios:
-    probe = class_of(cfg)
+    return class_ratios(class_of(cfg))
+
+
+@lru_cache(maxsize=64)  # a few classes; a search or a sweep plans many configs of one
+def class_ratios(probe: Residual) -> Ratios:
     return Ratios(spread(probe, "speed"), spread(probe, "memory"))
 
 
