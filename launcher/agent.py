@@ -35,12 +35,15 @@ import base64  # noqa: E402
 import ctypes  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import multiprocessing  # noqa: E402
 import shutil  # noqa: E402
+import threading  # noqa: E402
 import traceback  # noqa: E402
 
 with uncollected():  # the ranks' objects too: frozen before the forks
     import torch
     import torch.distributed.run as torchrun
+    from torch.distributed.elastic.multiprocessing.api import PContext
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.launcher.api import elastic_launch
 
@@ -49,6 +52,33 @@ with uncollected():  # the ranks' objects too: frozen before the forks
     from launcher.cli import exit_steps, quick_exit
     from launcher.runtime import early
     from launcher.runtime.failures import hold_stops
+
+
+# Whether the agent is ending its ranks (torchrun's PContext.close: the agent stopped by a
+# signal, a rank failed, a regroup), shared with the forked ranks. A rank whose task has
+# returned waits in torchrun's function wrapper until the agent has read every rank's return
+# value, which an agent ending its ranks never does: it waits 30 s for them to exit, then
+# SIGKILLs them. Set before the close's signals, cleared before each attempt's forks.
+CLOSING = multiprocessing.RawValue("b", 0)
+
+
+def _flagging(method, value: int):
+    def flagged(self, *args, **kwargs):
+        CLOSING.value = value
+        return method(self, *args, **kwargs)
+
+    return flagged
+
+
+PContext.start = _flagging(PContext.start, 0)
+PContext.close = _flagging(PContext.close, 1)
+
+
+def leave_when_closing() -> None:
+    """A returned rank's exit as soon as its agent ends the ranks (its return value unread)."""
+    while not CLOSING.value:
+        time.sleep(0.05)
+    os._exit(0)
 
 
 def rank(composed: bytes) -> None:
@@ -75,7 +105,11 @@ def rank(composed: bytes) -> None:
         exit_steps()  # what the interpreter's exit would run: a forked rank ends in os._exit
     if status:
         sys.exit(status)  # torchrun sees the rank's status, as a command's
-    # Status 0 returns: torchrun's agent waits for every rank's return value.
+    # Status 0 returns: torchrun's agent waits for every rank's return value, unless it is
+    # ending the ranks (a stop signal, which this rank has just obeyed, or a failure).
+    if CLOSING.value:
+        os._exit(0)
+    threading.Thread(target=leave_when_closing, name="leave-when-closing", daemon=True).start()
 
 
 class OneLine(logging.Filter):

@@ -82,14 +82,17 @@ def leftovers(directory: Path, final: str) -> list[str]:
 
 def test_sigkill_to_a_multirun_sweep_ends_its_job_and_the_job_s_ranks(tmp_path):
     """The sweep runs its job in its own process (Hydra's basic launcher), as a single run
-    does: the job's torchrun gets SIGTERM when its launcher dies, and ends its ranks."""
+    does: the job's torchrun gets SIGTERM when its launcher dies, and ends its ranks, which
+    stop at their step and exit by themselves: none waits for torchrun's SIGKILL (30 s
+    later), as a rank that returned used to, its return value never read by the agent."""
     proc = start(
         "launcher.train", "-m", *TINY_TRAIN, "train.seed=1,2", f"hydra.sweep.dir={tmp_path}"
     )
     wait_for_step(proc, tmp_path / "0", 2)
     assert len(descendants(proc.pid)) >= 3  # torchrun and its two ranks
-    left, _ = kill(proc, signal.SIGKILL)
+    left, err = kill(proc, signal.SIGKILL)
     assert not left, left
+    assert "Closing process" in err and "forcefully exiting via 9" not in err, err[-3000:]
 
 
 # -- prepare --------------------------------------------------------------------------------
