@@ -465,6 +465,8 @@ class Config:
 
 
 def register_configs() -> None:
-    """Register the schema; conf/config.yaml names it first in its defaults list."""
+    """Register the schema; conf/config.yaml names it first in its defaults list. Once per
+    process: storing it builds the structured config again (0.05 s, a quarter of a composition)."""
     cs = ConfigStore.instance()
-    cs.store(name="base_config", node=Config)
+    if "base_config.yaml" not in cs.repo:
+        cs.store(name="base_config", node=Config)
